@@ -1,0 +1,37 @@
+// A backend compiles a Graph (traced for one shape) into a Program and runs it. Programs take their inputs by
+// name (data inputs and weights alike) and return the graph's outputs in order.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/graph.h"
+
+namespace trl {
+
+using TensorMap = std::map<std::string, Tensor>;
+
+class Program {
+ public:
+  virtual ~Program() = default;
+  // Every graph input must be bound in `inputs` with its exact dtype and shape (a clear error otherwise).
+  virtual std::vector<Tensor> run(const TensorMap& inputs) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::unique_ptr<Program> compile(const graph::Graph& graph) = 0;
+};
+
+// The oracle: plain loops, f64 accumulation, rounding to each value's dtype exactly where Transformers rounds.
+std::unique_ptr<Backend> make_reference_backend();
+
+// Looks up and checks the binding of every graph input (shared by all backends).
+std::vector<Tensor> bind_inputs(const graph::Graph& graph, const TensorMap& inputs);
+
+}  // namespace trl

@@ -1,0 +1,81 @@
+// `trl env`: what this build is and what it sees (version, build options, ISA, devices, cores, threads, oneDNN).
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <dnnl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "core/cpu_features.h"
+#include "io/hub.h"
+#include "runtime/runtime.h"
+#include "version.h"
+
+namespace trl::cli {
+
+namespace {
+
+std::string cores_str(const std::vector<int>& cores) {
+  std::string out;
+  for (size_t i = 0; i < cores.size();) {
+    size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += j == i ? std::to_string(cores[i]) : std::to_string(cores[i]) + "-" + std::to_string(cores[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+nlohmann::ordered_json env_info() {
+  const CpuFeatures& f = cpu_features();
+  const dnnl_version_t* dv = dnnl_version();
+  nlohmann::ordered_json j;
+  j["version"] = TRL_VERSION;
+  j["build_type"] = TRL_BUILD_TYPE;
+  j["compiler"] = TRL_COMPILER;
+  j["sanitizers"] = TRL_SANITIZERS;
+  j["isa"] = best_isa();
+  j["cpu"] = f.brand;
+  j["cpu_features"] = {{"avx2", f.avx2}, {"fma", f.fma}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
+                       {"avx512vl", f.avx512vl}, {"avx512bf16", f.avx512bf16}};
+  j["devices"] = available_devices();
+  const auto cores = visible_cores();
+  j["visible_cores"] = cores_str(cores);
+  j["num_visible_cores"] = cores.size();
+  j["threads"] = num_threads();
+  j["onednn"] = fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch);
+  j["onednn_cpu_runtime"] = dv->cpu_runtime == DNNL_RUNTIME_OMP ? "omp" : dv->cpu_runtime == DNNL_RUNTIME_TBB ? "tbb"
+                            : dv->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other";
+  j["cache_dir"] = cache_dir();
+  j["hf_hub_cache"] = hub_cache_dirs();
+  return j;
+}
+
+}  // namespace
+
+void register_env(CLI::App& app) {
+  auto* cmd = app.add_subcommand("env", "Print the version, build options, detected ISA, devices, cores, threads and oneDNN version");
+  auto json_out = std::make_shared<bool>(false);
+  cmd->add_flag(flag("json"), *json_out, "Print one JSON object");
+  cmd->callback([json_out] {
+    const auto j = env_info();
+    if (*json_out) {
+      std::printf("%s\n", j.dump().c_str());
+      return;
+    }
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      std::string value;
+      if (it.value().is_string()) value = it.value().get<std::string>();
+      else if (it->is_object()) {
+        for (auto f = it->begin(); f != it->end(); ++f) value += fmt::format("{}{}={}", value.empty() ? "" : " ", f.key(), f->get<bool>() ? "yes" : "no");
+      } else if (it->is_array()) {
+        for (const auto& e : *it) value += (value.empty() ? "" : ", ") + e.get<std::string>();
+      } else value = it.value().dump();
+      std::printf("%-20s %s\n", (it.key() + ":").c_str(), value.c_str());
+    }
+  });
+}
+
+}  // namespace trl::cli

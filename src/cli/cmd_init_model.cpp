@@ -1,0 +1,44 @@
+// `trl init-model`: a randomly initialised model folder in the Hugging Face layout.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "models/init.h"
+
+namespace trl::cli {
+
+void register_init_model(CLI::App& app) {
+  auto* cmd = app.add_subcommand("init-model", "Write a randomly initialised Qwen3 model folder (config, safetensors, tokenizer)");
+  struct Args {
+    std::string preset = "tiny", dtype = "f32", out, max_shard_size = "5GB";
+    uint64_t seed = 0;
+    double initializer_range = 0;
+    bool randomize_norms = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
+  cmd->add_option(flag("dtype"), a->dtype, "f32 | bf16")->check(CLI::IsMember({"f32", "bf16", "float32", "bfloat16"}))->capture_default_str();
+  cmd->add_option(flag("seed"), a->seed, "Random seed")->capture_default_str();
+  cmd->add_option(flag("out") + "," + flag("output_dir"), a->out, "Output folder")->required();
+  cmd->add_option(flag("initializer_range"), a->initializer_range, "Std of the normal init (default: the config's 0.02)");
+  cmd->add_flag(flag("randomize_norms"), a->randomize_norms, "Norm weights 1 + N(0, std) instead of 1 (for port tests)");
+  cmd->add_option(flag("max_shard_size"), a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB")->capture_default_str();
+  cmd->callback([a] {
+    InitOptions o;
+    o.preset = a->preset;
+    o.dtype = *dtype_from_name(a->dtype);
+    o.seed = a->seed;
+    o.initializer_range = a->initializer_range;
+    o.randomize_norms = a->randomize_norms;
+    o.max_shard_bytes = parse_byte_size(a->max_shard_size);
+    CausalLM m = init_model(o, a->out);
+    std::printf("wrote %s: %s preset, %s, %lld parameters, seed %llu\n", a->out.c_str(), a->preset.c_str(),
+                std::string(dtype_name(m.dtype())).c_str(), static_cast<long long>(m.num_parameters()),
+                static_cast<unsigned long long>(a->seed));
+  });
+}
+
+}  // namespace trl::cli

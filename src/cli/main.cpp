@@ -1,0 +1,31 @@
+// The `trl` command line: one binary, one subcommand per job (DESIGN.md §3).
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "core/error.h"
+#include "version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"trl.cpp: train and serve Qwen3-class language models natively (TRL and Transformers concepts, no Python)", "trl"};
+  app.set_version_flag("--version", std::string("trl.cpp ") + TRL_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  trl::cli::register_env(app);
+  trl::cli::register_init_model(app);
+  trl::cli::register_score(app);
+  trl::cli::register_demo(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const trl::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,64 @@
+#include "core/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace trl {
+
+void write_all(int fd, const void* data, size_t size, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: write failed: {}", what, std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(int fd)>& write) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0) fail("{}: cannot create a temporary file next to it: {}", path, std::strerror(errno));
+  try {
+    write(fd);
+    if (::fsync(fd) != 0) fail("{}: fsync failed: {}", path, std::strerror(errno));
+    if (::fchmod(fd, 0644) != 0) fail("{}: chmod failed: {}", path, std::strerror(errno));
+    if (::close(fd) != 0) {
+      fd = -1;
+      fail("{}: close failed: {}", path, std::strerror(errno));
+    }
+    fd = -1;
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("{}: cannot rename the temporary file into place: {}", path, std::strerror(errno));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+void write_text_file_atomic(const std::string& path, std::string_view text) {
+  write_file_atomic(path, [&](int fd) { write_all(fd, text.data(), text.size(), path); });
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open for reading: {}", path, std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail("{}: read error", path);
+  return ss.str();
+}
+
+}  // namespace trl

@@ -1,0 +1,76 @@
+// Tensor: a dtype, a shape, strides (in elements) and a pointer into storage that is owned (heap, 64-byte
+// aligned), memory-mapped (a read-only view of a checkpoint file) or a view into memory owned by someone
+// else (an arena planned by the compiler, a caller's buffer). Copying a Tensor is cheap and shares storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace trl {
+
+using Shape = std::vector<int64_t>;
+
+enum class StorageKind : uint8_t { Owned, Mapped, View };
+
+std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
+int64_t shape_numel(const Shape& shape);     // throws on negative dims or overflow
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Owned, contiguous, zero-filled.
+  static Tensor zeros(DType dtype, Shape shape);
+  // A contiguous view of memory owned elsewhere; `keepalive` (may be null) is held while the view lives.
+  static Tensor view(const void* data, DType dtype, Shape shape, std::shared_ptr<const void> keepalive,
+                     StorageKind kind = StorageKind::View);
+  // Owned f32 / i32 tensors from values (for tests and small inputs).
+  static Tensor from_f32(std::span<const float> values, Shape shape, DType dtype = DType::F32);
+  static Tensor from_i32(std::span<const int32_t> values, Shape shape);
+
+  bool defined() const { return data_ != nullptr || numel_ == 0; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t size(int64_t axis) const;  // negative axis counts from the end
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  StorageKind storage_kind() const { return kind_; }
+  bool is_contiguous() const;
+
+  const void* data() const { return data_; }
+  // Writable pointer; throws for memory-mapped (read-only) storage.
+  void* mutable_data();
+  template <typename T> const T* data_as() const { return static_cast<const T*>(data_); }
+  template <typename T> T* mutable_data_as() { return static_cast<T*>(mutable_data()); }
+
+  // Same storage, new shape (contiguous tensors only; numel must match).
+  Tensor reshape(Shape shape) const;
+  // Owned contiguous copy, converting the element type (float <-> float, int <-> int, int -> float).
+  Tensor to(DType dtype) const;
+  Tensor clone() const { return to(dtype_); }
+  // Every element as f32 / as i64, in row-major order.
+  std::vector<float> to_f32_vector() const;
+  std::vector<int64_t> to_i64_vector() const;
+
+ private:
+  DType dtype_ = DType::F32;
+  Shape shape_;
+  Shape strides_;
+  int64_t numel_ = 0;
+  StorageKind kind_ = StorageKind::Owned;
+  std::shared_ptr<const void> keepalive_;
+  const void* data_ = nullptr;
+};
+
+// Element i (row-major index into a contiguous tensor) as double / stored from double, any float dtype.
+double load_element(const void* data, DType dtype, int64_t i);
+void store_element(void* data, DType dtype, int64_t i, double value);
+
+}  // namespace trl

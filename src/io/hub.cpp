@@ -1,0 +1,89 @@
+#include "io/hub.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace trl {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+bool looks_like_repo_id(const std::string& s) {
+  // "org/name" or "name": no leading '.', '/', '~', at most one '/', no empty parts.
+  if (s.empty() || s[0] == '.' || s[0] == '/' || s[0] == '~') return false;
+  size_t slash = s.find('/');
+  if (slash == std::string::npos) return true;
+  return slash > 0 && slash + 1 < s.size() && s.find('/', slash + 1) == std::string::npos;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> hub_cache_dirs() {
+  std::vector<std::string> dirs;
+  auto add = [&](const std::string& d) {
+    if (!d.empty() && std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  };
+  add(env("HF_HUB_CACHE"));
+  if (!env("HF_HOME").empty()) add((fs::path(env("HF_HOME")) / "hub").string());
+  if (!env("XDG_CACHE_HOME").empty()) add((fs::path(env("XDG_CACHE_HOME")) / "huggingface" / "hub").string());
+  if (!env("HOME").empty()) add((fs::path(env("HOME")) / ".cache" / "huggingface" / "hub").string());
+  return dirs;
+}
+
+std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision) {
+  std::error_code ec;
+  std::vector<std::string> looked;
+  if (fs::is_directory(name_or_path, ec)) {
+    if (!fs::exists(fs::path(name_or_path) / "config.json")) {
+      fail("{}: this folder has no config.json; a model folder holds config.json and model.safetensors", name_or_path);
+    }
+    return name_or_path;
+  }
+  if (fs::exists(name_or_path, ec)) fail("{}: is a file; pass the model folder that holds config.json", name_or_path);
+  looked.push_back(fmt::format("{} (no such local folder)", name_or_path));
+
+  if (looks_like_repo_id(name_or_path)) {
+    std::string repo_folder = "models--" + name_or_path;
+    for (size_t p = repo_folder.find('/'); p != std::string::npos; p = repo_folder.find('/')) repo_folder.replace(p, 1, "--");
+    for (const std::string& cache : hub_cache_dirs()) {
+      const fs::path repo = fs::path(cache) / repo_folder;
+      const fs::path snapshots = repo / "snapshots";
+      std::string commit = revision;
+      const fs::path ref = repo / "refs" / revision;
+      if (fs::is_regular_file(ref, ec)) commit = trim(read_text_file(ref.string()));
+      const fs::path snap = snapshots / commit;
+      if (fs::is_directory(snap, ec) && fs::exists(snap / "config.json", ec)) return snap.string();
+      if (fs::is_directory(snapshots, ec) && !fs::is_regular_file(ref, ec)) {
+        // No ref for this revision: use the snapshot if there is exactly one.
+        std::vector<fs::path> all;
+        for (const auto& e : fs::directory_iterator(snapshots, ec)) {
+          if (e.is_directory() && fs::exists(e.path() / "config.json")) all.push_back(e.path());
+        }
+        if (all.size() == 1 && revision == "main") return all[0].string();
+      }
+      looked.push_back(snap.string());
+    }
+  }
+  fail("model '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local folder, or fetch the model into the Hugging Face "
+       "cache first (for example `huggingface-cli download {}`), or set HF_HUB_CACHE / HF_HOME.",
+       name_or_path, fmt::join(looked, "\n  "), name_or_path);
+}
+
+}  // namespace trl

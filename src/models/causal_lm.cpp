@@ -1,0 +1,249 @@
+#include "models/causal_lm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/hub.h"
+
+namespace trl {
+
+namespace fs = std::filesystem;
+using graph::Builder;
+using graph::kNone;
+using graph::ValueId;
+
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  std::vector<std::pair<std::string, Shape>> p;
+  p.emplace_back("model.embed_tokens.weight", Shape{V, C});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    p.emplace_back(l + "input_layernorm.weight", Shape{C});
+    p.emplace_back(l + "self_attn.q_proj.weight", Shape{c.q_dim(), C});
+    if (c.qkv_bias) p.emplace_back(l + "self_attn.q_proj.bias", Shape{c.q_dim()});
+    p.emplace_back(l + "self_attn.k_proj.weight", Shape{c.kv_dim(), C});
+    if (c.qkv_bias) p.emplace_back(l + "self_attn.k_proj.bias", Shape{c.kv_dim()});
+    p.emplace_back(l + "self_attn.v_proj.weight", Shape{c.kv_dim(), C});
+    if (c.qkv_bias) p.emplace_back(l + "self_attn.v_proj.bias", Shape{c.kv_dim()});
+    p.emplace_back(l + "self_attn.o_proj.weight", Shape{C, c.q_dim()});
+    if (c.o_bias) p.emplace_back(l + "self_attn.o_proj.bias", Shape{C});
+    if (c.qk_norm) {
+      p.emplace_back(l + "self_attn.q_norm.weight", Shape{D});
+      p.emplace_back(l + "self_attn.k_norm.weight", Shape{D});
+    }
+    p.emplace_back(l + "post_attention_layernorm.weight", Shape{C});
+    p.emplace_back(l + "mlp.gate_proj.weight", Shape{F, C});
+    if (c.mlp_bias) p.emplace_back(l + "mlp.gate_proj.bias", Shape{F});
+    p.emplace_back(l + "mlp.up_proj.weight", Shape{F, C});
+    if (c.mlp_bias) p.emplace_back(l + "mlp.up_proj.bias", Shape{F});
+    p.emplace_back(l + "mlp.down_proj.weight", Shape{C, F});
+    if (c.mlp_bias) p.emplace_back(l + "mlp.down_proj.bias", Shape{C});
+  }
+  p.emplace_back("model.norm.weight", Shape{C});
+  if (!c.tie_word_embeddings) p.emplace_back("lm_head.weight", Shape{V, C});
+  return p;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    // Transformers: 1 / base ** (arange(0, D, 2).float() / D), all in f32.
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(c.head_dim);
+    const float power = static_cast<float>(std::pow(static_cast<double>(static_cast<float>(c.rope_theta)), static_cast<double>(exponent)));
+    inv[static_cast<size_t>(j)] = 1.0f / power;
+  }
+  if (c.rope_scaling.rope_type == "llama3") {
+    const RopeScaling& r = c.rope_scaling;
+    const double old_len = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+    for (float& f : inv) {
+      const double wavelen = 2.0 * M_PI / f;
+      double scaled = wavelen > low_wavelen ? f / r.factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        scaled = (1 - smooth) * scaled / r.factor + smooth * scaled;
+      }
+      f = static_cast<float>(scaled);
+    }
+  }
+  return inv;
+}
+
+Tensor default_position_ids(const Tensor& mask) {
+  if (mask.dtype() != DType::I32 || mask.dim() != 2) fail("attention_mask must be i32 [B,T], got {} {}", dtype_name(mask.dtype()), shape_str(mask.shape()));
+  const int64_t B = mask.size(0), T = mask.size(1);
+  Tensor pos = Tensor::zeros(DType::I32, {B, T});
+  const int32_t* m = mask.data_as<int32_t>();
+  int32_t* p = pos.mutable_data_as<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t seen = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      seen += m[b * T + t] != 0;
+      p[b * T + t] = m[b * T + t] != 0 ? seen - 1 : 1;
+    }
+  }
+  return pos;
+}
+
+CausalLM CausalLM::from_weights(ModelConfig config, TensorMap weights, const std::string& source) {
+  CausalLM m;
+  m.config_ = std::move(config);
+  const auto expected = parameter_shapes(m.config_);
+  std::optional<DType> dtype;
+  for (const auto& [name, shape] : expected) {
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      fail("{}: missing tensor '{}' (expected shape {} for this {} config)", source, name, shape_str(shape), m.config_.model_type);
+    }
+    if (it->second.shape() != shape) {
+      fail("{}: tensor '{}' has shape {}, but the config implies {}", source, name, shape_str(it->second.shape()), shape_str(shape));
+    }
+    if (!dtype_is_float(it->second.dtype())) fail("{}: tensor '{}' has dtype {}; weights must be floating point", source, name, dtype_name(it->second.dtype()));
+    if (!dtype) dtype = it->second.dtype();
+    if (*dtype != it->second.dtype()) {
+      fail("{}: tensor '{}' is {} but the other weights are {}; convert with a --dtype option", source, name,
+           dtype_name(it->second.dtype()), dtype_name(*dtype));
+    }
+    m.weights_.emplace(name, it->second);
+  }
+  m.dtype_ = dtype.value_or(DType::F32);
+  return m;
+}
+
+CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOptions& options) {
+  const std::string dir = resolve_model_dir(name_or_path, options.revision);
+  ModelConfig config = ModelConfig::load((fs::path(dir) / "config.json").string());
+  Checkpoint ck = Checkpoint::open(dir);
+  TensorMap weights;
+  for (const auto& [name, shape] : parameter_shapes(config)) {
+    if (!ck.contains(name)) continue;  // reported by from_weights with the expected shape
+    Tensor t = ck.get(name);
+    if (options.dtype && t.dtype() != *options.dtype) t = t.to(*options.dtype);
+    weights.emplace(name, std::move(t));
+  }
+  // Checkpoints of models with mixed dtypes (an f32 norm in a bf16 model, say) are converted to the majority dtype.
+  if (!options.dtype) {
+    std::map<DType, int> count;
+    for (const auto& [name, t] : weights) count[t.dtype()]++;
+    if (count.size() > 1) {
+      DType major = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+      for (auto& [name, t] : weights) {
+        if (t.dtype() != major) t = t.to(major);
+      }
+    }
+  }
+  CausalLM m = from_weights(std::move(config), std::move(weights), dir);
+  m.path_ = dir;
+  return m;
+}
+
+int64_t CausalLM::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : weights_) n += t.numel();
+  return n;
+}
+
+ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
+  const ModelConfig& c = config_;
+  const DType dt = dtype_;
+  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
+  auto W = [&](const std::string& name) -> ValueId {
+    const Tensor& t = weights_.at(name);
+    return b.input(name, t.shape(), t.dtype());
+  };
+  auto opt_W = [&](const std::string& name) -> ValueId { return weights_.count(name) ? W(name) : kNone; };
+  const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
+  const ValueId pos = b.input("position_ids", {B, T}, DType::I32);
+  const ValueId mask = b.input("attention_mask", {B, T}, DType::I32);
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  const ValueId embed = W("model.embed_tokens.weight");
+  ValueId h = b.embedding(ids, embed, dt, "embed");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    const std::string tag = "blk." + std::to_string(i) + ".";
+    ValueId x = b.rms_norm(h, W(l + "input_layernorm.weight"), c.rms_norm_eps, tag + "attn_norm");
+    ValueId q = b.matmul(x, W(l + "self_attn.q_proj.weight"), opt_W(l + "self_attn.q_proj.bias"), dt, tag + "attn_q");
+    ValueId k = b.matmul(x, W(l + "self_attn.k_proj.weight"), opt_W(l + "self_attn.k_proj.bias"), dt, tag + "attn_k");
+    ValueId v = b.matmul(x, W(l + "self_attn.v_proj.weight"), opt_W(l + "self_attn.v_proj.bias"), dt, tag + "attn_v");
+    q = b.reshape(q, {B, T, H, D});
+    k = b.reshape(k, {B, T, Hkv, D});
+    v = b.reshape(v, {B, T, Hkv, D});
+    if (c.qk_norm) {
+      q = b.rms_norm(q, W(l + "self_attn.q_norm.weight"), c.rms_norm_eps, tag + "attn_q_norm");
+      k = b.rms_norm(k, W(l + "self_attn.k_norm.weight"), c.rms_norm_eps, tag + "attn_k_norm");
+    }
+    q = b.rope(q, pos, inv_freq, 1.0f, tag + "attn_q_rope");
+    k = b.rope(k, pos, inv_freq, 1.0f, tag + "attn_k_rope");
+    ValueId a = b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+    a = b.reshape(a, {B, T, H * D});
+    ValueId o = b.matmul(a, W(l + "self_attn.o_proj.weight"), opt_W(l + "self_attn.o_proj.bias"), dt, tag + "attn_out");
+    h = b.add(h, o, tag + "attn_residual");
+    x = b.rms_norm(h, W(l + "post_attention_layernorm.weight"), c.rms_norm_eps, tag + "ffn_norm");
+    ValueId g = b.matmul(x, W(l + "mlp.gate_proj.weight"), opt_W(l + "mlp.gate_proj.bias"), dt, tag + "ffn_gate");
+    ValueId u = b.matmul(x, W(l + "mlp.up_proj.weight"), opt_W(l + "mlp.up_proj.bias"), dt, tag + "ffn_up");
+    ValueId m = b.swiglu(g, u, tag + "ffn_swiglu");
+    ValueId d = b.matmul(m, W(l + "mlp.down_proj.weight"), opt_W(l + "mlp.down_proj.bias"), dt, tag + "ffn_down");
+    h = b.add(h, d, tag + "ffn_residual");
+    (void)C;
+  }
+  h = b.rms_norm(h, W("model.norm.weight"), c.rms_norm_eps, "output_norm");
+  const ValueId head = c.tie_word_embeddings ? embed : W("lm_head.weight");
+  return b.matmul(h, head, kNone, dt, "lm_head");
+}
+
+graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {
+  Builder b;
+  b.output(build_forward(b, B, T));
+  return b.finish();
+}
+
+Tensor CausalLM::forward(const Batch& batch, Backend& backend) const {
+  const Tensor& ids = batch.input_ids;
+  if (ids.dtype() != DType::I32 || ids.dim() != 2) fail("input_ids must be i32 [B,T], got {} {}", dtype_name(ids.dtype()), shape_str(ids.shape()));
+  const int64_t B = ids.size(0), T = ids.size(1);
+  if (B == 0 || T == 0) fail("input_ids {} is empty", shape_str(ids.shape()));
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t id = ids.data_as<int32_t>()[i];
+    if (id < 0 || id >= config_.vocab_size) {
+      fail("input_ids[{}][{}] = {} is outside the vocabulary [0, {})", i / T, i % T, id, config_.vocab_size);
+    }
+  }
+  Tensor mask = batch.attention_mask;
+  if (!mask.defined() || mask.numel() == 0) {
+    mask = Tensor::zeros(DType::I32, {B, T});
+    for (int64_t i = 0; i < B * T; ++i) mask.mutable_data_as<int32_t>()[i] = 1;
+  }
+  if (mask.dtype() != DType::I32 || mask.shape() != ids.shape()) {
+    fail("attention_mask must be i32 {} like input_ids, got {} {}", shape_str(ids.shape()), dtype_name(mask.dtype()), shape_str(mask.shape()));
+  }
+  Tensor pos = batch.position_ids.numel() > 0 ? batch.position_ids : default_position_ids(mask);
+  if (pos.dtype() != DType::I32 || pos.shape() != ids.shape()) {
+    fail("position_ids must be i32 {} like input_ids, got {} {}", shape_str(ids.shape()), dtype_name(pos.dtype()), shape_str(pos.shape()));
+  }
+  TensorMap inputs = weights_;
+  inputs["input_ids"] = ids;
+  inputs["attention_mask"] = mask;
+  inputs["position_ids"] = pos;
+  auto program = backend.compile(forward_graph(B, T));
+  Tensor logits = program->run(inputs).at(0);
+  return logits.dtype() == DType::F32 ? logits : logits.to(DType::F32);
+}
+
+void CausalLM::save_pretrained(const std::string& dir, uint64_t max_shard_bytes) const {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("{}: cannot create the folder: {}", dir, ec.message());
+  ModelConfig c = config_;
+  c.torch_dtype = dtype_ == DType::BF16 ? "bfloat16" : dtype_ == DType::F16 ? "float16" : "float32";
+  save_checkpoint(dir, weights_, max_shard_bytes);
+  write_text_file_atomic((fs::path(dir) / "config.json").string(), c.to_json().dump(2) + "\n");
+}
+
+}  // namespace trl

@@ -1,0 +1,72 @@
+// The decoder-only causal LM family (Qwen3, with Qwen2 and Llama as flags of the same decoder), written once
+// against the graph builder. Parameter names are Hugging Face's, so checkpoints load and save unchanged.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "graph/graph.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+
+namespace trl {
+
+struct LoadOptions {
+  std::optional<DType> dtype;   // convert the weights; default: keep the checkpoint's dtype
+  std::string revision = "main";
+};
+
+// Host-side inputs of one forward pass.
+struct Batch {
+  Tensor input_ids;       // [B,T] i32
+  Tensor attention_mask;  // [B,T] i32, 1 = token, 0 = padding; optional (all ones)
+  Tensor position_ids;    // [B,T] i32; optional: cumsum(attention_mask) - 1, so that padding never shifts positions
+};
+
+// Hugging Face names and shapes of every parameter, in a fixed order. lm_head.weight is listed only when the
+// embeddings are not tied.
+std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& config);
+
+// RoPE inverse frequencies (head_dim/2 values, f32 as Transformers computes them), with "llama3" scaling applied.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+// position_ids = cumsum(mask) - 1 per row; padding positions get 1 (as generate() does).
+Tensor default_position_ids(const Tensor& attention_mask);
+
+class CausalLM {
+ public:
+  // From a folder or a Hugging Face id in the local cache. Every expected tensor must be present with its exact
+  // shape; tied lm_head may be absent (the embedding is used).
+  static CausalLM from_pretrained(const std::string& name_or_path, const LoadOptions& options = {});
+  // From weights in memory (validated the same way). `source` names them in errors.
+  static CausalLM from_weights(ModelConfig config, TensorMap weights, const std::string& source = "weights");
+
+  const ModelConfig& config() const { return config_; }
+  const TensorMap& weights() const { return weights_; }
+  DType dtype() const { return dtype_; }
+  const std::string& path() const { return path_; }  // empty when built in memory
+  int64_t num_parameters() const;
+
+  // Adds the forward pass for a [B,T] batch to `b`. Declares the inputs input_ids, position_ids and
+  // attention_mask ([B,T] i32) and one input per parameter (by its HF name); returns logits [B,T,V] in the
+  // model's dtype.
+  graph::ValueId build_forward(graph::Builder& b, int64_t batch, int64_t tokens) const;
+  graph::Graph forward_graph(int64_t batch, int64_t tokens) const;
+  // Runs the forward pass; returns f32 logits [B,T,V].
+  Tensor forward(const Batch& batch, Backend& backend) const;
+
+  // Writes config.json, generation_config.json (when known) and the weights (sharded above max_shard_bytes;
+  // 0 = one file). Tokenizer files are the caller's (see init.h).
+  void save_pretrained(const std::string& dir, uint64_t max_shard_bytes = 5'000'000'000ull) const;
+
+ private:
+  ModelConfig config_;
+  TensorMap weights_;
+  DType dtype_ = DType::F32;
+  std::string path_;
+};
+
+}  // namespace trl

@@ -1,0 +1,97 @@
+#include "models/init.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "assets/assets.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/rng.h"
+
+namespace trl {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> model_presets() { return {"tiny", "small", "qwen3-0.6b"}; }
+
+ModelConfig preset_config(const std::string& preset, DType dtype) {
+  ModelConfig c;
+  c.model_type = "qwen3";
+  c.architectures = {"Qwen3ForCausalLM"};
+  c.vocab_size = 151936;
+  c.max_position_embeddings = 40960;
+  c.rope_theta = 1000000.0;
+  c.rms_norm_eps = 1e-6;
+  c.initializer_range = 0.02;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645};
+  c.use_cache = true;
+  c.use_sliding_window = false;
+  c.qk_norm = true;
+  c.torch_dtype = dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32";
+  if (preset == "tiny") {
+    c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+  } else if (preset == "small") {
+    c.hidden_size = 256, c.intermediate_size = 768, c.num_hidden_layers = 4, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
+  } else if (preset == "qwen3-0.6b") {
+    c.hidden_size = 1024, c.intermediate_size = 3072, c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8, c.head_dim = 128;
+  } else {
+    fail("unknown preset '{}' (choose one of: tiny, small, qwen3-0.6b)", preset);
+  }
+  c.max_window_layers = c.num_hidden_layers;
+  return c;
+}
+
+static uint64_t name_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+  SplitMix64 mix(seed ^ h);
+  return mix.next();
+}
+
+TensorMap init_weights(const ModelConfig& config, DType dtype, uint64_t seed, double std, bool randomize_norms) {
+  if (!dtype_is_float(dtype)) fail("init_weights: dtype must be f32, bf16 or f16");
+  TensorMap weights;
+  for (const auto& [name, shape] : parameter_shapes(config)) {
+    Tensor t = Tensor::zeros(dtype, shape);
+    SplitMix64 rng(name_seed(seed, name));
+    const bool is_norm = name.find("norm.weight") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    void* out = t.mutable_data();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double v;
+      if (is_norm) v = randomize_norms ? 1.0 + std * rng.normal() : 1.0;
+      else if (is_bias) v = randomize_norms ? std * rng.normal() : 0.0;
+      else v = std * rng.normal();
+      store_element(out, dtype, i, v);
+    }
+    weights.emplace(name, std::move(t));
+  }
+  return weights;
+}
+
+void write_tokenizer_files(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    write_text_file_atomic((fs::path(dir) / name).string(), asset(name));
+  }
+}
+
+CausalLM init_model(const InitOptions& options, const std::string& out_dir) {
+  ModelConfig config = preset_config(options.preset, options.dtype);
+  const double std = options.initializer_range > 0 ? options.initializer_range : config.initializer_range;
+  config.initializer_range = std;
+  CausalLM model = CausalLM::from_weights(config, init_weights(config, options.dtype, options.seed, std, options.randomize_norms),
+                                          "init-model " + options.preset);
+  model.save_pretrained(out_dir, options.max_shard_bytes);
+  // generation_config.json as Qwen3-0.6B ships it.
+  nlohmann::json gen = {{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
+                        {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
+                        {"top_p", 0.95},          {"transformers_version", "4.51.0"}};
+  write_text_file_atomic((fs::path(out_dir) / "generation_config.json").string(), gen.dump(2) + "\n");
+  write_tokenizer_files(out_dir);
+  return model;
+}
+
+}  // namespace trl

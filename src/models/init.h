@@ -1,0 +1,40 @@
+// Randomly initialised models in the Hugging Face layout (`trl init-model`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "models/causal_lm.h"
+
+namespace trl {
+
+// tiny: hidden 64, ffn 128, 2 layers, 4 heads, 2 kv heads, head_dim 16. small: hidden 256, ffn 768, 4 layers,
+// 4 heads, 2 kv heads, head_dim 64. qwen3-0.6b: the real Qwen3-0.6B shapes. All use the real vocabulary (151936)
+// and Qwen3-0.6B's other settings (tied embeddings, rope_theta 1e6, eps 1e-6, special token ids).
+std::vector<std::string> model_presets();
+ModelConfig preset_config(const std::string& preset, DType dtype);
+
+struct InitOptions {
+  std::string preset = "tiny";
+  DType dtype = DType::F32;
+  uint64_t seed = 0;
+  double initializer_range = 0;   // <= 0: the config's (0.02)
+  bool randomize_norms = false;   // norm weights 1 + N(0, std) instead of 1 (exercises the norm scales in tests)
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+};
+
+// Transformers' initialisation: every Linear and the embedding ~ N(0, initializer_range), norms = 1. Each
+// tensor has its own stream seeded from (seed, name), so its values do not depend on the other tensors, and the
+// same seed gives the same bytes on every machine (see core/rng.h).
+TensorMap init_weights(const ModelConfig& config, DType dtype, uint64_t seed, double std, bool randomize_norms);
+
+// Writes a complete model folder: config.json, generation_config.json, model.safetensors (or shards), and the
+// Qwen3 tokenizer files (tokenizer.json, tokenizer_config.json) that ship inside trl.
+CausalLM init_model(const InitOptions& options, const std::string& out_dir);
+
+// Writes the bundled Qwen3 tokenizer files into `dir`.
+void write_tokenizer_files(const std::string& dir);
+
+}  // namespace trl

@@ -1,0 +1,97 @@
+#include "runtime/runtime.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace trl {
+
+std::vector<std::string> available_devices() { return {"cpu"}; }
+
+std::string resolve_device(const std::string& requested) {
+  const auto devices = available_devices();
+  if (requested == "auto") return devices.front();
+  if (std::find(devices.begin(), devices.end(), requested) == devices.end()) {
+    fail("device '{}' is not available in this build (available: {}, or auto)", requested, fmt::join(devices, ", "));
+  }
+  return requested;
+}
+
+static int machine_cores() {
+  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::vector<int> parse_core_list(const std::string& text, int num_cores) {
+  auto bad = [&](const std::string& why) -> void {
+    fail("TRL_VISIBLE_CORES='{}': {} (expected a list such as 0-3 or 0,1; this machine has cores 0-{})", text, why, num_cores - 1);
+  };
+  std::vector<int> cores;
+  std::set<int> seen;
+  size_t start = 0;
+  if (text.empty()) bad("empty list");
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(start, end - start);
+    if (part.empty()) bad("empty element");
+    auto parse_int = [&](const std::string& s) {
+      if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 6) bad("'" + s + "' is not a core number");
+      return std::stoi(s);
+    };
+    size_t dash = part.find('-');
+    int lo, hi;
+    if (dash == std::string::npos) {
+      lo = hi = parse_int(part);
+    } else {
+      lo = parse_int(part.substr(0, dash));
+      hi = parse_int(part.substr(dash + 1));
+      if (lo > hi) bad("range '" + part + "' runs backwards");
+    }
+    for (int c = lo; c <= hi; ++c) {
+      if (c >= num_cores) bad(fmt::format("core {} does not exist", c));
+      if (!seen.insert(c).second) bad(fmt::format("core {} is listed twice", c));
+      cores.push_back(c);
+    }
+    start = end + 1;
+  }
+  return cores;
+}
+
+std::vector<int> visible_cores() {
+  const char* v = std::getenv("TRL_VISIBLE_CORES");
+  if (v != nullptr) return parse_core_list(v, machine_cores());
+  std::vector<int> all(static_cast<size_t>(machine_cores()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  return all;
+}
+
+int num_threads() {
+  const char* v = std::getenv("TRL_NUM_THREADS");
+  if (v != nullptr) {
+    const std::string s = v;
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 4 || std::stoi(s) < 1) {
+      fail("TRL_NUM_THREADS='{}': expected a positive integer", s);
+    }
+    return std::stoi(s);
+  }
+  return static_cast<int>(visible_cores().size());
+}
+
+std::string cache_dir() {
+  namespace fs = std::filesystem;
+  if (const char* v = std::getenv("TRL_CACHE_DIR"); v != nullptr && *v) return v;
+  if (const char* v = std::getenv("XDG_CACHE_HOME"); v != nullptr && *v) return (fs::path(v) / "trl.cpp").string();
+  if (const char* v = std::getenv("HOME"); v != nullptr && *v) return (fs::path(v) / ".cache" / "trl.cpp").string();
+  return ".trl-cache";
+}
+
+}  // namespace trl

@@ -1,0 +1,27 @@
+// Shared test helpers.
+#pragma once
+
+#include <string>
+
+namespace trl::test {
+
+// A fresh directory under $TMPDIR, removed (with its contents) when the object goes away.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& bytes);
+// Runs a shell command, returns its exit status; stdout+stderr go to *output when given.
+int run_command(const std::string& command, std::string* output = nullptr);
+
+}  // namespace trl::test
