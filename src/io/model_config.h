@@ -12,7 +12,7 @@
 namespace trl {
 
 struct RopeScaling {
-  std::string rope_type;  // "default" (none) or "llama3"
+  std::string rope_type = "default";  // "default" (none) or "llama3"
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;

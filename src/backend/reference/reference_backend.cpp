@@ -101,7 +101,8 @@ void rope(const Tensor& x, const Tensor& positions, const graph::Attrs& a, Tenso
 
 // q:[B,T,H,D], k,v:[B,S,Hkv,D], key_mask:[B,S] or none -> out:[B,T,H,D]
 // Query t sits at key index t + (S - T); with `causal` it sees keys 0..that index whose mask is 1. A query that
-// sees no key at all (a padding row) gets zeros.
+// sees no key at all (a padding row) gets zeros. As in Transformers' eager attention, the scores q·kᵀ, the scaled
+// scores and the probabilities are stored in the activation dtype (softmax itself runs in higher precision).
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const graph::Attrs& a, Tensor& out) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), Hkv = k.size(2);
   const int64_t rep = H / Hkv, offset = S - T;
@@ -122,7 +123,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
           const float* kr = kf.data() + ((b * S + s) * Hkv + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-          p[static_cast<size_t>(s)] = dot * a.scale;
+          p[static_cast<size_t>(s)] = rnd(q.dtype(), rnd(q.dtype(), dot) * a.scale);
           mx = std::max(mx, p[static_cast<size_t>(s)]);
         }
         const int64_t obase = ((b * T + t) * H + h) * D;
@@ -136,12 +137,13 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
           p[static_cast<size_t>(s)] = e;
           sum += e;
         }
+        for (int64_t s = 0; s < S; ++s) p[static_cast<size_t>(s)] = rnd(q.dtype(), p[static_cast<size_t>(s)] / sum);
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
           for (int64_t s = 0; s < S; ++s) {
             if (p[static_cast<size_t>(s)] != 0) acc += p[static_cast<size_t>(s)] * vf[static_cast<size_t>(((b * S + s) * Hkv + hk) * D + d)];
           }
-          store_element(out.mutable_data(), out.dtype(), obase + d, acc / sum);
+          store_element(out.mutable_data(), out.dtype(), obase + d, acc);
         }
       }
     }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerates the committed golden files in tests/data/goldens/ (needs Debian's python3-torch; CI does not).
+#   bash tests/reference/make_goldens.sh [build-dir]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+out=$root/tests/data/goldens
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$out"
+# Keep these arguments in sync with tests/models/golden_test.cpp (kGoldenModels).
+for preset in tiny small; do
+  for dtype in f32 bf16; do
+    "$build/trl" init-model --preset $preset --dtype $dtype --seed 1234 --initializer_range 0.1 --randomize_norms --out "$tmp/$preset-$dtype" >/dev/null
+    /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}.json"
+    if [ $dtype = bf16 ]; then
+      /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}_emulated.json" --emulate
+    fi
+  done
+done
