@@ -1,0 +1,104 @@
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "graph/graph.h"
+
+namespace trl {
+namespace {
+
+using graph::Builder;
+using graph::kNone;
+
+TEST(Graph, ShapeInferenceAndErrors) {
+  Builder b;
+  auto x = b.input("x", {2, 3, 8}, DType::F32);
+  auto w = b.input("w", {5, 8}, DType::F32);
+  auto y = b.matmul(x, w, kNone, DType::F32, "proj");
+  EXPECT_EQ(b.shape(y), (Shape{2, 3, 5}));
+  auto bad = b.input("bad", {5, 7}, DType::F32);
+  try {
+    b.matmul(x, bad, kNone, DType::F32, "blk.0.attn_q");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.0.attn_q"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[5, 7]"), std::string::npos);
+  }
+  EXPECT_THROW(b.input("x", {1}, DType::F32), Error);  // declared twice
+  EXPECT_THROW(b.reshape(y, {7}), Error);
+  auto q = b.input("q", {1, 4, 4, 2}, DType::F32);
+  auto k = b.input("k", {1, 3, 3, 2}, DType::F32);
+  EXPECT_THROW(b.attention(q, k, k, kNone, 1.0, true, "a"), Error);  // H % Hkv != 0
+}
+
+TEST(Graph, HashDependsOnShapesNotDebugNames) {
+  auto make = [](int64_t T, const char* name) {
+    Builder b;
+    auto x = b.input("x", {1, T, 4}, DType::F32);
+    auto w = b.input("w", {4}, DType::F32);
+    b.output(b.rms_norm(x, w, 1e-6, name));
+    return b.finish();
+  };
+  EXPECT_EQ(make(3, "a").hash(), make(3, "b").hash());
+  EXPECT_NE(make(3, "a").hash(), make(4, "a").hash());
+  EXPECT_NE(make(3, "a").dump().find("rms_norm(%0, %1) [1, 3, 4] f32"), std::string::npos) << make(3, "a").dump();
+}
+
+TEST(ReferenceBackend, SmallOpsByHand) {
+  Builder b;
+  auto x = b.input("x", {1, 2}, DType::F32);
+  auto w = b.input("w", {3, 2}, DType::F32);
+  auto bias = b.input("bias", {3}, DType::F32);
+  auto y = b.matmul(x, w, bias, DType::F32);
+  auto nw = b.input("nw", {3}, DType::F32);
+  b.output(y);
+  b.output(b.rms_norm(y, nw, 0.0));
+  b.output(b.swiglu(y, y));
+  auto program = make_reference_backend()->compile(b.finish());
+  TensorMap in;
+  in["x"] = Tensor::from_f32(std::vector<float>{1, 2}, {1, 2});
+  in["w"] = Tensor::from_f32(std::vector<float>{1, 0, 0, 1, 1, 1}, {3, 2});
+  in["bias"] = Tensor::from_f32(std::vector<float>{0, 0, -3}, {3});
+  in["nw"] = Tensor::from_f32(std::vector<float>{1, 2, 3}, {3});
+  auto out = program->run(in);
+  EXPECT_EQ(out[0].to_f32_vector(), (std::vector<float>{1, 2, 0}));
+  const float r = 1.0f / std::sqrt(5.0f / 3.0f);
+  auto n = out[1].to_f32_vector();
+  EXPECT_NEAR(n[0], 1 * r, 1e-6);
+  EXPECT_NEAR(n[1], 2 * 2 * r, 1e-6);
+  EXPECT_NEAR(n[2], 0, 1e-6);
+  auto s = out[2].to_f32_vector();
+  EXPECT_NEAR(s[1], 2.0 / (1 + std::exp(-2.0)) * 2.0, 1e-6);
+  // Binding errors name the input.
+  in.erase("bias");
+  try {
+    program->run(in);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bias'"), std::string::npos);
+  }
+  in["bias"] = Tensor::from_f32(std::vector<float>{0, 0, 0, 0}, {4});
+  EXPECT_THROW(program->run(in), Error);
+}
+
+TEST(ReferenceBackend, AttentionMasksAndGqa) {
+  // One query head pair sharing one KV head; key 1 masked out: the output is exactly v[0] or v[2] mixtures.
+  Builder b;
+  auto q = b.input("q", {1, 3, 2, 1}, DType::F32);
+  auto k = b.input("k", {1, 3, 1, 1}, DType::F32);
+  auto v = b.input("v", {1, 3, 1, 1}, DType::F32);
+  auto m = b.input("m", {1, 3}, DType::I32);
+  b.output(b.attention(q, k, v, m, 1.0, true));
+  auto program = make_reference_backend()->compile(b.finish());
+  TensorMap in;
+  in["q"] = Tensor::from_f32(std::vector<float>{0, 0, 0, 0, 0, 0}, {1, 3, 2, 1});
+  in["k"] = Tensor::from_f32(std::vector<float>{0, 0, 0}, {1, 3, 1, 1});
+  in["v"] = Tensor::from_f32(std::vector<float>{10, 20, 30}, {1, 3, 1, 1});
+  in["m"] = Tensor::from_i32(std::vector<int32_t>{1, 0, 1}, {1, 3});
+  auto out = program->run(in)[0].to_f32_vector();
+  // t=0 sees key 0; t=1 sees keys 0 (1 masked); t=2 sees keys 0 and 2 equally.
+  EXPECT_EQ(out, (std::vector<float>{10, 10, 10, 10, 20, 20}));
+}
+
+}  // namespace
+}  // namespace trl
