@@ -1,5 +1,6 @@
 // The `trl` command line: one binary, one subcommand per job (DESIGN.md §3).
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -16,6 +17,16 @@ int main(int argc, char** argv) {
   trl::cli::register_init_model(app);
   trl::cli::register_score(app);
   trl::cli::register_demo(app);
+  std::string names;
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    known = known || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::fprintf(stderr, "error: unknown command '%s' (commands: %s; see trl --help)\n", argv[1], names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages trl.cpp needs to build and test. Idempotent: installed packages are skipped.
+#   bash scripts/install-deps.sh            # build + test dependencies
+#   bash scripts/install-deps.sh --dev      # also what regenerates golden files (python3-torch)
+# Why each library is here: docs/DEPENDENCIES.md.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build git ca-certificates
+  libgtest-dev          # GoogleTest (unit tests, run by CTest)
+  nlohmann-json3-dev    # JSON: safetensors headers, config.json, CLI output
+  libfmt-dev            # formatting of messages
+  libcli11-dev          # command-line parsing of the trl binary
+  libdnnl-dev           # oneDNN: GEMM primitives (version reported by `trl env`)
+)
+if [ "${1:-}" = "--dev" ]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

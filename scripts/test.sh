@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds trl.cpp and runs every test: a Release build with warnings as errors, then the same unit tests built with
+# AddressSanitizer + UndefinedBehaviorSanitizer. Set TRL_SKIP_SANITIZERS=1 to run only the first pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+echo "== Release build (warnings are errors)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRL_WERROR=ON >/dev/null
+cmake --build build
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+if [ "${TRL_SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRL_WERROR=ON -DTRL_SANITIZE=ON >/dev/null
+  cmake --build build-asan
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs"
+fi
+echo "== all tests passed"

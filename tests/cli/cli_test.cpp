@@ -1,0 +1,105 @@
+// End-to-end checks of the `trl` binary: output formats, option spellings and error messages.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace trl {
+namespace {
+
+using json = nlohmann::json;
+
+std::string trl_cmd(const std::string& args) { return std::string(TRL_BINARY) + " " + args; }
+
+TEST(Cli, EnvJson) {
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("env --json"), &out), 0) << out;
+  const json j = json::parse(out);
+  for (const char* key : {"version", "build_type", "isa", "devices", "visible_cores", "threads", "onednn", "cache_dir"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_TRUE(j["isa"] == "avx512bf16" || j["isa"] == "avx512" || j["isa"] == "avx2" || j["isa"] == "scalar");
+  EXPECT_EQ(j["devices"][0], "cpu");
+  ASSERT_EQ(test::run_command("TRL_VISIBLE_CORES=0 TRL_CACHE_DIR=/tmp/x " + trl_cmd("env --json"), &out), 0) << out;
+  EXPECT_EQ(json::parse(out)["visible_cores"], "0");
+  EXPECT_EQ(json::parse(out)["cache_dir"], "/tmp/x");
+  EXPECT_NE(test::run_command("TRL_VISIBLE_CORES=0-9999 " + trl_cmd("env"), &out), 0);
+  EXPECT_NE(out.find("TRL_VISIBLE_CORES"), std::string::npos) << out;
+}
+
+TEST(Cli, InitModelThenScore) {
+  test::TempDir dir;
+  std::string out;
+  // Dashes and underscores are both accepted.
+  ASSERT_EQ(test::run_command(trl_cmd("init-model --preset tiny --dtype f32 --seed 3 --initializer-range 0.1 --out " + dir.path()), &out), 0) << out;
+  ASSERT_EQ(test::run_command(trl_cmd("score --model " + dir.path() + " --ids 785,8585,49041,7506,5302"), &out), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["n_tokens"], 5);
+  EXPECT_EQ(j["n_scored"], 4);
+  ASSERT_EQ(j["token_logprobs"].size(), 4u);
+  double sum = 0;
+  for (const auto& lp : j["token_logprobs"]) {
+    EXPECT_LT(lp.get<double>(), 0.0);
+    sum -= lp.get<double>();
+  }
+  EXPECT_NEAR(j["nll"].get<double>(), sum, 1e-9);
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(sum / 4), 1e-6 * std::exp(sum / 4));
+
+  // JSON lines in, one JSON line out per input; the same sequence scores the same.
+  test::write_file(dir.file("in.jsonl"), "{\"ids\": [785, 8585, 49041, 7506, 5302]}\n\n{\"ids\": [1, 2]}\n");
+  ASSERT_EQ(test::run_command(trl_cmd("score --model_name_or_path " + dir.path() + " --jsonl " + dir.file("in.jsonl") + " --batch-size 2"), &out), 0)
+      << out;
+  std::vector<json> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) lines.push_back(json::parse(out.substr(start, nl - start)));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NEAR(lines[0]["nll"].get<double>(), sum, 1e-6);
+  EXPECT_EQ(lines[1]["n_scored"], 1);
+}
+
+TEST(Cli, ErrorsAreClear) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("init-model --preset tiny --out " + dir.path()), &out), 0) << out;
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"score --model " + dir.path() + " --ids 1,x,3", "element 2 ('x')"},
+      {"score --model " + dir.path() + " --ids 1,200000", "input_ids[0][1] = 200000"},
+      {"score --model " + dir.path() + " --text hello", "tokenizer"},
+      {"score --model " + dir.path() + " --jsonl " + dir.file("bad.jsonl"), "bad.jsonl:2"},
+      {"score --model " + dir.path() + " --bogus 1", "--bogus"},
+      {"score --model no/such-model --ids 1", "never downloads"},
+      {"init-model --preset huge --out " + dir.file("x"), "preset"},
+      {"frobnicate", "frobnicate"},
+  };
+  test::write_file(dir.file("bad.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 2\n");
+  for (const Case& c : cases) {
+    EXPECT_NE(test::run_command(trl_cmd(c.args), &out), 0) << c.args;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << " ->\n" << out;
+    EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+  }
+}
+
+TEST(Cli, HelpListsOptionsWithDefaults) {
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("init-model --help"), &out), 0) << out;
+  EXPECT_NE(out.find("--preset"), std::string::npos);
+  EXPECT_NE(out.find("tiny"), std::string::npos);
+  EXPECT_NE(out.find("--max-shard-size"), std::string::npos);
+}
+
+TEST(Cli, Demo) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("demo --out " + dir.file("m")), &out), 0) << out;
+  EXPECT_NE(out.find("top 5 next tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("perplexity"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace trl
