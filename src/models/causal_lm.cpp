@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/hub.h"
+#include "runtime/runtime.h"
 
 namespace trl {
 
@@ -116,6 +117,7 @@ CausalLM CausalLM::from_weights(ModelConfig config, TensorMap weights, const std
 }
 
 CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOptions& options) {
+  const std::string device = resolve_device(options.device);
   const std::string dir = resolve_model_dir(name_or_path, options.revision);
   ModelConfig config = ModelConfig::load((fs::path(dir) / "config.json").string());
   Checkpoint ck = Checkpoint::open(dir);
@@ -139,6 +141,7 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
   }
   CausalLM m = from_weights(std::move(config), std::move(weights), dir);
   m.path_ = dir;
+  m.device_ = device;
   return m;
 }
 

@@ -15,15 +15,16 @@
 namespace trl {
 
 struct LoadOptions {
-  std::optional<DType> dtype;   // convert the weights; default: keep the checkpoint's dtype
+  std::optional<DType> dtype{};  // convert the weights; default: keep the checkpoint's dtype
+  std::string device = "auto";  // "auto" = the best available; an unavailable device is an error, never a fallback
   std::string revision = "main";
 };
 
 // Host-side inputs of one forward pass.
 struct Batch {
-  Tensor input_ids;       // [B,T] i32
-  Tensor attention_mask;  // [B,T] i32, 1 = token, 0 = padding; optional (all ones)
-  Tensor position_ids;    // [B,T] i32; optional: cumsum(attention_mask) - 1, so that padding never shifts positions
+  Tensor input_ids{};       // [B,T] i32
+  Tensor attention_mask{};  // [B,T] i32, 1 = token, 0 = padding; optional (all ones)
+  Tensor position_ids{};    // [B,T] i32; optional: cumsum(attention_mask) - 1, so that padding never shifts positions
 };
 
 // Hugging Face names and shapes of every parameter, in a fixed order. lm_head.weight is listed only when the
@@ -48,6 +49,7 @@ class CausalLM {
   const TensorMap& weights() const { return weights_; }
   DType dtype() const { return dtype_; }
   const std::string& path() const { return path_; }  // empty when built in memory
+  const std::string& device() const { return device_; }
   int64_t num_parameters() const;
 
   // Adds the forward pass for a [B,T] batch to `b`. Declares the inputs input_ids, position_ids and
@@ -67,6 +69,7 @@ class CausalLM {
   TensorMap weights_;
   DType dtype_ = DType::F32;
   std::string path_;
+  std::string device_ = "cpu";
 };
 
 }  // namespace trl

@@ -46,6 +46,8 @@ const GoldenModel kGoldenModels[] = {
     {"small", DType::BF16, "", 0.1, 0.018},
 };
 
+void PrintTo(const GoldenModel& g, std::ostream* os) { *os << g.preset << " " << dtype_name(g.dtype) << g.suffix; }
+
 std::string golden_path(const GoldenModel& g) {
   return std::string(TRL_TEST_DATA_DIR) + "/goldens/qwen3_" + g.preset + "_" + std::string(dtype_name(g.dtype)) + g.suffix + ".json";
 }
