@@ -1,6 +1,8 @@
 #include "models/init.h"
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -51,24 +53,56 @@ static uint64_t name_seed(uint64_t seed, const std::string& name) {
   return mix.next();
 }
 
+namespace {
+
+// Fills `t` from its own stream: N(0, std) for matrices, 1 for norms (1 + N(0, std) with randomize_norms), 0 for
+// biases (N(0, std) with randomize_norms).
+template <typename Store>
+void fill(Tensor& t, const std::string& name, uint64_t seed, double std, bool randomize_norms, Store store) {
+  SplitMix64 rng(name_seed(seed, name));
+  const bool is_norm = name.find("norm.weight") != std::string::npos;
+  const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v;
+    if (is_norm) v = randomize_norms ? 1.0 + std * rng.normal() : 1.0;
+    else if (is_bias) v = randomize_norms ? std * rng.normal() : 0.0;
+    else v = std * rng.normal();
+    store(i, v);
+  }
+}
+
+}  // namespace
+
 TensorMap init_weights(const ModelConfig& config, DType dtype, uint64_t seed, double std, bool randomize_norms) {
   if (!dtype_is_float(dtype)) fail("init_weights: dtype must be f32, bf16 or f16");
-  TensorMap weights;
-  for (const auto& [name, shape] : parameter_shapes(config)) {
-    Tensor t = Tensor::zeros(dtype, shape);
-    SplitMix64 rng(name_seed(seed, name));
-    const bool is_norm = name.find("norm.weight") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    void* out = t.mutable_data();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      double v;
-      if (is_norm) v = randomize_norms ? 1.0 + std * rng.normal() : 1.0;
-      else if (is_bias) v = randomize_norms ? std * rng.normal() : 0.0;
-      else v = std * rng.normal();
-      store_element(out, dtype, i, v);
+  const auto shapes = parameter_shapes(config);
+  std::vector<Tensor> tensors(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) tensors[i] = Tensor::zeros(dtype, shapes[i].second);
+  // Tensors are independent streams, so they are filled in parallel with the same result on any thread count.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < shapes.size();) {
+      Tensor& t = tensors[i];
+      const std::string& name = shapes[i].first;
+      if (dtype == DType::F32) {
+        float* p = t.mutable_data_as<float>();
+        fill(t, name, seed, std, randomize_norms, [p](int64_t k, double v) { p[k] = static_cast<float>(v); });
+      } else if (dtype == DType::BF16) {
+        uint16_t* p = t.mutable_data_as<uint16_t>();
+        fill(t, name, seed, std, randomize_norms, [p](int64_t k, double v) { p[k] = f32_to_bf16(static_cast<float>(v)); });
+      } else {
+        uint16_t* p = t.mutable_data_as<uint16_t>();
+        fill(t, name, seed, std, randomize_norms, [p](int64_t k, double v) { p[k] = f32_to_f16(static_cast<float>(v)); });
+      }
     }
-    weights.emplace(name, std::move(t));
-  }
+  };
+  std::vector<std::thread> pool;
+  const unsigned n_threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  for (unsigned k = 1; k < n_threads; ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  TensorMap weights;
+  for (size_t i = 0; i < shapes.size(); ++i) weights.emplace(shapes[i].first, std::move(tensors[i]));
   return weights;
 }
 
