@@ -6,15 +6,17 @@
 set -euo pipefail
 
 packages=(
-  g++ cmake ninja-build git ca-certificates
+  g++ cmake ninja-build git ca-certificates pkg-config
   libgtest-dev          # GoogleTest (unit tests, run by CTest)
   nlohmann-json3-dev    # JSON: safetensors headers, config.json, CLI output
   libfmt-dev            # formatting of messages
   libcli11-dev          # command-line parsing of the trl binary
   libdnnl-dev           # oneDNN: GEMM primitives (version reported by `trl env`)
+  libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
+  libutf8proc-dev       # utf8proc: Unicode normalisation (NFC, ...) and case mapping for the tokenizer
 )
 if [ "${1:-}" = "--dev" ]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy python3-jinja2 nodejs npm)
 fi
 
 missing=()

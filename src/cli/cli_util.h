@@ -16,5 +16,6 @@ void register_env(CLI::App& app);
 void register_init_model(CLI::App& app);
 void register_score(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace trl::cli

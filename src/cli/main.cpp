@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   trl::cli::register_init_model(app);
   trl::cli::register_score(app);
   trl::cli::register_demo(app);
+  trl::cli::register_tokenize(app);
   std::string names;
   bool known = false;
   for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {

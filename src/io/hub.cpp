@@ -47,12 +47,13 @@ std::vector<std::string> hub_cache_dirs() {
   return dirs;
 }
 
-std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision) {
+std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision, const std::string& required_file) {
   std::error_code ec;
   std::vector<std::string> looked;
   if (fs::is_directory(name_or_path, ec)) {
-    if (!fs::exists(fs::path(name_or_path) / "config.json")) {
-      fail("{}: this folder has no config.json; a model folder holds config.json and model.safetensors", name_or_path);
+    if (!fs::exists(fs::path(name_or_path) / required_file)) {
+      fail("{}: this folder has no {}; a model folder holds config.json, model.safetensors and the tokenizer files", name_or_path,
+           required_file);
     }
     return name_or_path;
   }
@@ -69,12 +70,12 @@ std::string resolve_model_dir(const std::string& name_or_path, const std::string
       const fs::path ref = repo / "refs" / revision;
       if (fs::is_regular_file(ref, ec)) commit = trim(read_text_file(ref.string()));
       const fs::path snap = snapshots / commit;
-      if (fs::is_directory(snap, ec) && fs::exists(snap / "config.json", ec)) return snap.string();
+      if (fs::is_directory(snap, ec) && fs::exists(snap / required_file, ec)) return snap.string();
       if (fs::is_directory(snapshots, ec) && !fs::is_regular_file(ref, ec)) {
         // No ref for this revision: use the snapshot if there is exactly one.
         std::vector<fs::path> all;
         for (const auto& e : fs::directory_iterator(snapshots, ec)) {
-          if (e.is_directory() && fs::exists(e.path() / "config.json")) all.push_back(e.path());
+          if (e.is_directory() && fs::exists(e.path() / required_file)) all.push_back(e.path());
         }
         if (all.size() == 1 && revision == "main") return all[0].string();
       }

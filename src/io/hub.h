@@ -14,8 +14,10 @@ namespace trl {
 // The cache folders to search, in order, from the environment.
 std::vector<std::string> hub_cache_dirs();
 
-// Returns the folder that holds the model. `revision` is a branch/tag name under refs/ or a commit hash.
-// Throws trl::Error listing every place it looked when the model is not found.
-std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision = "main");
+// Returns the folder that holds the model (a folder counts when it has `required_file`). `revision` is a
+// branch/tag name under refs/ or a commit hash. Throws trl::Error listing every place it looked when the model is
+// not found.
+std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision = "main",
+                              const std::string& required_file = "config.json");
 
 }  // namespace trl

@@ -1,0 +1,131 @@
+// `trl tokenize`: text -> ids (or ids -> text with --decode), plain or JSON lines, optionally through the chat template.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "core/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace trl::cli {
+
+namespace {
+
+std::vector<int32_t> ids_from_text(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string cur;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    if (cur.find_first_not_of("0123456789") != std::string::npos || cur.size() > 9) fail("'{}' is not a token id", cur);
+    ids.push_back(static_cast<int32_t>(std::stol(cur)));
+    cur.clear();
+  };
+  for (char c : text) {
+    if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '[' || c == ']') flush();
+    else cur += c;
+  }
+  flush();
+  return ids;
+}
+
+ChatTemplateOptions chat_options_from(const nlohmann::json& line, const std::string& where) {
+  ChatTemplateOptions o;
+  for (auto it = line.begin(); it != line.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "messages") continue;
+    if (k == "tools") o.tools = it.value();
+    else if (k == "documents") o.documents = it.value();
+    else if (k == "add_generation_prompt") {
+      if (!it.value().is_boolean()) fail("{}: add_generation_prompt must be true or false", where);
+      o.add_generation_prompt = it.value().get<bool>();
+    } else if (k == "continue_final_message") {
+      if (!it.value().is_boolean()) fail("{}: continue_final_message must be true or false", where);
+      o.continue_final_message = it.value().get<bool>();
+    } else if (k == "chat_template") {
+      o.chat_template = it.value().get<std::string>();
+    } else {
+      o.extra[k] = it.value();
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tokenize", "Text on stdin -> token ids (--decode: ids -> text); --jsonl for JSON lines, --chat for conversations");
+  struct Args {
+    std::string model, revision = "main";
+    bool decode = false, jsonl = false, chat = false, skip_special_tokens = false, add_special_tokens = true;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option(flag("model") + "," + flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only)")->required();
+  cmd->add_option(flag("revision"), a->revision, "Hub cache revision")->capture_default_str();
+  cmd->add_flag(flag("decode"), a->decode, "Read ids, print text");
+  cmd->add_flag(flag("jsonl"), a->jsonl, "Read JSON lines ({\"text\": ...}, {\"ids\": [...]} with --decode, {\"messages\": [...]} with --chat)");
+  cmd->add_flag(flag("chat"), a->chat, "Apply the chat template to {\"messages\": [...], ...} lines (other keys go to the template)");
+  cmd->add_flag(flag("skip_special_tokens"), a->skip_special_tokens, "With --decode: drop special tokens");
+  cmd->add_option(flag("add_special_tokens"), a->add_special_tokens, "Add the post-processor's special tokens (BOS/EOS)")->capture_default_str();
+  cmd->callback([a] {
+    if (a->chat && !a->jsonl) fail("--chat reads JSON lines: add --jsonl");
+    if (a->chat && a->decode) fail("--chat and --decode cannot be combined");
+    Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
+    if (!a->jsonl) {
+      const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+      if (a->decode) {
+        const std::string text = tok.decode(ids_from_text(input), a->skip_special_tokens);
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::printf("\n");
+      } else {
+        const auto ids = tok.encode(input, a->add_special_tokens);
+        std::string out;
+        for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+        std::printf("%s\n", out.c_str());
+      }
+      return;
+    }
+    std::string line;
+    for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = fmt::format("stdin:{}", n);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error& e) {
+        fail("{}: not valid JSON (column {}): {}", where, e.byte, e.what());
+      }
+      if (!j.is_object()) fail("{}: expected a JSON object", where);
+      nlohmann::json out;
+      if (a->decode) {
+        if (!j.contains("ids") || !j["ids"].is_array()) fail("{}: missing the \"ids\" array", where);
+        std::vector<int32_t> ids;
+        for (const auto& v : j["ids"]) {
+          if (!v.is_number_integer()) fail("{}: ids must be integers", where);
+          ids.push_back(v.get<int32_t>());
+        }
+        out["text"] = tok.decode(ids, a->skip_special_tokens);
+      } else if (a->chat) {
+        if (!j.contains("messages")) fail("{}: missing \"messages\"", where);
+        const ChatEncoding enc = apply_chat_template_ids(tok, j["messages"], chat_options_from(j, where));
+        out["ids"] = enc.input_ids;
+        out["text"] = enc.text;
+        if (std::find(enc.assistant_masks.begin(), enc.assistant_masks.end(), 1) != enc.assistant_masks.end()) {
+          out["assistant_masks"] = enc.assistant_masks;
+        }
+      } else {
+        if (!j.contains("text") || !j["text"].is_string()) fail("{}: missing the \"text\" string", where);
+        out["ids"] = tok.encode(j["text"].get<std::string>(), a->add_special_tokens);
+      }
+      const std::string s = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::printf("%s\n", s.c_str());
+    }
+  });
+}
+
+}  // namespace trl::cli

@@ -1,0 +1,965 @@
+#include "tokenizer/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/hub.h"
+#include "tokenizer/unicode.h"
+
+namespace trl {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Regex (PCRE2 with UTF + UCP, JIT-compiled): the Split pre-tokenizer and Replace normalizer/decoder patterns.
+
+// tokenizers compiles its patterns with Oniguruma, whose \s is Unicode's White_Space property; PCRE2's \s with UCP
+// also matches U+180E. Rewriting \s and \S to the property makes the two engines agree.
+std::string onig_compatible(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      const char n = pattern[i + 1];
+      if (n == 's') out += "\\p{White_Space}";
+      else if (n == 'S') out += "\\P{White_Space}";
+      else out += pattern.substr(i, 2);
+      ++i;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+class Regex {
+ public:
+  Regex(const std::string& source_pattern, const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    const std::string pattern = onig_compatible(source_pattern);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+    if (code_ == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      fail("{}: cannot compile the regex /{}/ at offset {}: {}", where, source_pattern, offset, reinterpret_cast<char*>(msg));
+    }
+    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  }
+  ~Regex() {
+    if (code_) pcre2_code_free(code_);
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Calls f(begin, end) for every non-overlapping match, left to right.
+  template <typename F>
+  void for_each_match(std::string_view s, F&& f) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    PCRE2_SIZE start = 0;
+    while (start <= s.size()) {
+      int rc = jit_ ? pcre2_jit_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr)
+                    : pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const size_t b = ov[0], e = ov[1];
+      if (e == b) {  // empty match: skip one code point
+        if (b >= s.size()) break;
+        start = b + unicode::utf8_length(static_cast<unsigned char>(s[b]));
+        continue;
+      }
+      f(b, e);
+      start = e;
+    }
+    pcre2_match_data_free(md);
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  bool jit_ = false;
+};
+
+std::string escape_regex(const std::string& literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// A pattern field {"String": "..."} or {"Regex": "..."}.
+std::unique_ptr<Regex> pattern_of(const json& p, const std::string& where) {
+  if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) return std::make_unique<Regex>(p["Regex"].get<std::string>(), where);
+  if (p.is_object() && p.contains("String") && p["String"].is_string()) return std::make_unique<Regex>(escape_regex(p["String"].get<std::string>()), where);
+  fail("{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+}
+
+std::string str_field(const json& j, const char* key, const std::string& where, const std::string& def = "") {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_string()) fail("{}: '{}' must be a string", where, key);
+  return j[key].get<std::string>();
+}
+bool bool_field(const json& j, const char* key, bool def) {
+  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : def;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Normalizers
+
+struct Normalizer {
+  enum Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend } kind;
+  bool left = true, right = true;  // Strip
+  std::unique_ptr<Regex> pattern;  // Replace
+  std::string content;             // Replace / Prepend
+};
+
+void parse_normalizer(const json& j, std::vector<Normalizer>& out, const std::string& where) {
+  if (j.is_null()) return;
+  const std::string type = str_field(j, "type", where);
+  const std::string w = where + " (" + type + ")";
+  if (type == "Sequence") {
+    for (const json& n : j.value("normalizers", json::array())) parse_normalizer(n, out, where);
+    return;
+  }
+  Normalizer n{};
+  if (type == "NFC") n.kind = Normalizer::NFC;
+  else if (type == "NFD") n.kind = Normalizer::NFD;
+  else if (type == "NFKC") n.kind = Normalizer::NFKC;
+  else if (type == "NFKD") n.kind = Normalizer::NFKD;
+  else if (type == "Lowercase") n.kind = Normalizer::Lowercase;
+  else if (type == "Strip") n.kind = Normalizer::Strip, n.left = bool_field(j, "strip_left", true), n.right = bool_field(j, "strip_right", true);
+  else if (type == "Replace") n.kind = Normalizer::Replace, n.pattern = pattern_of(j.value("pattern", json()), w), n.content = str_field(j, "content", w);
+  else if (type == "Prepend") n.kind = Normalizer::Prepend, n.content = str_field(j, "prepend", w);
+  else fail("{}: normalizer '{}' is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend)", where, type);
+  out.push_back(std::move(n));
+}
+
+bool is_ws(char32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+std::string replace_all(const Regex& re, std::string_view s, const std::string& with) {
+  std::string out;
+  size_t last = 0;
+  re.for_each_match(s, [&](size_t b, size_t e) {
+    out.append(s.substr(last, b - last));
+    out += with;
+    last = e;
+  });
+  out.append(s.substr(last));
+  return out;
+}
+
+std::string strip_ws(std::string_view s, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t i = b;
+      if (!is_ws(unicode::next_code_point(s, i))) break;
+      b = i;
+    }
+  }
+  if (right) {
+    while (e > b) {
+      size_t k = e - 1;
+      while (k > b && (static_cast<unsigned char>(s[k]) & 0xc0) == 0x80) --k;
+      size_t i = k;
+      if (!is_ws(unicode::next_code_point(s, i))) break;
+      e = k;
+    }
+  }
+  return std::string(s.substr(b, e - b));
+}
+
+std::string normalize(const std::vector<Normalizer>& steps, std::string s) {
+  for (const Normalizer& n : steps) {
+    switch (n.kind) {
+      case Normalizer::NFC: s = unicode::nfc(s); break;
+      case Normalizer::NFD: s = unicode::nfd(s); break;
+      case Normalizer::NFKC: s = unicode::nfkc(s); break;
+      case Normalizer::NFKD: s = unicode::nfkd(s); break;
+      case Normalizer::Lowercase: s = unicode::lowercase(s); break;
+      case Normalizer::Strip: s = strip_ws(s, n.left, n.right); break;
+      case Normalizer::Replace: s = replace_all(*n.pattern, s, n.content); break;
+      case Normalizer::Prepend:
+        if (!s.empty()) s = n.content + s;
+        break;
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Pre-tokenizers
+
+const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+struct PreTokenizer {
+  enum Kind { Split, ByteLevel, Digits } kind;
+  std::unique_ptr<Regex> regex;  // Split; ByteLevel with use_regex
+  enum Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous } behavior = Isolated;
+  bool invert = false;
+  bool add_prefix_space = false;
+  bool individual_digits = false;
+};
+
+void parse_pre_tokenizer(const json& j, std::vector<PreTokenizer>& out, const std::string& where) {
+  if (j.is_null()) return;
+  const std::string type = str_field(j, "type", where);
+  const std::string w = where + " (" + type + ")";
+  if (type == "Sequence") {
+    for (const json& p : j.value("pretokenizers", json::array())) parse_pre_tokenizer(p, out, where);
+    return;
+  }
+  PreTokenizer p{};
+  if (type == "Split") {
+    p.kind = PreTokenizer::Split;
+    p.regex = pattern_of(j.value("pattern", json()), w);
+    const std::string b = str_field(j, "behavior", w, "Isolated");
+    if (b == "Removed") p.behavior = PreTokenizer::Removed;
+    else if (b == "Isolated") p.behavior = PreTokenizer::Isolated;
+    else if (b == "MergedWithPrevious") p.behavior = PreTokenizer::MergedWithPrevious;
+    else if (b == "MergedWithNext") p.behavior = PreTokenizer::MergedWithNext;
+    else if (b == "Contiguous") p.behavior = PreTokenizer::Contiguous;
+    else fail("{}: unknown behavior '{}'", w, b);
+    p.invert = bool_field(j, "invert", false);
+  } else if (type == "ByteLevel") {
+    p.kind = PreTokenizer::ByteLevel;
+    p.add_prefix_space = bool_field(j, "add_prefix_space", true);
+    if (bool_field(j, "use_regex", true)) p.regex = std::make_unique<Regex>(kGpt2Pattern, w);
+  } else if (type == "Digits") {
+    p.kind = PreTokenizer::Digits;
+    p.individual_digits = bool_field(j, "individual_digits", false);
+    p.regex = std::make_unique<Regex>(p.individual_digits ? "\\p{Nd}" : "\\p{Nd}+", w);
+  } else {
+    fail("{}: pre-tokenizer '{}' is not supported (supported: Sequence, Split, ByteLevel, Digits)", where, type);
+  }
+  out.push_back(std::move(p));
+}
+
+// Splits `s` by the regex's matches according to `behavior` (tokenizers' SplitDelimiterBehavior).
+void split_by(const Regex& re, PreTokenizer::Behavior behavior, bool invert, std::string_view s, std::vector<std::string>& out) {
+  // (begin, end, is_match) spans covering s.
+  std::vector<std::tuple<size_t, size_t, bool>> spans;
+  size_t last = 0;
+  re.for_each_match(s, [&](size_t b, size_t e) {
+    if (b > last) spans.emplace_back(last, b, invert);
+    spans.emplace_back(b, e, !invert);
+    last = e;
+  });
+  if (last < s.size()) spans.emplace_back(last, s.size(), invert);
+  switch (behavior) {
+    case PreTokenizer::Isolated:
+      for (auto& [b, e, m] : spans) out.emplace_back(s.substr(b, e - b));
+      break;
+    case PreTokenizer::Removed:
+      for (auto& [b, e, m] : spans)
+        if (!m) out.emplace_back(s.substr(b, e - b));
+      break;
+    case PreTokenizer::MergedWithPrevious: {
+      std::string cur;
+      for (auto& [b, e, m] : spans) {
+        cur += s.substr(b, e - b);
+        if (m) out.push_back(std::move(cur)), cur.clear();
+      }
+      if (!cur.empty()) out.push_back(cur);
+      break;
+    }
+    case PreTokenizer::MergedWithNext: {
+      std::string cur;
+      for (auto& [b, e, m] : spans) {
+        if (m && !cur.empty()) out.push_back(std::move(cur)), cur.clear();
+        cur += s.substr(b, e - b);
+      }
+      if (!cur.empty()) out.push_back(cur);
+      break;
+    }
+    case PreTokenizer::Contiguous: {
+      std::string cur;
+      bool cur_m = false;
+      for (auto& [b, e, m] : spans) {
+        if (!cur.empty() && m != cur_m) out.push_back(std::move(cur)), cur.clear();
+        cur += s.substr(b, e - b);
+        cur_m = m;
+      }
+      if (!cur.empty()) out.push_back(cur);
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decoders
+
+struct Decoder {
+  enum Kind { ByteLevel, Replace, Strip, Fuse } kind;
+  std::unique_ptr<Regex> pattern;
+  std::string content;
+  size_t strip_start = 0, strip_stop = 0;
+  std::string strip_char;
+};
+
+void parse_decoder(const json& j, std::vector<Decoder>& out, const std::string& where) {
+  if (j.is_null()) return;
+  const std::string type = str_field(j, "type", where);
+  const std::string w = where + " (" + type + ")";
+  if (type == "Sequence") {
+    for (const json& d : j.value("decoders", json::array())) parse_decoder(d, out, where);
+    return;
+  }
+  Decoder d{};
+  if (type == "ByteLevel") d.kind = Decoder::ByteLevel;
+  else if (type == "Fuse") d.kind = Decoder::Fuse;
+  else if (type == "Replace") d.kind = Decoder::Replace, d.pattern = pattern_of(j.value("pattern", json()), w), d.content = str_field(j, "content", w);
+  else if (type == "Strip") {
+    d.kind = Decoder::Strip;
+    d.strip_char = str_field(j, "content", w, " ");
+    d.strip_start = j.value("start", 0);
+    d.strip_stop = j.value("stop", 0);
+  } else fail("{}: decoder '{}' is not supported (supported: Sequence, ByteLevel, Replace, Strip, Fuse)", where, type);
+  out.push_back(std::move(d));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Post-processors
+
+struct TemplatePiece {
+  bool is_sequence = false;
+  std::string sequence_id;        // "A" / "B"
+  std::vector<int32_t> special;   // ids of a special-token piece
+};
+
+struct PostProcessor {
+  bool template_processing = false;
+  std::vector<TemplatePiece> single;
+};
+
+void parse_post_processor(const json& j, PostProcessor& out, const std::string& where) {
+  if (j.is_null()) return;
+  const std::string type = str_field(j, "type", where);
+  if (type == "Sequence") {
+    for (const json& p : j.value("processors", json::array())) parse_post_processor(p, out, where);
+    return;
+  }
+  if (type == "ByteLevel") return;  // offsets only; ids unchanged
+  if (type != "TemplateProcessing") {
+    fail("{}: post-processor '{}' is not supported (supported: Sequence, ByteLevel, TemplateProcessing)", where, type);
+  }
+  out.template_processing = true;
+  const json& specials = j.value("special_tokens", json::object());
+  for (const json& piece : j.value("single", json::array())) {
+    TemplatePiece tp;
+    if (piece.contains("Sequence")) {
+      tp.is_sequence = true;
+      tp.sequence_id = piece["Sequence"].value("id", "A");
+    } else if (piece.contains("SpecialToken")) {
+      const std::string id = piece["SpecialToken"].value("id", "");
+      if (!specials.contains(id)) fail("{}: TemplateProcessing names special token '{}' that special_tokens does not define", where, id);
+      for (const json& v : specials[id].value("ids", json::array())) tp.special.push_back(v.get<int32_t>());
+    } else {
+      fail("{}: TemplateProcessing piece {} is neither Sequence nor SpecialToken", where, piece.dump());
+    }
+    out.single.push_back(std::move(tp));
+  }
+}
+
+std::string special_token_string(const json& cfg, const char* key) {
+  if (!cfg.contains(key) || cfg[key].is_null()) return "";
+  const json& v = cfg[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  std::string source;
+  // BPE model
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> id_to_token;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left,right) -> (rank, merged id)
+  std::array<int32_t, 256> byte_ids{};                               // id of each single byte-level character, or -1
+  bool ignore_merges = false;
+  std::optional<int32_t> unk_id;
+  std::string continuing_subword_prefix, end_of_word_suffix;
+  bool byte_fallback = false;
+  // Pipeline
+  std::vector<Normalizer> normalizers;
+  std::vector<PreTokenizer> pre_tokenizers;
+  std::vector<Decoder> decoders;
+  PostProcessor post;
+  bool byte_level = false;  // a ByteLevel pre-tokenizer maps bytes
+  // Added tokens, and a byte trie over their contents for longest-match splitting.
+  std::vector<AddedToken> added;
+  std::unordered_map<int32_t, size_t> added_by_id;
+  std::unordered_map<std::string, int32_t> added_by_content;
+  struct TrieNode {
+    std::unordered_map<unsigned char, int32_t> next;
+    int32_t token = -1;  // index into `added`
+  };
+  std::vector<TrieNode> trie{1};
+  // tokenizer_config.json
+  std::string eos, pad, bos, unk, chat_template;
+  bool cleanup = false;
+  // Cache of BPE results for frequent pre-tokens.
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  static constexpr size_t kCacheCapacity = 1 << 16;
+
+  void add_to_trie(size_t index) {
+    int32_t node = 0;
+    for (unsigned char c : added[index].content) {
+      auto it = trie[static_cast<size_t>(node)].next.find(c);
+      if (it == trie[static_cast<size_t>(node)].next.end()) {
+        trie.emplace_back();
+        const int32_t fresh = static_cast<int32_t>(trie.size() - 1);
+        trie[static_cast<size_t>(node)].next.emplace(c, fresh);
+        node = fresh;
+      } else {
+        node = it->second;
+      }
+    }
+    trie[static_cast<size_t>(node)].token = static_cast<int32_t>(index);
+  }
+
+  // BPE of one pre-token (already in the byte-level alphabet when byte_level).
+  void bpe(std::string_view word, std::vector<int32_t>& out) const {
+    if (word.empty()) return;
+    if (ignore_merges) {
+      auto it = vocab.find(std::string(word));
+      if (it != vocab.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex);
+      auto it = cache.find(std::string(word));
+      if (it != cache.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    // Symbols: one per character, as a doubly linked list.
+    struct Sym {
+      int32_t id;
+      int32_t prev, next;
+      uint32_t len;  // bytes of `word` covered
+    };
+    std::vector<Sym> syms;
+    for (size_t i = 0; i < word.size();) {
+      const size_t n = std::min(unicode::utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
+      std::string ch(word.substr(i, n));
+      auto it = vocab.find(ch);
+      int32_t id;
+      if (it != vocab.end()) {
+        id = it->second;
+      } else if (unk_id) {
+        id = *unk_id;
+      } else {
+        fail("{}: the character '{}' is not in the vocabulary and the model has no unk_token", source, ch);
+      }
+      syms.push_back({id, static_cast<int32_t>(syms.size()) - 1, static_cast<int32_t>(syms.size()) + 1, static_cast<uint32_t>(n)});
+      i += n;
+    }
+    syms.back().next = -1;
+    // Min-heap of candidate merges (rank, left position), invalidated lazily.
+    struct Cand {
+      int32_t rank, pos, left_id, right_id;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    auto push = [&](int32_t pos) {
+      const int32_t nx = syms[static_cast<size_t>(pos)].next;
+      if (nx < 0) return;
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(syms[static_cast<size_t>(pos)].id)) << 32) |
+                           static_cast<uint32_t>(syms[static_cast<size_t>(nx)].id);
+      auto it = merges.find(key);
+      if (it != merges.end()) heap.push({it->second.first, pos, syms[static_cast<size_t>(pos)].id, syms[static_cast<size_t>(nx)].id});
+    };
+    for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) push(i);
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      Sym& left = syms[static_cast<size_t>(c.pos)];
+      if (left.len == 0 || left.id != c.left_id || left.next < 0) continue;  // stale
+      Sym& right = syms[static_cast<size_t>(left.next)];
+      if (right.id != c.right_id) continue;
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left.id)) << 32) | static_cast<uint32_t>(right.id);
+      left.id = merges.at(key).second;
+      left.len += right.len;
+      right.len = 0;
+      left.next = right.next;
+      if (left.next >= 0) syms[static_cast<size_t>(left.next)].prev = c.pos;
+      if (left.prev >= 0) push(left.prev);
+      push(c.pos);
+    }
+    std::vector<int32_t> result;
+    for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) result.push_back(syms[static_cast<size_t>(i)].id);
+    out.insert(out.end(), result.begin(), result.end());
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    if (cache.size() >= kCacheCapacity) cache.clear();
+    cache.emplace(std::string(word), std::move(result));
+  }
+
+  // Bytes of `text` that token `id` stands for (byte-level: one byte per character of its vocabulary string).
+  size_t token_bytes(int32_t id) const {
+    const std::string& t = id_to_token[static_cast<size_t>(id)];
+    if (!byte_level) return t.size();
+    size_t n = 0;
+    for (unsigned char c : t) n += (c & 0xc0) != 0x80;
+    return n;
+  }
+
+  // Normalize + pre-tokenize + BPE one piece of text that contains no added token. With `offsets`, appends the
+  // byte range of each token, `base` being the piece's position in the input.
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out, size_t base = 0,
+                    std::vector<std::pair<size_t, size_t>>* offsets = nullptr) const {
+    std::string text = normalizers.empty() ? std::string(piece) : normalize(normalizers, std::string(piece));
+    const bool exact = text == piece;
+    std::vector<std::string> pieces{std::move(text)};
+    bool prefix_added = false;
+    for (const PreTokenizer& p : pre_tokenizers) {
+      std::vector<std::string> next;
+      for (std::string& s : pieces) {
+        if (p.kind == PreTokenizer::ByteLevel) {
+          if (p.add_prefix_space && !s.empty() && s[0] != ' ') s = " " + s, prefix_added = true;
+          if (p.regex) {
+            std::vector<std::string> parts;
+            split_by(*p.regex, PreTokenizer::Isolated, false, s, parts);
+            for (auto& part : parts) next.push_back(unicode::bytes_to_byte_level(part));
+          } else {
+            next.push_back(unicode::bytes_to_byte_level(s));
+          }
+        } else {
+          split_by(*p.regex, p.kind == PreTokenizer::Digits ? PreTokenizer::Isolated : p.behavior, p.invert, s, next);
+        }
+      }
+      pieces = std::move(next);
+    }
+    if (offsets == nullptr) {
+      for (const std::string& s : pieces) bpe(s, out);
+      return;
+    }
+    // Offsets: walk the tokens in order over the piece's bytes (the pre-tokenizers keep every byte, in order,
+    // except Split's Removed behaviour, which we then cover coarsely).
+    const size_t first = out.size();
+    size_t total = 0;
+    for (const std::string& s : pieces) bpe(s, out);
+    for (size_t k = first; k < out.size(); ++k) total += token_bytes(out[k]);
+    const bool walkable = exact && total == piece.size() + (prefix_added ? 1 : 0);
+    size_t pos = 0;
+    for (size_t k = first; k < out.size(); ++k) {
+      if (!walkable) {
+        offsets->emplace_back(base, base + piece.size());
+        continue;
+      }
+      size_t n = token_bytes(out[k]);
+      if (prefix_added && k == first) n -= std::min<size_t>(n, 1);  // the added space is not in the input
+      offsets->emplace_back(base + pos, base + pos + n);
+      pos += n;
+    }
+  }
+};
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  Tokenizer tok;
+  Impl& m = *tok.impl_;
+  m.source = path;
+  json j;
+  try {
+    j = json::parse(read_text_file(path));
+  } catch (const json::parse_error& e) {
+    fail("{}: not valid JSON (byte {}): {}", path, e.byte, e.what());
+  }
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("{}: no 'model' object; is this a tokenizer.json?", path);
+  const json& model = j["model"];
+  const std::string type = str_field(model, "type", path + ": model", "BPE");
+  if (type != "BPE") fail("{}: model type '{}' is not supported (supported: BPE)", path, type);
+  if (!model.contains("vocab") || !model["vocab"].is_object()) fail("{}: model.vocab must be an object", path);
+  m.vocab.reserve(model["vocab"].size() * 2);
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer()) fail("{}: model.vocab['{}'] must be an integer id", path, it.key());
+    const int64_t id = it.value().get<int64_t>();
+    if (id < 0 || id > 10'000'000) fail("{}: model.vocab['{}'] = {} is not a valid id", path, it.key(), id);
+    if (static_cast<size_t>(id) >= m.id_to_token.size()) m.id_to_token.resize(static_cast<size_t>(id) + 1);
+    m.id_to_token[static_cast<size_t>(id)] = it.key();
+    m.vocab.emplace(it.key(), static_cast<int32_t>(id));
+  }
+  const json& merges = model.value("merges", json::array());
+  m.merges.reserve(merges.size() * 2);
+  int32_t rank = 0;
+  for (const json& mg : merges) {
+    std::string a, b;
+    if (mg.is_string()) {  // "a b"
+      const std::string s = mg.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) fail("{}: merge {} '{}' is not two tokens separated by a space", path, rank, s);
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {  // ["a", "b"]
+      a = mg[0].get<std::string>(), b = mg[1].get<std::string>();
+    } else {
+      fail("{}: merge {} must be \"a b\" or [\"a\", \"b\"]", path, rank);
+    }
+    auto ia = m.vocab.find(a), ib = m.vocab.find(b), im = m.vocab.find(a + b);
+    if (ia == m.vocab.end() || ib == m.vocab.end() || im == m.vocab.end()) {
+      fail("{}: merge {} ('{}' + '{}') uses a token that is not in the vocabulary", path, rank, a, b);
+    }
+    m.merges.emplace((static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second),
+                     std::make_pair(rank, im->second));
+    ++rank;
+  }
+  m.ignore_merges = bool_field(model, "ignore_merges", false);
+  m.byte_fallback = bool_field(model, "byte_fallback", false);
+  if (m.byte_fallback) fail("{}: byte_fallback BPE (SentencePiece-style models) is not supported yet", path);
+  m.continuing_subword_prefix = str_field(model, "continuing_subword_prefix", path);
+  m.end_of_word_suffix = str_field(model, "end_of_word_suffix", path);
+  if (!m.continuing_subword_prefix.empty() || !m.end_of_word_suffix.empty()) {
+    fail("{}: continuing_subword_prefix / end_of_word_suffix are not supported", path);
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
+    fail("{}: BPE dropout is not supported (it makes encoding random)", path);
+  }
+  const std::string unk = str_field(model, "unk_token", path);
+  if (!unk.empty() && m.vocab.count(unk)) m.unk_id = m.vocab.at(unk);
+
+  parse_normalizer(j.value("normalizer", json()), m.normalizers, path + ": normalizer");
+  parse_pre_tokenizer(j.value("pre_tokenizer", json()), m.pre_tokenizers, path + ": pre_tokenizer");
+  parse_decoder(j.value("decoder", json()), m.decoders, path + ": decoder");
+  parse_post_processor(j.value("post_processor", json()), m.post, path + ": post_processor");
+  for (const auto& p : m.pre_tokenizers) m.byte_level = m.byte_level || p.kind == PreTokenizer::ByteLevel;
+
+  for (const json& a : j.value("added_tokens", json::array())) {
+    AddedToken t;
+    t.id = a.value("id", -1);
+    t.content = str_field(a, "content", path + ": added_tokens");
+    t.special = bool_field(a, "special", false);
+    t.lstrip = bool_field(a, "lstrip", false);
+    t.rstrip = bool_field(a, "rstrip", false);
+    t.normalized = bool_field(a, "normalized", !t.special);
+    t.single_word = bool_field(a, "single_word", false);
+    if (t.id < 0 || t.content.empty()) fail("{}: added token {} needs an id and a non-empty content", path, a.dump());
+    if (static_cast<size_t>(t.id) >= m.id_to_token.size()) m.id_to_token.resize(static_cast<size_t>(t.id) + 1);
+    m.id_to_token[static_cast<size_t>(t.id)] = t.content;
+    m.added_by_id[t.id] = m.added.size();
+    m.added_by_content[t.content] = t.id;
+    m.added.push_back(t);
+    m.add_to_trie(m.added.size() - 1);
+  }
+  // Ids of the single byte-level characters (for fast initial symbols).
+  m.byte_ids.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    auto it = m.vocab.find(unicode::byte_to_utf8()[static_cast<size_t>(b)]);
+    if (it != m.vocab.end()) m.byte_ids[static_cast<size_t>(b)] = it->second;
+  }
+  return tok;
+}
+
+Tokenizer Tokenizer::from_pretrained(const std::string& name_or_path, const std::string& revision) {
+  const std::string dir = resolve_model_dir(name_or_path, revision, "tokenizer.json");
+  const fs::path file = fs::path(dir) / "tokenizer.json";
+  if (!fs::exists(file)) fail("{}: no tokenizer.json (only fast, tokenizer.json-based tokenizers are supported)", dir);
+  Tokenizer tok = from_file(file.string());
+  Impl& m = *tok.impl_;
+  const fs::path cfg_path = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(cfg_path)) {
+    json cfg;
+    try {
+      cfg = json::parse(read_text_file(cfg_path.string()));
+    } catch (const json::parse_error& e) {
+      fail("{}: not valid JSON (byte {}): {}", cfg_path.string(), e.byte, e.what());
+    }
+    m.eos = special_token_string(cfg, "eos_token");
+    m.pad = special_token_string(cfg, "pad_token");
+    m.bos = special_token_string(cfg, "bos_token");
+    m.unk = special_token_string(cfg, "unk_token");
+    m.cleanup = bool_field(cfg, "clean_up_tokenization_spaces", false);
+    if (cfg.contains("chat_template")) {
+      const json& ct = cfg["chat_template"];
+      if (ct.is_string()) m.chat_template = ct.get<std::string>();
+      else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const json& t : ct)
+          if (t.value("name", "") == "default") m.chat_template = t.value("template", "");
+      }
+    }
+  }
+  const fs::path jinja = fs::path(dir) / "chat_template.jinja";  // newer Transformers save the template separately
+  if (m.chat_template.empty() && fs::exists(jinja)) m.chat_template = read_text_file(jinja.string());
+  return tok;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_tokens) const {
+  std::vector<std::pair<size_t, size_t>>* none = nullptr;
+  return encode_impl(input, add_special_tokens, none);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_offsets(std::string_view input, bool add_special_tokens,
+                                                    std::vector<std::pair<size_t, size_t>>& offsets) const {
+  offsets.clear();
+  std::vector<std::pair<size_t, size_t>>* p = &offsets;
+  return encode_impl(input, add_special_tokens, p);
+}
+
+std::vector<int32_t> Tokenizer::encode_impl(std::string_view input, bool add_special_tokens,
+                                            std::vector<std::pair<size_t, size_t>>*& offsets) const {
+  const Impl& m = *impl_;
+  const std::string text = unicode::sanitize_utf8(input);
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  // Split on added tokens: at each position, the longest token that starts there (leftmost-longest).
+  size_t piece_start = 0, i = 0;
+  auto is_word_char = [&](size_t pos, bool before) {
+    if (before) {
+      if (pos == 0) return false;
+      size_t k = pos - 1;
+      while (k > 0 && (static_cast<unsigned char>(text[k]) & 0xc0) == 0x80) --k;
+      size_t t = k;
+      const char32_t c = unicode::next_code_point(text, t);
+      return !is_ws(c) && c != 0;
+    }
+    if (pos >= text.size()) return false;
+    size_t t = pos;
+    return !is_ws(unicode::next_code_point(text, t));
+  };
+  while (i < text.size()) {
+    int32_t node = 0, best = -1;
+    size_t best_end = 0;
+    for (size_t k = i; k < text.size(); ++k) {
+      auto it = m.trie[static_cast<size_t>(node)].next.find(static_cast<unsigned char>(text[k]));
+      if (it == m.trie[static_cast<size_t>(node)].next.end()) break;
+      node = it->second;
+      if (m.trie[static_cast<size_t>(node)].token >= 0) best = m.trie[static_cast<size_t>(node)].token, best_end = k + 1;
+    }
+    if (best >= 0) {
+      const AddedToken& t = m.added[static_cast<size_t>(best)];
+      if (t.single_word && (is_word_char(i, true) || is_word_char(best_end, false))) best = -1;
+    }
+    if (best < 0) {
+      ++i;
+      continue;
+    }
+    const AddedToken& t = m.added[static_cast<size_t>(best)];
+    size_t left = i, right = best_end;
+    if (t.lstrip) {
+      while (left > piece_start) {
+        size_t k = left - 1;
+        while (k > piece_start && (static_cast<unsigned char>(text[k]) & 0xc0) == 0x80) --k;
+        size_t tt = k;
+        if (!is_ws(unicode::next_code_point(text, tt))) break;
+        left = k;
+      }
+    }
+    if (t.rstrip) {
+      while (right < text.size()) {
+        size_t tt = right;
+        if (!is_ws(unicode::next_code_point(text, tt))) break;
+        right = tt;
+      }
+    }
+    if (left > piece_start) m.encode_piece(std::string_view(text).substr(piece_start, left - piece_start), ids, piece_start, offsets);
+    ids.push_back(t.id);
+    if (offsets) offsets->emplace_back(i, best_end);
+    piece_start = i = right;
+  }
+  if (piece_start < text.size()) m.encode_piece(std::string_view(text).substr(piece_start), ids, piece_start, offsets);
+  if (add_special_tokens && m.post.template_processing) {
+    std::vector<int32_t> out;
+    std::vector<std::pair<size_t, size_t>> out_offsets;
+    for (const TemplatePiece& p : m.post.single) {
+      if (p.is_sequence) {
+        out.insert(out.end(), ids.begin(), ids.end());
+        if (offsets) out_offsets.insert(out_offsets.end(), offsets->begin(), offsets->end());
+      } else {
+        out.insert(out.end(), p.special.begin(), p.special.end());
+        if (offsets) out_offsets.insert(out_offsets.end(), p.special.size(), {0, 0});
+      }
+    }
+    if (offsets) *offsets = std::move(out_offsets);
+    return out;
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  std::vector<std::string> tokens;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= m.id_to_token.size() || m.id_to_token[static_cast<size_t>(id)].empty()) continue;
+    if (skip_special_tokens && is_special(id)) continue;
+    tokens.push_back(m.id_to_token[static_cast<size_t>(id)]);
+  }
+  for (const Decoder& d : m.decoders) {
+    switch (d.kind) {
+      case Decoder::ByteLevel: {
+        std::string bytes;
+        for (const std::string& t : tokens) {
+          std::string mapped;
+          bool ok = true;
+          for (size_t i = 0; i < t.size() && ok;) {
+            const int b = unicode::code_point_to_byte(unicode::next_code_point(t, i));
+            if (b < 0) ok = false;
+            else mapped.push_back(static_cast<char>(b));
+          }
+          bytes += ok ? mapped : t;
+        }
+        tokens = {unicode::sanitize_utf8(bytes)};
+        break;
+      }
+      case Decoder::Fuse: {
+        std::string all;
+        for (auto& t : tokens) all += t;
+        tokens = {all};
+        break;
+      }
+      case Decoder::Replace:
+        for (auto& t : tokens) t = replace_all(*d.pattern, t, d.content);
+        break;
+      case Decoder::Strip:
+        for (auto& t : tokens) {
+          size_t b = 0, e = t.size();
+          for (size_t k = 0; k < d.strip_start && b < e && t.compare(b, d.strip_char.size(), d.strip_char) == 0; ++k) b += d.strip_char.size();
+          for (size_t k = 0; k < d.strip_stop && e > b + d.strip_char.size() - 1 &&
+                             t.compare(e - d.strip_char.size(), d.strip_char.size(), d.strip_char) == 0;
+               ++k)
+            e -= d.strip_char.size();
+          t = t.substr(b, e - b);
+        }
+        break;
+    }
+  }
+  std::string text;
+  for (const auto& t : tokens) text += t;
+  if (m.decoders.empty()) text = unicode::sanitize_utf8(text);
+  if (m.cleanup) {
+    // Transformers' clean_up_tokenization: remove the space before punctuation and in English contractions.
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}}) {
+      for (size_t p = text.find(from); p != std::string::npos; p = text.find(from, p + to.size())) text.replace(p, from.size(), to);
+    }
+  }
+  return text;
+}
+
+BatchEncoding Tokenizer::operator()(const std::vector<std::string>& texts, const TokenizeOptions& o) const {
+  std::vector<std::vector<int32_t>> rows;
+  rows.reserve(texts.size());
+  for (const std::string& t : texts) rows.push_back(encode(t, o.add_special_tokens));
+  return pad(std::move(rows), o);
+}
+
+BatchEncoding Tokenizer::pad(std::vector<std::vector<int32_t>> rows, const TokenizeOptions& o) const {
+  std::string padding = o.padding;
+  if (padding == "true") padding = "longest";
+  if (padding == "false") padding = "do_not_pad";
+  if (padding != "longest" && padding != "max_length" && padding != "do_not_pad") {
+    fail("padding='{}' is not valid (use longest, max_length or do_not_pad)", o.padding);
+  }
+  if (o.padding_side != "right" && o.padding_side != "left") fail("padding_side='{}' is not valid (use right or left)", o.padding_side);
+  if (o.truncation_side != "right" && o.truncation_side != "left") fail("truncation_side='{}' is not valid (use right or left)", o.truncation_side);
+  if ((padding == "max_length" || o.truncation) && !o.max_length) fail("padding='max_length' and truncation need max_length");
+  if (o.max_length && *o.max_length < 0) fail("max_length must not be negative");
+  if (o.pad_to_multiple_of && *o.pad_to_multiple_of <= 0) fail("pad_to_multiple_of must be positive");
+  if (o.truncation) {
+    const size_t n = static_cast<size_t>(*o.max_length);
+    for (auto& r : rows) {
+      if (r.size() <= n) continue;
+      if (o.truncation_side == "right") r.resize(n);
+      else r.erase(r.begin(), r.end() - static_cast<std::ptrdiff_t>(n));
+    }
+  }
+  BatchEncoding out;
+  size_t target = 0;
+  for (const auto& r : rows) target = std::max(target, r.size());
+  if (padding == "max_length") target = std::max(target, static_cast<size_t>(*o.max_length));
+  if (padding != "do_not_pad" && o.pad_to_multiple_of) {
+    const size_t k = static_cast<size_t>(*o.pad_to_multiple_of);
+    target = (target + k - 1) / k * k;
+  }
+  const auto pad_id = pad_token_id();
+  for (auto& r : rows) {
+    std::vector<int32_t> mask(r.size(), 1);
+    if (padding != "do_not_pad" && r.size() < target) {
+      if (!pad_id) fail("padding needs a pad token: tokenizer_config.json has neither pad_token nor eos_token");
+      const size_t n = target - r.size();
+      if (o.padding_side == "right") {
+        r.insert(r.end(), n, *pad_id);
+        mask.insert(mask.end(), n, 0);
+      } else {
+        r.insert(r.begin(), n, *pad_id);
+        mask.insert(mask.begin(), n, 0);
+      }
+    }
+    out.input_ids.push_back(std::move(r));
+    out.attention_mask.push_back(std::move(mask));
+  }
+  return out;
+}
+
+static Tensor rows_to_tensor(const std::vector<std::vector<int32_t>>& rows, const char* what) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  const int64_t T = B ? static_cast<int64_t>(rows[0].size()) : 0;
+  Tensor t = Tensor::zeros(DType::I32, {B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    if (static_cast<int64_t>(rows[static_cast<size_t>(b)].size()) != T) fail("{}: rows have different lengths; pad them first", what);
+    std::copy(rows[static_cast<size_t>(b)].begin(), rows[static_cast<size_t>(b)].end(), t.mutable_data_as<int32_t>() + b * T);
+  }
+  return t;
+}
+
+Tensor BatchEncoding::input_ids_tensor() const { return rows_to_tensor(input_ids, "input_ids"); }
+Tensor BatchEncoding::attention_mask_tensor() const { return rows_to_tensor(attention_mask, "attention_mask"); }
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  const std::string key(token);
+  if (auto it = impl_->added_by_content.find(key); it != impl_->added_by_content.end()) return it->second;
+  if (auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_token.size()) return "";
+  return impl_->id_to_token[static_cast<size_t>(id)];
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->vocab.size() + impl_->added.size()); }
+const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
+bool Tokenizer::is_special(int32_t id) const {
+  auto it = impl_->added_by_id.find(id);
+  return it != impl_->added_by_id.end() && impl_->added[it->second].special;
+}
+const std::string& Tokenizer::eos_token() const { return impl_->eos; }
+const std::string& Tokenizer::pad_token() const { return impl_->pad; }
+const std::string& Tokenizer::bos_token() const { return impl_->bos; }
+const std::string& Tokenizer::unk_token() const { return impl_->unk; }
+std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos.empty() ? std::nullopt : token_to_id(impl_->eos); }
+std::optional<int32_t> Tokenizer::pad_token_id() const {
+  if (!impl_->pad.empty()) return token_to_id(impl_->pad);
+  return eos_token_id();
+}
+std::optional<int32_t> Tokenizer::bos_token_id() const { return impl_->bos.empty() ? std::nullopt : token_to_id(impl_->bos); }
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+bool Tokenizer::clean_up_tokenization_spaces() const { return impl_->cleanup; }
+
+}  // namespace trl

@@ -1,0 +1,173 @@
+#include "tokenizer/unicode.h"
+
+#include <cstdlib>
+#include <memory>
+
+#include <utf8proc.h>
+
+#include "core/error.h"
+
+namespace trl::unicode {
+
+size_t utf8_length(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xe) return 3;
+  if ((c >> 3) == 0x1e) return 4;
+  return 1;
+}
+
+namespace {
+
+// Length of the well-formed sequence at s[i], or 0 with `bad` = length of the maximal subpart to replace.
+size_t valid_sequence(std::string_view s, size_t i, size_t& bad) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  bad = 1;
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) n = 2;
+  else if (c == 0xe0) n = 3, lo = 0xa0;
+  else if (c >= 0xe1 && c <= 0xec) n = 3;
+  else if (c == 0xed) n = 3, hi = 0x9f;
+  else if (c >= 0xee && c <= 0xef) n = 3;
+  else if (c == 0xf0) n = 4, lo = 0x90;
+  else if (c >= 0xf1 && c <= 0xf3) n = 4;
+  else if (c == 0xf4) n = 4, hi = 0x8f;
+  else return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if (i + k >= s.size()) return 0;
+    const unsigned char t = b(i + k);
+    const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
+    if (t < l || t > h) return 0;
+    bad = k + 1;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool is_valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t bad;
+    size_t n = valid_sequence(s, i, bad);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string sanitize_utf8(std::string_view s) {
+  if (is_valid_utf8(s)) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (size_t i = 0; i < s.size();) {
+    size_t bad;
+    size_t n = valid_sequence(s, i, bad);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";
+      // `bad` counts the lead plus the continuation bytes that were still acceptable: the maximal subpart.
+      i += bad;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+char32_t next_code_point(std::string_view s, size_t& i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const size_t n = utf8_length(c);
+  char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+  for (size_t k = 1; k < n && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  i += n;
+  return cp;
+}
+
+void append_utf8(std::string& out, char32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+namespace {
+
+std::string utf8proc_map_string(std::string_view s, int options, const char* what) {
+  bool ascii = true;
+  for (char c : s) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii && !(options & UTF8PROC_CASEFOLD)) return std::string(s);  // ASCII is invariant under every form
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  if (n < 0) fail("{} normalisation failed: {}", what, utf8proc_errmsg(n));
+  std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> guard(out, &std::free);
+  return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+}
+
+}  // namespace
+
+std::string nfc(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_COMPOSE, "NFC"); }
+std::string nfd(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_DECOMPOSE, "NFD"); }
+std::string nfkc(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, "NFKC"); }
+std::string nfkd(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, "NFKD"); }
+
+std::string lowercase(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const char32_t cp = next_code_point(s, i);
+    append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
+  }
+  return out;
+}
+
+const std::array<std::string, 256>& byte_to_utf8() {
+  static const std::array<std::string, 256> table = [] {
+    std::array<std::string, 256> t;
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool keep = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      append_utf8(t[static_cast<size_t>(b)], keep ? static_cast<char32_t>(b) : next++);
+    }
+    return t;
+  }();
+  return table;
+}
+
+int code_point_to_byte(char32_t cp) {
+  static const std::array<int, 512> reverse = [] {
+    std::array<int, 512> r;
+    r.fill(-1);
+    const auto& t = byte_to_utf8();
+    for (int b = 0; b < 256; ++b) {
+      size_t i = 0;
+      r[next_code_point(t[static_cast<size_t>(b)], i)] = b;
+    }
+    return r;
+  }();
+  return cp < 512 ? reverse[cp] : -1;
+}
+
+std::string bytes_to_byte_level(std::string_view s) {
+  const auto& t = byte_to_utf8();
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (char c : s) out += t[static_cast<unsigned char>(c)];
+  return out;
+}
+
+}  // namespace trl::unicode

@@ -1,0 +1,193 @@
+// The tokenizer against Hugging Face's tokenizers (npm package, fixtures from tests/reference/tokenizer_ids.js).
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "assets/assets.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "models/init.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
+
+namespace trl {
+namespace {
+
+using json = nlohmann::json;
+
+const Tokenizer& qwen3() {
+  static const Tokenizer tok = [] {
+    test::TempDir dir;
+    write_tokenizer_files(dir.path());
+    return Tokenizer::from_pretrained(dir.path());
+  }();
+  return tok;
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<json> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+std::string fnv1a64(const std::vector<int32_t>& ids) {
+  uint64_t h = 14695981039346656037ull;
+  for (int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    for (int k = 0; k < 4; ++k) h = (h ^ ((u >> (8 * k)) & 0xff)) * 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+const std::string kData = std::string(TRL_TEST_DATA_DIR) + "/tokenizer/";
+
+TEST(Tokenizer, CorpusMatchesHuggingFace) {
+  const auto corpus = read_jsonl(kData + "corpus.jsonl");
+  const json expected = json::parse(read_text_file(kData + "qwen3_expected.json"));
+  ASSERT_EQ(corpus.size(), expected["corpus"].size());
+  size_t bytes = 0, ids_total = 0, mismatches = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const std::string text = corpus[i]["text"].get<std::string>();
+    bytes += text.size();
+    const auto ids = qwen3().encode(text, false);
+    ids_total += ids.size();
+    const json& e = expected["corpus"][i];
+    bool ok = ids.size() == e["n"].get<size_t>();
+    if (ok && e.contains("ids")) ok = json(ids) == e["ids"];
+    if (ok && e.contains("fnv")) ok = fnv1a64(ids) == e["fnv"].get<std::string>();
+    if (!ok && ++mismatches <= 5) {
+      ADD_FAILURE() << "document " << i << " differs: " << ids.size() << " ids vs " << e["n"] << "; head ours " << json(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(16, ids.size()))).dump()
+                    << " theirs " << (e.contains("head") ? e["head"] : e["ids"]).dump() << "\ntext: " << json(text.substr(0, 300)).dump();
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_GT(bytes, 1'000'000u);
+  std::printf("[ tokenizer ] %zu documents, %zu bytes, %zu ids: all equal to Hugging Face tokenizers\n", corpus.size(), bytes, ids_total);
+}
+
+// Invalid UTF-8: each ill-formed subsequence becomes U+FFFD (as Node's and Python's UTF-8 decoders do) before
+// tokenization, so the ids equal those of the decoded string.
+TEST(Tokenizer, InvalidUtf8IsReplacedLikeTheDecoders) {
+  const auto docs = read_jsonl(kData + "invalid_utf8.jsonl");
+  const json expected = json::parse(read_text_file(kData + "qwen3_expected.json"));
+  ASSERT_EQ(docs.size(), expected["invalid"].size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const std::string raw = from_hex(docs[i]["hex"].get<std::string>());
+    EXPECT_EQ(json(qwen3().encode(raw, false)), expected["invalid"][i]["ids"]) << "document " << i << " hex " << docs[i]["hex"];
+  }
+}
+
+TEST(Tokenizer, DecodeInvertsEncode) {
+  const auto corpus = read_jsonl(kData + "corpus.jsonl");
+  for (size_t i = 0; i < corpus.size(); i += 7) {
+    const std::string text = corpus[i]["text"].get<std::string>();
+    // decode(encode(s)) == NFC(s): the normaliser is part of the round trip.
+    ASSERT_EQ(qwen3().decode(qwen3().encode(text, false)), unicode::nfc(text)) << "document " << i;
+  }
+  EXPECT_EQ(qwen3().decode(qwen3().encode("Hello, wörld! 你好 🤖", false)), "Hello, wörld! 你好 🤖");
+}
+
+TEST(Tokenizer, SpecialTokensAndVocabulary) {
+  const Tokenizer& t = qwen3();
+  EXPECT_EQ(t.vocab_size(), 151669);
+  EXPECT_EQ(t.token_to_id("<|im_end|>"), 151645);
+  EXPECT_EQ(t.eos_token(), "<|im_end|>");
+  EXPECT_EQ(t.eos_token_id(), 151645);
+  EXPECT_EQ(t.pad_token_id(), 151643);
+  EXPECT_FALSE(t.bos_token_id().has_value());
+  EXPECT_TRUE(t.is_special(151643));
+  EXPECT_FALSE(t.is_special(151667));  // <think> is an added token but not special
+  const std::vector<int32_t> ids = t.encode("<|im_start|>user\nHi<think>x</think><|im_end|>", false);
+  EXPECT_EQ(ids.front(), 151644);
+  EXPECT_EQ(ids.back(), 151645);
+  // skip_special_tokens drops only the special ones: <think> stays.
+  EXPECT_EQ(t.decode(ids, true), "user\nHi<think>x</think>");
+  EXPECT_EQ(t.decode(ids, false), "<|im_start|>user\nHi<think>x</think><|im_end|>");
+  EXPECT_FALSE(t.chat_template().empty());
+}
+
+TEST(Tokenizer, OffsetsCoverTheText) {
+  const std::string text = "Hello <|im_end|> wörld  123 🤖\n";
+  std::vector<std::pair<size_t, size_t>> offsets;
+  const auto ids = qwen3().encode_with_offsets(text, false, offsets);
+  ASSERT_EQ(ids.size(), offsets.size());
+  size_t pos = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(offsets[i].first, pos) << i;
+    EXPECT_GE(offsets[i].second, offsets[i].first);
+    pos = offsets[i].second;
+  }
+  EXPECT_EQ(pos, text.size());
+  EXPECT_EQ(text.substr(offsets[1].first, offsets[1].second - offsets[1].first), " ");
+}
+
+TEST(Tokenizer, BatchPaddingAndTruncation) {
+  const Tokenizer& t = qwen3();
+  TokenizeOptions o;
+  o.padding = "longest";
+  o.pad_to_multiple_of = 8;
+  o.padding_side = "left";
+  BatchEncoding b = t({"a b c", "hello"}, o);
+  ASSERT_EQ(b.input_ids.size(), 2u);
+  EXPECT_EQ(b.input_ids[0].size(), 8u);
+  EXPECT_EQ(b.input_ids[1][0], 151643);  // left-padded with <|endoftext|>
+  EXPECT_EQ(b.attention_mask[1][0], 0);
+  EXPECT_EQ(b.attention_mask[1].back(), 1);
+  EXPECT_EQ(b.input_ids_tensor().shape(), (Shape{2, 8}));
+  o.padding = "max_length";
+  o.max_length = 4;
+  o.truncation = true;
+  o.padding_side = "right";
+  o.pad_to_multiple_of.reset();
+  b = t({"one two three four five six", "x"}, o);
+  EXPECT_EQ(b.input_ids[0].size(), 4u);
+  EXPECT_EQ(b.input_ids[1].size(), 4u);
+  EXPECT_EQ(b.attention_mask[1], (std::vector<int32_t>{1, 0, 0, 0}));
+  o.truncation_side = "left";
+  b = t({"one two three four five six"}, o);
+  EXPECT_EQ(t.decode(b.input_ids[0]), " three four five six");
+  o.padding = "sideways";
+  EXPECT_THROW(t({"x"}, o), Error);
+}
+
+TEST(Tokenizer, UnsupportedComponentsAreNamed) {
+  test::TempDir dir;
+  json j = json::parse(std::string(asset("tokenizer.json")));
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+  write_text_file_atomic(dir.file("tokenizer.json"), j.dump());
+  try {
+    Tokenizer::from_file(dir.file("tokenizer.json"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Metaspace"), std::string::npos) << e.what();
+  }
+  j = json::parse(std::string(asset("tokenizer.json")));
+  j["model"]["type"] = "Unigram";
+  write_text_file_atomic(dir.file("tokenizer.json"), j.dump());
+  EXPECT_THROW(Tokenizer::from_file(dir.file("tokenizer.json")), Error);
+  write_text_file_atomic(dir.file("tokenizer.json"), "{\"model\": ");
+  EXPECT_THROW(Tokenizer::from_file(dir.file("tokenizer.json")), Error);
+}
+
+TEST(Unicode, SanitizeFollowsMaximalSubpart) {
+  EXPECT_EQ(unicode::sanitize_utf8("a\xe2\x82(b"), "a\xef\xbf\xbd(b");             // one U+FFFD for the truncated E2 82
+  EXPECT_EQ(unicode::sanitize_utf8("\xc0\x80"), "\xef\xbf\xbd\xef\xbf\xbd");       // overlong: two
+  EXPECT_EQ(unicode::sanitize_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate: three
+  EXPECT_EQ(unicode::sanitize_utf8("\xf0\x9f\x98"), "\xef\xbf\xbd");
+  EXPECT_EQ(unicode::sanitize_utf8("ok é"), "ok é");
+  EXPECT_EQ(unicode::nfc("e\xcc\x81"), "\xc3\xa9");
+}
+
+}  // namespace
+}  // namespace trl
