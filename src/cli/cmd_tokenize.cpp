@@ -34,7 +34,7 @@ std::vector<int32_t> ids_from_text(const std::string& text) {
   return ids;
 }
 
-ChatTemplateOptions chat_options_from(const nlohmann::json& line, const std::string& where) {
+ChatTemplateOptions chat_options_from(const nlohmann::ordered_json& line, const std::string& where) {
   ChatTemplateOptions o;
   for (auto it = line.begin(); it != line.end(); ++it) {
     const std::string& k = it.key();
@@ -94,14 +94,14 @@ void register_tokenize(CLI::App& app) {
     for (int64_t n = 1; std::getline(std::cin, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = fmt::format("stdin:{}", n);
-      nlohmann::json j;
+      nlohmann::ordered_json j;
       try {
-        j = nlohmann::json::parse(line);
+        j = nlohmann::ordered_json::parse(line);
       } catch (const nlohmann::json::parse_error& e) {
         fail("{}: not valid JSON (column {}): {}", where, e.byte, e.what());
       }
       if (!j.is_object()) fail("{}: expected a JSON object", where);
-      nlohmann::json out;
+      nlohmann::ordered_json out;
       if (a->decode) {
         if (!j.contains("ids") || !j["ids"].is_array()) fail("{}: missing the \"ids\" array", where);
         std::vector<int32_t> ids;
@@ -122,7 +122,7 @@ void register_tokenize(CLI::App& app) {
         if (!j.contains("text") || !j["text"].is_string()) fail("{}: missing the \"text\" string", where);
         out["ids"] = tok.encode(j["text"].get<std::string>(), a->add_special_tokens);
       }
-      const std::string s = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      const std::string s = out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
       std::printf("%s\n", s.c_str());
     }
   });

@@ -35,7 +35,7 @@ std::string strip_py(const std::string& s, bool left, bool right) {
 
 }  // namespace
 
-ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::json& messages, const ChatTemplateOptions& o) {
+ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::ordered_json& messages, const ChatTemplateOptions& o) {
   const std::string source = o.chat_template ? *o.chat_template : tok.chat_template();
   if (source.empty()) {
     fail("this tokenizer has no chat template (tokenizer_config.json has no 'chat_template'); pass one explicitly");
@@ -71,7 +71,7 @@ ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::json& messa
   ChatRender out{std::move(r.text), std::move(r.generation_spans)};
   if (o.continue_final_message) {
     if (messages.empty()) fail("continue_final_message needs at least one message");
-    const nlohmann::json& content = messages.back().value("content", nlohmann::json());
+    const nlohmann::ordered_json& content = messages.back().value("content", nlohmann::ordered_json());
     std::string final_message;
     if (content.is_string()) {
       final_message = content.get<std::string>();
@@ -101,7 +101,7 @@ ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::json& messa
   return out;
 }
 
-ChatEncoding apply_chat_template_ids(const Tokenizer& tok, const nlohmann::json& messages, const ChatTemplateOptions& o) {
+ChatEncoding apply_chat_template_ids(const Tokenizer& tok, const nlohmann::ordered_json& messages, const ChatTemplateOptions& o) {
   ChatRender r = apply_chat_template(tok, messages, o);
   ChatEncoding enc;
   std::vector<std::pair<size_t, size_t>> offsets;

@@ -16,9 +16,10 @@ namespace trl {
 struct ChatTemplateOptions {
   bool add_generation_prompt = false;
   bool continue_final_message = false;       // cut the text right after the final message's content
-  nlohmann::json tools = nullptr;            // a list of JSON schemas, or null
-  nlohmann::json documents = nullptr;
-  nlohmann::json extra = nlohmann::json::object();  // passed to the template as variables (enable_thinking, ...)
+  // JSON values keep their key order (ordered_json), as Python dicts do: tojson output depends on it.
+  nlohmann::ordered_json tools = nullptr;            // a list of JSON schemas, or null
+  nlohmann::ordered_json documents = nullptr;
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // template variables (enable_thinking, ...)
   std::optional<std::string> chat_template{};       // overrides the tokenizer's template
 };
 
@@ -37,8 +38,8 @@ struct ChatEncoding {
 
 // Renders `messages` (a JSON array of {"role", "content", ...}). Errors (no template, template errors, bad
 // options) are trl::Error with the template's line and column.
-ChatRender apply_chat_template(const Tokenizer& tokenizer, const nlohmann::json& messages, const ChatTemplateOptions& options = {});
+ChatRender apply_chat_template(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages, const ChatTemplateOptions& options = {});
 // The same, tokenized (no special tokens added: the template writes them), with the assistant mask.
-ChatEncoding apply_chat_template_ids(const Tokenizer& tokenizer, const nlohmann::json& messages, const ChatTemplateOptions& options = {});
+ChatEncoding apply_chat_template_ids(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages, const ChatTemplateOptions& options = {});
 
 }  // namespace trl

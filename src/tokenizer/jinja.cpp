@@ -91,11 +91,11 @@ class Lexer {
       } else {
         out_.push_back({kind == '{' ? Tok::VarBegin : Tok::BlockBegin, "", tag_line, tag_col});
         const char* close = kind == '{' ? "}}" : "%}";
-        bool minus = false;
-        lex_expression(close, minus, tag_line, tag_col);
+        bool minus = false, plus = false;
+        lex_expression(close, minus, plus, tag_line, tag_col);
         out_.push_back({kind == '{' ? Tok::VarEnd : Tok::BlockEnd, "", line_, col_});
         if (minus) strip_next_ws = true;
-        else if (kind == '%') trailing_newline_consumed = trim_newline();
+        else if (kind == '%' && !plus) trailing_newline_consumed = trim_newline();
       }
       line_starting = trailing_newline_consumed;
     }
@@ -140,39 +140,54 @@ class Lexer {
     return src_.compare(p, 2, "%}") == 0 || src_.compare(p, 3, "-%}") == 0;
   }
 
+  // {% raw %}...{% endraw %}: the content is text. As in Jinja, the opening tag does not trim the newline after
+  // it (trim_blocks), '-' on either tag strips whitespace, and lstrip_blocks applies before {% endraw %}.
   bool lex_raw(int line, int col) {
-    size_t p = src_.find("%}", pos_);
+    const size_t p = src_.find("%}", pos_);
     const bool minus_open = p > 0 && src_[p - 1] == '-';
     advance_to(p + 2);
-    if (!minus_open) trim_newline();
-    // Find {% endraw %} (with optional whitespace control).
     size_t search = pos_;
     while (true) {
       const size_t t = src_.find("{%", search);
       if (t == std::string::npos) error(line, col, "unclosed raw block: missing {% endraw %}");
       size_t q = t + 2;
-      const bool minus = q < src_.size() && src_[q] == '-';
-      if (q < src_.size() && (src_[q] == '-' || src_[q] == '+')) ++q;
+      const char sign = q < src_.size() && (src_[q] == '-' || src_[q] == '+') ? src_[q] : 0;
+      if (sign) ++q;
       while (q < src_.size() && is_py_space(static_cast<unsigned char>(src_[q]))) ++q;
       if (src_.compare(q, 6, "endraw") == 0) {
         std::string text = src_.substr(pos_, t - pos_);
-        if (minus) text = rstrip_ws(text);
-        out_.push_back({Tok::Text, text, line_, col_});
+        if (minus_open) {
+          size_t k = 0;
+          while (k < text.size() && is_py_space(static_cast<unsigned char>(text[k]))) ++k;
+          text = text.substr(k);
+        }
+        if (sign == '-') {
+          text = rstrip_ws(text);
+        } else if (sign != '+') {
+          const size_t nl = text.rfind('\n');
+          if (nl != std::string::npos) {
+            bool only_ws = true;
+            for (size_t k = nl + 1; k < text.size(); ++k) only_ws = only_ws && is_py_space(static_cast<unsigned char>(text[k]));
+            if (only_ws) text = text.substr(0, nl + 1);
+          }
+        }
+        if (!text.empty()) out_.push_back({Tok::Text, text, line_, col_});
         const size_t close = src_.find("%}", q);
         if (close == std::string::npos) error(line, col, "unclosed endraw tag");
         const bool minus_close = src_[close - 1] == '-';
+        const bool plus_close = src_[close - 1] == '+';
         advance_to(close + 2);
         if (minus_close) {
           while (pos_ < src_.size() && is_py_space(static_cast<unsigned char>(src_[pos_]))) advance_to(pos_ + 1);
           return false;
         }
-        return trim_newline();
+        return plus_close ? false : trim_newline();
       }
       search = t + 2;
     }
   }
 
-  void lex_expression(const char* close, bool& minus, int tag_line, int tag_col) {
+  void lex_expression(const char* close, bool& minus, bool& plus, int tag_line, int tag_col) {
     while (true) {
       while (pos_ < src_.size() && is_py_space(static_cast<unsigned char>(src_[pos_]))) advance_to(pos_ + 1);
       if (pos_ >= src_.size()) error(tag_line, tag_col, fmt::format("unclosed tag: missing '{}'", close));
@@ -182,6 +197,7 @@ class Lexer {
         return;
       }
       if (src_[pos_] == '+' && src_.compare(pos_ + 1, 2, close) == 0) {
+        plus = true;
         advance_to(pos_ + 3);
         return;
       }
@@ -372,7 +388,7 @@ class Parser {
     while (true) {
       const Token& t = cur();
       if (t.kind == Tok::End) {
-        if (!stops.empty()) error(t, fmt::format("unexpected end of template: missing {{% {} %}}", stops.front()));
+        if (!stops.empty()) error(t, fmt::format("unexpected end of template: missing {{% {} %}}", stops.back()));
         return body;
       }
       if (t.kind == Tok::Text) {

@@ -52,7 +52,9 @@ class Value {
   Value(List l);
   Value(Dict d, bool is_namespace = false);
   Value(Function f);
+  // From JSON; use ordered_json to keep the key order of the input, as Python dicts do (tojson relies on it).
   static Value from_json(const nlohmann::json& j);
+  static Value from_json(const nlohmann::ordered_json& j);
 
   Type type() const { return type_; }
   bool is_undefined() const { return type_ == Type::Undefined; }

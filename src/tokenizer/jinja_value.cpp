@@ -25,27 +25,33 @@ Value::Value(List l) : type_(Type::List), l_(std::make_shared<List>(std::move(l)
 Value::Value(Dict d, bool is_namespace) : type_(Type::Dict), namespace_(is_namespace), d_(std::make_shared<Dict>(std::move(d))) {}
 Value::Value(Function f) : type_(Type::Function), fn_(std::make_shared<Function>(std::move(f))) {}
 
-Value Value::from_json(const nlohmann::json& j) {
+namespace {
+template <typename J>
+Value value_from_json(const J& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return none();
-    case nlohmann::json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: return Value(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::json::value_t::null: return Value::none();
+    case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer: return Value(j.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: return Value(static_cast<int64_t>(j.template get<uint64_t>()));
+    case nlohmann::json::value_t::number_float: return Value(j.template get<double>());
+    case nlohmann::json::value_t::string: return Value(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       List l;
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(value_from_json(e));
       return Value(std::move(l));
     }
     case nlohmann::json::value_t::object: {
       Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), value_from_json(it.value()));
       return Value(std::move(d));
     }
     default: return Value();
   }
 }
+}  // namespace
+
+Value Value::from_json(const nlohmann::json& j) { return value_from_json(j); }
+Value Value::from_json(const nlohmann::ordered_json& j) { return value_from_json(j); }
 
 bool Value::truthy() const {
   switch (type_) {

@@ -1,0 +1,148 @@
+// Chat templates against Python's jinja2 in Transformers' environment (fixtures: tests/reference/chat_templates.py).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "assets/assets.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "models/init.h"
+#include "test_util.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/unicode.h"
+
+namespace trl {
+namespace {
+
+using json = nlohmann::ordered_json;
+const std::string kChat = std::string(TRL_TEST_DATA_DIR) + "/chat/";
+
+std::string template_source(const std::string& name) {
+  if (name == "qwen3") return std::string(asset("chat_template.jinja"));
+  return read_text_file(kChat + (name == "generation" ? "qwen3_generation" : name) + ".jinja");
+}
+
+// Byte offset -> code point offset (Python's str indices).
+size_t cp_index(const std::string& s, size_t byte) {
+  size_t n = 0;
+  for (size_t i = 0; i < byte && i < s.size(); ++i) n += (static_cast<unsigned char>(s[i]) & 0xc0) != 0x80;
+  return n;
+}
+
+TEST(ChatTemplate, MatchesJinja2OnEveryFixture) {
+  const nlohmann::ordered_json fixtures = nlohmann::ordered_json::parse(read_text_file(kChat + "renders.json"));
+  std::map<std::string, int> per_template;
+  int compared = 0;
+  for (const auto& c : fixtures["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    ASSERT_FALSE(c.contains("error")) << c["error"];
+    const jinja::Template tpl(template_source(name), name);
+    const jinja::RenderResult r = tpl.render(jinja::Value::from_json(c["context"]));
+    ASSERT_EQ(r.text, c["text"].get<std::string>()) << name << " with " << c["context"].dump().substr(0, 600);
+    nlohmann::ordered_json spans = nlohmann::ordered_json::array();
+    for (const auto& [b, e] : r.generation_spans) spans.push_back({cp_index(r.text, b), cp_index(r.text, e)});
+    EXPECT_EQ(spans, c["generation_spans"]) << name;
+    ++per_template[name];
+    ++compared;
+  }
+  EXPECT_GE(per_template["qwen3"], 50);
+  EXPECT_GE(per_template["chatml"], 10);
+  EXPECT_GE(per_template["llama3"], 10);
+  std::printf("[ chat ] %d renderings byte-equal to jinja2 %s\n", compared, fixtures["jinja2"].get<std::string>().c_str());
+}
+
+const Tokenizer& qwen3() {
+  static const Tokenizer tok = [] {
+    test::TempDir dir;
+    write_tokenizer_files(dir.path());
+    return Tokenizer::from_pretrained(dir.path());
+  }();
+  return tok;
+}
+
+TEST(ChatTemplate, Qwen3ThroughTheTokenizer) {
+  const json msgs = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])");
+  // trl_spec.md §2: the example rendering.
+  EXPECT_EQ(apply_chat_template(qwen3(), msgs).text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nYo<|im_end|>\n");
+  ChatTemplateOptions o;
+  o.add_generation_prompt = true;
+  o.extra["enable_thinking"] = false;
+  EXPECT_EQ(apply_chat_template(qwen3(), json::parse(R"([{"role": "user", "content": "Hi"}])"), o).text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  const ChatEncoding enc = apply_chat_template_ids(qwen3(), msgs);
+  EXPECT_EQ(enc.input_ids, qwen3().encode(enc.text, false));
+  EXPECT_EQ(enc.input_ids.front(), 151644);
+}
+
+TEST(ChatTemplate, ContinueFinalMessage) {
+  ChatTemplateOptions o;
+  o.continue_final_message = true;
+  o.chat_template = template_source("chatml");
+  const json msgs = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}])");
+  EXPECT_EQ(apply_chat_template(qwen3(), msgs, o).text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nThe answer is");
+  o.add_generation_prompt = true;
+  EXPECT_THROW(apply_chat_template(qwen3(), msgs, o), Error);
+}
+
+TEST(ChatTemplate, AssistantMasksFromGenerationBlocks) {
+  ChatTemplateOptions o;
+  o.chat_template = template_source("generation");
+  const json msgs = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "Again"}, {"role": "assistant", "content": "<think>hmm</think>Sure"}])");
+  const ChatEncoding enc = apply_chat_template_ids(qwen3(), msgs, o);
+  ASSERT_EQ(enc.assistant_masks.size(), enc.input_ids.size());
+  // The masked tokens decode exactly to the assistant outputs.
+  std::vector<int32_t> assistant, rest;
+  for (size_t i = 0; i < enc.input_ids.size(); ++i) (enc.assistant_masks[i] ? assistant : rest).push_back(enc.input_ids[i]);
+  EXPECT_EQ(qwen3().decode(assistant), "<think>\n\n</think>\n\nYo<|im_end|><think>\nhmm\n</think>\n\nSure<|im_end|>");
+  EXPECT_EQ(qwen3().decode(rest), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n\n");
+}
+
+std::string render_error(const std::string& source, const json& ctx = json::object()) {
+  try {
+    jinja::Template(source, "t").render(jinja::Value::from_json(ctx));
+  } catch (const jinja::TemplateError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Jinja, ErrorsSayWhatAndWhere) {
+  EXPECT_NE(render_error("line one\n{% if x %}unclosed").find("line 2"), std::string::npos);
+  EXPECT_NE(render_error("{% if x %}unclosed").find("endif"), std::string::npos);
+  EXPECT_NE(render_error("ok\n  {{ 1 + }}").find("line 2, column"), std::string::npos);
+  EXPECT_NE(render_error("{{ raise_exception('Only user and assistant roles') }}").find("Only user and assistant roles"), std::string::npos);
+  EXPECT_NE(render_error("{{ x.y }}").find("'x' is undefined"), std::string::npos);
+  EXPECT_NE(render_error("{{ [1] | nosuchfilter }}").find("nosuchfilter"), std::string::npos);
+  EXPECT_NE(render_error("{% set l = [1] %}{{ l.append(2) }}").find("immutable"), std::string::npos);
+  EXPECT_NE(render_error("{{ 'a' + 1 }}").find("unsupported operand"), std::string::npos);
+  EXPECT_NE(render_error("{% frobnicate %}").find("unknown statement 'frobnicate'"), std::string::npos);
+  EXPECT_NE(render_error("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
+}
+
+// Whitespace control around raw blocks and +/- modifiers; expected strings are jinja2 3.1.2's output with
+// trim_blocks and lstrip_blocks.
+TEST(Jinja, WhitespaceControlLikeJinja2) {
+  auto r = [](const std::string& src) { return jinja::Template(src).render(jinja::Value(jinja::Dict{})).text; };
+  EXPECT_EQ(r("a\n{%- raw %}x{% endraw %}b"), "axb");
+  EXPECT_EQ(r("a\n  {% raw %}x{% endraw %}b"), "a\nxb");
+  EXPECT_EQ(r("a {% raw -%}  x  {%- endraw %} b"), "a x b");
+  EXPECT_EQ(r("a {% raw %}\nx\n  {% endraw %}\nb"), "a \nx\nb");
+  EXPECT_EQ(r("a {%- raw -%} x {%- endraw -%} b"), "axb");
+  EXPECT_EQ(r("a\n  {%+ raw %}x{% endraw %}b"), "a\n  xb");
+  EXPECT_EQ(r("x  {%- if 1 %}y{% endif %}"), "xy");
+  EXPECT_EQ(r("{% if 1 +%}\nkeep{% endif %}\n"), "\nkeep");
+  EXPECT_EQ(r("  {% if 1 %}\n  x\n  {% endif %}\n"), "  x\n");
+}
+
+TEST(Jinja, PythonFormatting) {
+  auto r = [](const std::string& src) { return jinja::Template(src).render(jinja::Value(jinja::Dict{})).text; };
+  EXPECT_EQ(r("{{ 1.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ -2.5e-10 }}"),
+            "1.0 0.30000000000000004 1e+16 1000000000000000.0 0.0001 1e-05 -2.5e-10");
+  EXPECT_EQ(r("{{ {'a': 'é', 'b': [1, 2.0, none, true]} | tojson }}"), "{\"a\": \"é\", \"b\": [1, 2.0, null, true]}");
+  EXPECT_EQ(r("{{ 'tab\\there' | tojson }}"), "\"tab\\there\"");
+  EXPECT_EQ(r("{{ \"q'uote\" }} {{ [\"q'\"] }}"), "q'uote [\"q'\"]");
+}
+
+}  // namespace
+}  // namespace trl
