@@ -10,6 +10,7 @@ packages=(
   libgtest-dev          # GoogleTest (unit tests, run by CTest)
   nlohmann-json3-dev    # JSON: safetensors headers, config.json, CLI output
   libfmt-dev            # formatting of messages
+  libsimdjson-dev       # fast parsing of the 11 MB tokenizer.json (CLI start-up time)
   libcli11-dev          # command-line parsing of the trl binary
   libdnnl-dev           # oneDNN: GEMM primitives (version reported by `trl env`)
   libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
