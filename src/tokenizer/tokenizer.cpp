@@ -766,18 +766,18 @@ std::vector<int32_t> Tokenizer::encode_impl(std::string_view input, bool add_spe
   ids.reserve(text.size() / 3 + 4);
   // Split on added tokens: at each position, the longest token that starts there (leftmost-longest).
   size_t piece_start = 0, i = 0;
+  // single_word tokens match only between non-word characters (word = alphanumeric or '_', as in `tokenizers`).
   auto is_word_char = [&](size_t pos, bool before) {
+    size_t t = pos;
     if (before) {
       if (pos == 0) return false;
-      size_t k = pos - 1;
-      while (k > 0 && (static_cast<unsigned char>(text[k]) & 0xc0) == 0x80) --k;
-      size_t t = k;
-      const char32_t c = unicode::next_code_point(text, t);
-      return !is_ws(c) && c != 0;
+      t = pos - 1;
+      while (t > 0 && (static_cast<unsigned char>(text[t]) & 0xc0) == 0x80) --t;
+    } else if (pos >= text.size()) {
+      return false;
     }
-    if (pos >= text.size()) return false;
-    size_t t = pos;
-    return !is_ws(unicode::next_code_point(text, t));
+    const char32_t c = unicode::next_code_point(text, t);
+    return c == '_' || unicode::is_alphanumeric(c);
   };
   while (i < text.size()) {
     int32_t node = 0, best = -1;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include <utf8proc.h>
 
@@ -125,12 +126,56 @@ std::string nfd(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_DEC
 std::string nfkc(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, "NFKC"); }
 std::string nfkd(std::string_view s) { return utf8proc_map_string(s, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, "NFKD"); }
 
+bool is_alphanumeric(char32_t cp) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+bool is_cased(char32_t cp) {
+  const auto c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
+}
+bool is_case_ignorable(char32_t cp) {
+  const auto c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_ME || c == UTF8PROC_CATEGORY_CF || c == UTF8PROC_CATEGORY_LM ||
+         c == UTF8PROC_CATEGORY_SK || cp == '\'' || cp == '.' || cp == ':' || cp == 0x2019;
+}
+}  // namespace
+
+// Full lowercase mapping, as Rust's str::to_lowercase (which `tokenizers` uses): simple mappings plus the
+// unconditional special case U+0130 -> "i\u0307" and the contextual Greek final sigma.
 std::string lowercase(std::string_view s) {
+  std::vector<char32_t> cps;
+  for (size_t i = 0; i < s.size();) cps.push_back(next_code_point(s, i));
   std::string out;
   out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const char32_t cp = next_code_point(s, i);
-    append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const char32_t cp = cps[k];
+    if (cp == 0x130) {
+      out += "i\xcc\x87";
+    } else if (cp == 0x3a3) {
+      // Final_Sigma: preceded by a cased letter and not followed by one (skipping case-ignorable characters).
+      bool before = false, after = false;
+      for (size_t j = k; j-- > 0;) {
+        if (is_case_ignorable(cps[j])) continue;
+        before = is_cased(cps[j]);
+        break;
+      }
+      for (size_t j = k + 1; j < cps.size(); ++j) {
+        if (is_case_ignorable(cps[j])) continue;
+        after = is_cased(cps[j]);
+        break;
+      }
+      append_utf8(out, before && !after ? 0x3c2 : 0x3c3);
+    } else {
+      append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
+    }
   }
   return out;
 }

@@ -26,7 +26,8 @@ std::string nfc(std::string_view s);
 std::string nfd(std::string_view s);
 std::string nfkc(std::string_view s);
 std::string nfkd(std::string_view s);
-std::string lowercase(std::string_view s);
+std::string lowercase(std::string_view s);  // full mapping, as Rust's str::to_lowercase
+bool is_alphanumeric(char32_t cp);           // letters and numbers (Rust's char::is_alphanumeric, approximately)
 
 // GPT-2's bytes_to_unicode: bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF map to the same code point, the other 68 bytes
 // to U+0100, U+0101, ... in order. byte_to_utf8()[b] is that code point in UTF-8.

@@ -191,3 +191,52 @@ TEST(Unicode, SanitizeFollowsMaximalSubpart) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+// Variants of the Qwen3 tokenizer.json with other building blocks (GPT-2 ByteLevel regex + add_prefix_space,
+// Llama 3 split regex + BOS template, NFKC/Lowercase/Replace, Digits, MergedWithPrevious, added-token flags),
+// against Hugging Face's tokenizers (tests/reference/tokenizer_variants.js).
+TEST(Tokenizer, VariantsMatchHuggingFace) {
+  const json variants = json::parse(read_text_file(kData + "variants.json"));
+  const json expected = json::parse(read_text_file(kData + "variants_expected.json"));
+  const auto corpus = read_jsonl(kData + "corpus.jsonl");
+  std::vector<std::string> docs;
+  for (const auto& i : expected["corpus_indices"]) docs.push_back(corpus[i.get<size_t>()]["text"].get<std::string>());
+  for (const auto& e : expected["extra"]) docs.push_back(e.get<std::string>());
+  const json base = json::parse(std::string(asset("tokenizer.json")));
+  for (auto it = variants.begin(); it != variants.end(); ++it) {
+    json t = base;
+    for (const char* key : {"normalizer", "pre_tokenizer", "post_processor", "decoder"}) {
+      if (it.value().contains(key)) t[key] = it.value()[key];
+    }
+    if (it.value().contains("added_token_flags")) {
+      for (auto f = it.value()["added_token_flags"].begin(); f != it.value()["added_token_flags"].end(); ++f) {
+        for (auto& a : t["added_tokens"]) {
+          if (a["content"] == f.key()) a.update(f.value());
+        }
+      }
+    }
+    test::TempDir dir;
+    write_text_file_atomic(dir.file("tokenizer.json"), t.dump());
+    const Tokenizer tok = Tokenizer::from_file(dir.file("tokenizer.json"));
+    const json& want = expected["variants"][it.key()];
+    ASSERT_EQ(want["ids"].size(), docs.size());
+    int bad = 0;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      const auto ids = tok.encode(docs[i], true);
+      if (json(ids) != want["ids"][i] && ++bad <= 3) {
+        ADD_FAILURE() << it.key() << " document " << i << ": " << json(docs[i].substr(0, 200)).dump() << "\nours   " << json(ids).dump().substr(0, 400)
+                      << "\ntheirs " << want["ids"][i].dump().substr(0, 400);
+      }
+      if (i < want["decoded"].size()) {
+        EXPECT_EQ(tok.decode(want["ids"][i].get<std::vector<int32_t>>()), want["decoded"][i].get<std::string>()) << it.key() << " decode " << i;
+      }
+    }
+    EXPECT_EQ(bad, 0) << it.key();
+  }
+}
+
+}  // namespace
+}  // namespace trl
