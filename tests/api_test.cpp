@@ -19,8 +19,10 @@ TEST(PublicApi, FromPretrainedLikeTransformers) {
   EXPECT_EQ(AutoConfig::from_pretrained(dir.path()).hidden_size, 64);
   EXPECT_THROW(AutoModelForCausalLM::from_pretrained(dir.path(), {.device = "neuron"}), Error);  // no silent CPU fallback
   auto backend = make_reference_backend();
-  Batch batch{.input_ids = Tensor::from_i32(std::vector<int32_t>{1, 2, 3}, {1, 3})};
-  EXPECT_EQ(model.forward(batch, *backend).shape(), (Shape{1, 3, 151936}));
+  Tokenizer tok = AutoTokenizer::from_pretrained(dir.path());
+  BatchEncoding enc = tok({"The French Bread Law states", "Hi"});
+  Batch batch{.input_ids = enc.input_ids_tensor(), .attention_mask = enc.attention_mask_tensor(), .position_ids = {}};
+  EXPECT_EQ(model.forward(batch, *backend).shape(), (Shape{2, 5, 151936}));
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // trl.cpp's public C++ API: the names a Transformers/TRL user already knows.
 //
 //   #include <trl/trl.h>
+//   auto tok = trl::AutoTokenizer::from_pretrained("Qwen/Qwen3-0.6B");
 //   auto model = trl::AutoModelForCausalLM::from_pretrained("Qwen/Qwen3-0.6B", {.dtype = trl::BF16});
-//   trl::Batch batch{.input_ids = trl::Tensor::from_i32(ids, {1, n})};
+//   auto enc = tok({"The French Bread Law states"});
+//   trl::Batch batch{.input_ids = enc.input_ids_tensor(), .attention_mask = enc.attention_mask_tensor()};
 //   auto backend = trl::make_reference_backend();
 //   trl::Tensor logits = model.forward(batch, *backend);   // [1, n, vocab] f32
 //
@@ -20,6 +22,8 @@
 #include "models/init.h"
 #include "models/score.h"
 #include "runtime/runtime.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace trl {
 
@@ -31,6 +35,12 @@ inline constexpr DType F16 = DType::F16;
 struct AutoModelForCausalLM {
   static CausalLM from_pretrained(const std::string& name_or_path, const LoadOptions& options = {}) {
     return CausalLM::from_pretrained(name_or_path, options);
+  }
+};
+
+struct AutoTokenizer {
+  static Tokenizer from_pretrained(const std::string& name_or_path, const std::string& revision = "main") {
+    return Tokenizer::from_pretrained(name_or_path, revision);
   }
 };
 

@@ -6,10 +6,12 @@
 #include <numeric>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
 #include "models/init.h"
 #include "models/score.h"
+#include "tokenizer/tokenizer.h"
 
 namespace trl::cli {
 
@@ -30,14 +32,15 @@ void register_demo(CLI::App& app) {
                 model.config().model_type.c_str(), static_cast<long long>(model.num_parameters()),
                 static_cast<long long>(model.config().num_hidden_layers), static_cast<long long>(model.config().hidden_size),
                 static_cast<long long>(model.config().vocab_size));
-    // "The French Bread Law states" in Qwen3's tokenizer.
-    const std::vector<int32_t> prompt = {785, 8585, 49041, 7506, 5302};
+    const Tokenizer tok = Tokenizer::from_pretrained(*out);
+    const std::string text = "The French Bread Law states";
+    const std::vector<int32_t> prompt = tok.encode(text);
     Batch batch;
     batch.input_ids = Tensor::from_i32(prompt, {1, static_cast<int64_t>(prompt.size())});
     auto backend = make_reference_backend();
     const Tensor logits = model.forward(batch, *backend);
     const int64_t V = model.config().vocab_size;
-    std::printf("prompt ids: ");
+    std::printf("prompt: \"%s\" -> ids ", text.c_str());
     for (int32_t id : prompt) std::printf("%d ", id);
     std::printf("\nlogits [1, %zu, %lld] on the %s backend; top 5 next tokens per position:\n", prompt.size(), static_cast<long long>(V),
                 backend->name().c_str());
@@ -46,12 +49,16 @@ void register_demo(CLI::App& app) {
       std::vector<int32_t> idx(static_cast<size_t>(V));
       std::iota(idx.begin(), idx.end(), 0);
       std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
-      std::printf("  t=%zu id=%-6d ->", t, prompt[t]);
-      for (int k = 0; k < 5; ++k) std::printf("  %6d (%+.4f)", idx[static_cast<size_t>(k)], row[idx[static_cast<size_t>(k)]]);
+      std::printf("  after %-10s ->", ("\"" + tok.decode(std::vector<int32_t>{prompt[t]}) + "\"").c_str());
+      for (int k = 0; k < 5; ++k) {
+        const int32_t id = idx[static_cast<size_t>(k)];
+        std::string piece = nlohmann::json(tok.decode(std::vector<int32_t>{id})).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        std::printf("  %s %+.3f", piece.c_str(), row[id]);
+      }
       std::printf("\n");
     }
     const SequenceScore s = score_sequences(model, {prompt}, *backend).at(0);
-    std::printf("nll %.4f over %lld tokens, perplexity %.1f (an untrained model: about the vocabulary size)\n", s.nll,
+    std::printf("nll %.4f over %lld tokens, perplexity %.1f (an untrained model: the top tokens are noise)\n", s.nll,
                 static_cast<long long>(s.n_scored), s.perplexity());
   });
 }

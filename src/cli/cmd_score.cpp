@@ -1,6 +1,8 @@
 // `trl score`: per-token log-probabilities, total NLL and perplexity of token sequences under a model.
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "cli/cli_util.h"
 #include "core/error.h"
 #include "models/score.h"
+#include "tokenizer/tokenizer.h"
 
 namespace trl::cli {
 
@@ -31,9 +34,14 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& where
   return ids;
 }
 
-std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) fail("{}: expected an object such as {{\"ids\": [1, 2, 3]}}", where);
-  if (j.contains("text")) fail("{}: \"text\" input needs the tokenizer, which is not part of this build yet; give \"ids\"", where);
+std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& where, const std::function<const Tokenizer&()>& tokenizer) {
+  if (!j.is_object()) fail("{}: expected an object such as {{\"ids\": [1, 2, 3]}} or {{\"text\": \"...\"}}", where);
+  if (j.contains("text")) {
+    if (!j["text"].is_string()) fail("{}: \"text\" must be a string", where);
+    auto ids = tokenizer().encode(j["text"].get<std::string>(), true);
+    if (ids.empty()) fail("{}: the text has no tokens", where);
+    return ids;
+  }
   if (!j.contains("ids") || !j["ids"].is_array()) fail("{}: missing the \"ids\" array", where);
   std::vector<int32_t> ids;
   for (const auto& v : j["ids"]) {
@@ -53,23 +61,31 @@ void register_score(CLI::App& app) {
   struct Args {
     std::string model, ids, text, jsonl, dtype, revision = "main";
     int64_t batch_size = 8;
+    bool show_tokens = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option(flag("model") + "," + flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only)")->required();
   auto* ids = cmd->add_option(flag("ids"), a->ids, "Comma-separated token ids, e.g. 1,2,3");
-  auto* text = cmd->add_option(flag("text"), a->text, "Text to score (needs the tokenizer)");
+  auto* text = cmd->add_option(flag("text"), a->text, "Text to score (tokenized with the model's tokenizer)");
   auto* jsonl = cmd->add_option(flag("jsonl"), a->jsonl, "File of JSON lines {\"ids\": [...]} or {\"text\": ...}");
   ids->excludes(text)->excludes(jsonl);
   text->excludes(jsonl);
   cmd->add_option(flag("dtype"), a->dtype, "Convert the weights: f32 | bf16 (default: the checkpoint's)");
+  cmd->add_flag(flag("tokens"), a->show_tokens, "Also print each scored token as text");
   cmd->add_option(flag("revision"), a->revision, "Hub cache revision")->capture_default_str();
   cmd->add_option(flag("batch_size"), a->batch_size, "Sequences per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->callback([a] {
+    std::optional<Tokenizer> tok;
+    auto tokenizer = [&]() -> const Tokenizer& {
+      if (!tok) tok = Tokenizer::from_pretrained(a->model, a->revision);
+      return *tok;
+    };
     std::vector<std::vector<int32_t>> seqs;
     if (!a->ids.empty()) {
       seqs.push_back(parse_ids(a->ids, "--ids"));
     } else if (!a->text.empty()) {
-      fail("--text needs the tokenizer, which is not part of this build yet; pass token ids with --ids or --jsonl");
+      seqs.push_back(tokenizer().encode(a->text, true));
+      if (seqs.back().empty()) fail("--text: the text has no tokens");
     } else if (!a->jsonl.empty()) {
       std::ifstream in(a->jsonl);
       if (!in) fail("{}: cannot open", a->jsonl);
@@ -83,7 +99,7 @@ void register_score(CLI::App& app) {
         } catch (const nlohmann::json::parse_error& e) {
           fail("{}: not valid JSON (column {}): {}", where, e.byte, e.what());
         }
-        seqs.push_back(ids_from_json(j, where));
+        seqs.push_back(ids_from_json(j, where, tokenizer));
       }
       if (seqs.empty()) fail("{}: no input lines", a->jsonl);
     } else {
@@ -107,6 +123,11 @@ void register_score(CLI::App& app) {
       j["nll"] = s.nll;
       j["mean_nll"] = s.n_scored > 0 ? s.nll / static_cast<double>(s.n_scored) : 0.0;
       j["perplexity"] = s.perplexity();
+      if (a->show_tokens) {
+        std::vector<std::string> pieces;
+        for (size_t t = 1; t < s.ids.size(); ++t) pieces.push_back(tokenizer().decode(std::vector<int32_t>{s.ids[t]}));
+        j["tokens"] = pieces;
+      }
       std::printf("%s\n", j.dump().c_str());
     }
   });

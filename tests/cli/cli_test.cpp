@@ -70,7 +70,8 @@ TEST(Cli, ErrorsAreClear) {
   const std::vector<Case> cases = {
       {"score --model " + dir.path() + " --ids 1,x,3", "element 2 ('x')"},
       {"score --model " + dir.path() + " --ids 1,200000", "input_ids[0][1] = 200000"},
-      {"score --model " + dir.path() + " --text hello", "tokenizer"},
+      {"score --model " + dir.path() + " --jsonl " + dir.file("badtext.jsonl"), "\"text\" must be a string"},
+      {"tokenize --model " + dir.path() + " --chat", "--jsonl"},
       {"score --model " + dir.path() + " --jsonl " + dir.file("bad.jsonl"), "bad.jsonl:2"},
       {"score --model " + dir.path() + " --bogus 1", "--bogus"},
       {"score --model no/such-model --ids 1", "never downloads"},
@@ -78,11 +79,33 @@ TEST(Cli, ErrorsAreClear) {
       {"frobnicate", "frobnicate"},
   };
   test::write_file(dir.file("bad.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 2\n");
+  test::write_file(dir.file("badtext.jsonl"), "{\"text\": 5}\n");
   for (const Case& c : cases) {
     EXPECT_NE(test::run_command(trl_cmd(c.args), &out), 0) << c.args;
     EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << " ->\n" << out;
     EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
   }
+}
+
+TEST(Cli, TokenizeAndScoreText) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("init-model --preset tiny --out " + dir.path()), &out), 0) << out;
+  ASSERT_EQ(test::run_command("printf 'The French Bread Law states' | " + trl_cmd("tokenize --model " + dir.path()), &out), 0) << out;
+  EXPECT_EQ(out, "785,8585,49041,7506,5302\n");
+  ASSERT_EQ(test::run_command("echo 785,8585,49041 | " + trl_cmd("tokenize --decode --model " + dir.path()), &out), 0) << out;
+  EXPECT_EQ(out, "The French Bread\n");
+  test::write_file(dir.file("chat.jsonl"),
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"add_generation_prompt\": true, \"enable_thinking\": false}\n");
+  ASSERT_EQ(test::run_command(trl_cmd("tokenize --jsonl --chat --model " + dir.path()) + " < " + dir.file("chat.jsonl"), &out), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["text"], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(j["ids"][0], 151644);
+  // score --text tokenizes with the model's tokenizer: same result as the ids.
+  ASSERT_EQ(test::run_command(trl_cmd("score --model " + dir.path() + " --text 'The French Bread Law states'"), &out), 0) << out;
+  const double nll_text = json::parse(out)["nll"].get<double>();
+  ASSERT_EQ(test::run_command(trl_cmd("score --model " + dir.path() + " --ids 785,8585,49041,7506,5302"), &out), 0) << out;
+  EXPECT_DOUBLE_EQ(nll_text, json::parse(out)["nll"].get<double>());
 }
 
 TEST(Cli, HelpListsOptionsWithDefaults) {
