@@ -11,11 +11,12 @@ size_t dtype_size(DType dtype) {
     case DType::F16: return 2;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::F64: return 8;
   }
   return 0;
 }
 
-bool dtype_is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
+bool dtype_is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F64; }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
@@ -24,6 +25,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::F16: return "f16";
     case DType::I32: return "i32";
     case DType::I64: return "i64";
+    case DType::F64: return "f64";
   }
   return "?";
 }
@@ -35,6 +37,7 @@ std::string_view dtype_safetensors_name(DType dtype) {
     case DType::F16: return "F16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::F64: return "F64";
   }
   return "?";
 }
@@ -45,6 +48,7 @@ std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
   if (name == "F16") return DType::F16;
   if (name == "I32") return DType::I32;
   if (name == "I64") return DType::I64;
+  if (name == "F64") return DType::F64;
   return std::nullopt;
 }
 
@@ -54,6 +58,7 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   if (name == "f16" || name == "float16" || name == "half" || name == "F16") return DType::F16;
   if (name == "i32" || name == "int32" || name == "I32") return DType::I32;
   if (name == "i64" || name == "int64" || name == "I64") return DType::I64;
+  if (name == "f64" || name == "float64" || name == "double" || name == "F64") return DType::F64;
   return std::nullopt;
 }
 

@@ -13,11 +13,11 @@
 
 namespace trl {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64 };
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, F64 };
 
 size_t dtype_size(DType dtype);
 bool dtype_is_float(DType dtype);
-// Our short name: "f32", "bf16", "f16", "i32", "i64".
+// Our short name: "f32", "bf16", "f16", "i32", "i64", "f64" (f64: the oracle's precision for gradient checks).
 std::string_view dtype_name(DType dtype);
 // The safetensors header name: "F32", "BF16", "F16", "I32", "I64".
 std::string_view dtype_safetensors_name(DType dtype);

@@ -109,6 +109,18 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::slice_flat(int64_t offset, Shape shape) const {
+  if (!is_contiguous()) fail("slice_flat of a non-contiguous tensor {}", shape_str(shape_));
+  const int64_t n = shape_numel(shape);
+  if (offset < 0 || offset + n > numel_) fail("slice_flat [{}, {}) is outside a tensor of {} elements", offset, offset + n, numel_);
+  Tensor t = *this;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  t.numel_ = n;
+  t.data_ = static_cast<const char*>(data_) + offset * static_cast<int64_t>(dtype_size(dtype_));
+  return t;
+}
+
 double load_element(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::F32: return static_cast<const float*>(data)[i];
@@ -116,6 +128,7 @@ double load_element(const void* data, DType dtype, int64_t i) {
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::I32: return static_cast<const int32_t*>(data)[i];
     case DType::I64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::F64: return static_cast<const double*>(data)[i];
   }
   return 0;
 }
@@ -127,6 +140,7 @@ void store_element(void* data, DType dtype, int64_t i, double value) {
     case DType::F16: static_cast<uint16_t*>(data)[i] = f32_to_f16(static_cast<float>(value)); break;
     case DType::I32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value); break;
     case DType::I64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(value); break;
+    case DType::F64: static_cast<double*>(data)[i] = value; break;
   }
 }
 

@@ -52,6 +52,8 @@ class Tensor {
 
   // Same storage, new shape (contiguous tensors only; numel must match).
   Tensor reshape(Shape shape) const;
+  // Same storage: `numel(shape)` elements starting at element `offset` of this contiguous tensor, as `shape`.
+  Tensor slice_flat(int64_t offset, Shape shape) const;
   // Owned contiguous copy, converting the element type (float <-> float, int <-> int, int -> float).
   Tensor to(DType dtype) const;
   Tensor clone() const { return to(dtype_); }

@@ -20,6 +20,20 @@ const char* op_name(Op op) {
     case Op::Add: return "add";
     case Op::Cast: return "cast";
     case Op::Reshape: return "reshape";
+    case Op::TokenLogprobs: return "token_logprobs";
+    case Op::WeightedSum: return "weighted_sum";
+    case Op::Fill: return "fill";
+    case Op::MatMulNN: return "matmul_nn";
+    case Op::MatMulTN: return "matmul_tn";
+    case Op::SumRows: return "sum_rows";
+    case Op::ScaleBy: return "scale_by";
+    case Op::EmbeddingBackward: return "embedding_backward";
+    case Op::RmsNormBackX: return "rms_norm_back_x";
+    case Op::RmsNormBackW: return "rms_norm_back_w";
+    case Op::SwiGLUBackward: return "swiglu_backward";
+    case Op::AttentionBackward: return "attention_backward";
+    case Op::TokenLogprobsBackward: return "token_logprobs_backward";
+    case Op::View: return "view";
   }
   return "?";
 }
@@ -63,6 +77,10 @@ uint64_t Graph::hash() const {
     h.pod(n.attrs.causal);
     h.pod(n.attrs.rope_scaling);
     h.bytes(n.attrs.inv_freq.data(), n.attrs.inv_freq.size() * sizeof(float));
+    h.pod(n.attrs.inverse);
+    h.pod(n.attrs.rows);
+    h.pod(n.attrs.offset);
+    h.pod(n.attrs.value);
   }
   for (ValueId v : outputs) h.pod(v);
   return h.h;
@@ -251,6 +269,144 @@ ValueId Builder::reshape(ValueId x, Shape shape, const std::string& name) {
   n.shape = std::move(shape);
   n.dtype = node(x).dtype;
   n.name = name;
+  return push(std::move(n));
+}
+
+ValueId Builder::find_input(const std::string& name) const {
+  for (ValueId in : graph_.inputs)
+    if (graph_.node(in).name == name) return in;
+  return kNone;
+}
+
+namespace {
+Node make_node(Op op, std::vector<ValueId> inputs, Shape shape, DType dtype, const std::string& name) {
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.shape = std::move(shape);
+  n.dtype = dtype;
+  n.name = name;
+  return n;
+}
+Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 1); }
+}  // namespace
+
+ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name) {
+  check(h, "token_logprobs h");
+  check(w, "token_logprobs w");
+  check(targets, "token_logprobs targets");
+  const Shape& hs = shape(h);
+  if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back() || shape(targets) != leading(hs) || node(targets).dtype != DType::I32) {
+    fail("token_logprobs {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", name, shape_str(hs), shape_str(shape(w)),
+         shape_str(shape(targets)));
+  }
+  return push(make_node(Op::TokenLogprobs, {h, w, targets}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+}
+
+ValueId Builder::weighted_sum(ValueId x, ValueId weights, const std::string& name) {
+  check(x, "weighted_sum x");
+  check(weights, "weighted_sum weights");
+  if (shape(x) != shape(weights)) fail("weighted_sum {}: x {} and weights {} differ", name, shape_str(shape(x)), shape_str(shape(weights)));
+  return push(make_node(Op::WeightedSum, {x, weights}, {}, node(x).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+}
+
+ValueId Builder::fill(Shape s, DType dtype, double value, const std::string& name) {
+  Node n = make_node(Op::Fill, {}, std::move(s), dtype, name);
+  n.attrs.value = value;
+  return push(std::move(n));
+}
+
+ValueId Builder::matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name) {
+  check(dy, "matmul_nn dy");
+  check(w, "matmul_nn w");
+  const Shape& a = shape(dy);
+  const Shape& b = shape(w);
+  if (a.empty() || b.size() != 2 || a.back() != b[0]) fail("matmul_nn {}: {} · {} do not fit", name, shape_str(a), shape_str(b));
+  Shape o = a;
+  o.back() = b[1];
+  return push(make_node(Op::MatMulNN, {dy, w}, o, out, name));
+}
+
+ValueId Builder::matmul_tn(ValueId a, ValueId b, DType out, const std::string& name) {
+  check(a, "matmul_tn a");
+  check(b, "matmul_tn b");
+  const Shape& x = shape(a);
+  const Shape& y = shape(b);
+  if (x.empty() || y.empty() || leading(x) != leading(y)) fail("matmul_tn {}: {}ᵀ · {} do not fit", name, shape_str(x), shape_str(y));
+  return push(make_node(Op::MatMulTN, {a, b}, {x.back(), y.back()}, out, name));
+}
+
+ValueId Builder::sum_rows(ValueId x, DType out, const std::string& name) {
+  check(x, "sum_rows x");
+  return push(make_node(Op::SumRows, {x}, {shape(x).back()}, out, name));
+}
+
+ValueId Builder::scale_by(ValueId w, ValueId s, DType out, const std::string& name) {
+  check(w, "scale_by w");
+  check(s, "scale_by s");
+  if (!shape(s).empty()) fail("scale_by {}: the scale must be a scalar", name);
+  return push(make_node(Op::ScaleBy, {w, s}, shape(w), out, name));
+}
+
+ValueId Builder::embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name) {
+  check(ids, "embedding_backward ids");
+  check(dy, "embedding_backward dy");
+  Node n = make_node(Op::EmbeddingBackward, {ids, dy}, {rows, shape(dy).back()}, out, name);
+  n.attrs.rows = rows;
+  return push(std::move(n));
+}
+
+ValueId Builder::rms_norm_back_x(ValueId x, ValueId w, ValueId dy, double eps, const std::string& name) {
+  Node n = make_node(Op::RmsNormBackX, {x, w, dy}, shape(x), node(dy).dtype, name);
+  n.attrs.eps = eps;
+  return push(std::move(n));
+}
+
+ValueId Builder::rms_norm_back_w(ValueId x, ValueId dy, double eps, DType out, const std::string& name) {
+  Node n = make_node(Op::RmsNormBackW, {x, dy}, {shape(x).back()}, out, name);
+  n.attrs.eps = eps;
+  return push(std::move(n));
+}
+
+ValueId Builder::view(ValueId packed, int64_t offset, Shape s, DType dtype, const std::string& name) {
+  check(packed, "view");
+  if (offset < 0 || offset + shape_numel(s) > shape_numel(shape(packed))) fail("view {}: out of range", name);
+  Node n = make_node(Op::View, {packed}, std::move(s), dtype, name);
+  n.attrs.offset = offset;
+  return push(std::move(n));
+}
+
+std::vector<ValueId> Builder::swiglu_backward(ValueId gate, ValueId up, ValueId dy, const std::string& name) {
+  const Shape& s = shape(gate);
+  const int64_t n = shape_numel(s);
+  const DType dt = node(dy).dtype;
+  const ValueId packed = push(make_node(Op::SwiGLUBackward, {gate, up, dy}, {2 * n}, dt, name));
+  return {view(packed, 0, s, dt, name + ".dgate"), view(packed, n, s, dt, name + ".dup")};
+}
+
+std::vector<ValueId> Builder::attention_backward(ValueId q, ValueId k, ValueId v, ValueId key_mask, ValueId dy, double scale, bool causal,
+                                                 const std::string& name) {
+  const int64_t nq = shape_numel(shape(q)), nk = shape_numel(shape(k));
+  const DType dt = node(dy).dtype;
+  Node n = make_node(Op::AttentionBackward, {q, k, v, key_mask, dy}, {nq + 2 * nk}, dt, name);
+  n.attrs.scale = scale;
+  n.attrs.causal = causal;
+  const ValueId packed = push(std::move(n));
+  return {view(packed, 0, shape(q), dt, name + ".dq"), view(packed, nq, shape(k), dt, name + ".dk"),
+          view(packed, nq + nk, shape(v), dt, name + ".dv")};
+}
+
+std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name) {
+  const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
+  const DType dt = node(dlogp).dtype;
+  const ValueId packed = push(make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp}, {nh + nw}, dt, name));
+  return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
+}
+
+ValueId Builder::rope_inverse(ValueId dy, const Node& fwd, const std::string& name) {
+  Node n = make_node(Op::Rope, {dy, fwd.inputs[1]}, shape(dy), node(dy).dtype, name);
+  n.attrs = fwd.attrs;
+  n.attrs.inverse = !fwd.attrs.inverse;
   return push(std::move(n));
 }
 

@@ -26,6 +26,22 @@ enum class Op : uint8_t {
   Add,        // a,b: same shape
   Cast,       // x -> x in another dtype
   Reshape,    // same elements, new shape
+  // Training: the loss and the backward pass (DESIGN.md §1). Ops with several results write one packed buffer
+  // that View nodes slice (zero-copy).
+  TokenLogprobs,          // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   log softmax(h·wᵀ)[target], chunked over V
+  WeightedSum,            // x:[...] f32, weights:[...] f32 -> [] f32              Σ x·weights
+  Fill,                   // -> shape filled with attrs.scale
+  MatMulNN,               // dy:[...,N], w:[N,K] -> [...,K]                        dy·w
+  MatMulTN,               // a:[...,N], b:[...,K] -> [N,K]                         aᵀ·b over all leading dims
+  SumRows,                // x:[...,N] -> [N]
+  ScaleBy,                // w:[...] f32, s:[] f32 -> w·s
+  EmbeddingBackward,      // ids:[B,T] i32, dy:[B,T,C] -> [V,C] (attrs.rows = V)   scatter-add
+  RmsNormBackX,           // x:[...,C], w:[C], dy -> dx
+  RmsNormBackW,           // x:[...,C], dy:[...,C] -> dw:[C]
+  SwiGLUBackward,         // gate, up, dy:[...,F] -> packed [dgate | dup]
+  AttentionBackward,      // q, k, v, key_mask|none, dy -> packed [dq | dk | dv]
+  TokenLogprobsBackward,  // h, w, targets, dlogp -> packed [dh | dw]
+  View,                   // packed -> elements [attrs.offset, +numel) as `shape`
 };
 
 const char* op_name(Op op);
@@ -39,6 +55,10 @@ struct Attrs {
   bool causal = true;            // Attention: query t sees keys up to t + (S - T)
   std::vector<float> inv_freq;   // Rope: D/2 inverse frequencies (f32, as Transformers computes them)
   float rope_scaling = 1.0f;     // Rope: attention_scaling applied to cos and sin
+  bool inverse = false;          // Rope: rotate by -angle (the VJP of a rotation is its inverse)
+  int64_t rows = 0;              // EmbeddingBackward: V
+  int64_t offset = 0;            // View: element offset into the packed input
+  double value = 0;              // Fill
 };
 
 struct Node {
@@ -75,7 +95,27 @@ class Builder {
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId cast(ValueId x, DType out, const std::string& name = "");
   ValueId reshape(ValueId x, Shape shape, const std::string& name = "");
+  ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
+  ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
+  ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
+  // Backward-pass ops (used by autodiff; see Op for shapes).
+  ValueId matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name = "");
+  ValueId matmul_tn(ValueId a, ValueId b, DType out, const std::string& name = "");
+  ValueId sum_rows(ValueId x, DType out, const std::string& name = "");
+  ValueId scale_by(ValueId w, ValueId s, DType out, const std::string& name = "");
+  ValueId embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name = "");
+  ValueId rms_norm_back_x(ValueId x, ValueId w, ValueId dy, double eps, const std::string& name = "");
+  ValueId rms_norm_back_w(ValueId x, ValueId dy, double eps, DType out, const std::string& name = "");
+  // Ops with several results return the View of each part.
+  std::vector<ValueId> swiglu_backward(ValueId gate, ValueId up, ValueId dy, const std::string& name = "");
+  std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId key_mask, ValueId dy, double scale, bool causal,
+                                          const std::string& name = "");
+  std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "");
+  ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
+  ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
   void output(ValueId v);
+  // The input value named `name`, or kNone.
+  ValueId find_input(const std::string& name) const;
 
   const Node& node(ValueId v) const { return graph_.node(v); }
   const Shape& shape(ValueId v) const { return graph_.node(v).shape; }

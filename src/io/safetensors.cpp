@@ -79,7 +79,7 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     if (!entry["dtype"].is_string()) fail("{}: dtype must be a string", where);
     const std::string dtype = entry["dtype"].get<std::string>();
     auto dt = dtype_from_safetensors_name(dtype);
-    if (!dt) fail("{}: unsupported dtype '{}' (supported: F32, BF16, F16, I32, I64)", where, dtype);
+    if (!dt) fail("{}: unsupported dtype '{}' (supported: F32, BF16, F16, F64, I32, I64)", where, dtype);
     info.dtype = *dt;
     if (!entry["shape"].is_array()) fail("{}: shape must be an array of integers", where);
     for (const json& d : entry["shape"]) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "graph/autodiff.h"
 #include "io/hub.h"
 #include "runtime/runtime.h"
 
@@ -152,6 +153,12 @@ int64_t CausalLM::num_parameters() const {
 }
 
 ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
+  ValueId head = kNone;
+  const ValueId h = build_hidden(b, B, T, &head);
+  return b.matmul(h, head, kNone, dtype_, "lm_head");
+}
+
+ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out) const {
   const ModelConfig& c = config_;
   const DType dt = dtype_;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
@@ -197,8 +204,24 @@ ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
     (void)C;
   }
   h = b.rms_norm(h, W("model.norm.weight"), c.rms_norm_eps, "output_norm");
-  const ValueId head = c.tie_word_embeddings ? embed : W("lm_head.weight");
-  return b.matmul(h, head, kNone, dt, "lm_head");
+  *head_out = c.tie_word_embeddings ? embed : W("lm_head.weight");
+  return h;
+}
+
+graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype) const {
+  Builder b;
+  ValueId head = kNone;
+  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId labels = b.input("labels", {B, T}, DType::I32);
+  const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
+  const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
+  const ValueId loss = b.weighted_sum(logp, weights, "loss");
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
+  const auto grads = graph::add_backward(b, loss, names, grad_dtype);
+  b.output(loss);
+  for (const std::string& name : names) b.output(grads.at(name));
+  return b.finish();
 }
 
 graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {

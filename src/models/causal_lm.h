@@ -57,6 +57,15 @@ class CausalLM {
   // model's dtype.
   graph::ValueId build_forward(graph::Builder& b, int64_t batch, int64_t tokens) const;
   graph::Graph forward_graph(int64_t batch, int64_t tokens) const;
+  // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value.
+  graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head) const;
+
+  // Training: loss = Σ log p(labels)·loss_weights over [B,T], computed without materialising [B,T,V] logits
+  // (token_logprobs), and the gradient of every parameter. Trainers choose the weights (SFT: -mask/num_items).
+  // Inputs: input_ids, position_ids, attention_mask, labels (i32 [B,T]: the next token at each position, any valid
+  // id where the weight is 0), loss_weights (f32 [B,T]), and the parameters.
+  // Outputs: loss (f32 scalar), then the gradient of each parameter in parameter_shapes() order (f32).
+  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

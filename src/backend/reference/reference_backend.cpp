@@ -26,7 +26,17 @@ double rnd(DType dtype, double v) {
   }
 }
 
-std::vector<float> as_f32(const Tensor& t) { return t.to_f32_vector(); }
+// Every element as double: exact for every float dtype, f64 included (gradient checks run in f64).
+std::vector<double> as_f64(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::F32) {
+    const float* p = t.data_as<float>();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = p[i];
+  } else {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = load_element(t.data(), t.dtype(), static_cast<int64_t>(i));
+  }
+  return v;
+}
 
 // ids:[B,T] i32, table:[V,C] -> out:[B,T,C]
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
@@ -42,14 +52,14 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
 // x:[M,K], w:[N,K], bias:[N] or none -> out:[M,N]
 void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
   const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), N = w.size(0);
-  const std::vector<float> wf = as_f32(w);  // exact for f32/bf16/f16 storage
-  const std::vector<float> xf = as_f32(x);
-  std::vector<float> bf = bias ? as_f32(*bias) : std::vector<float>();
+  const std::vector<double> wf = as_f64(w);
+  const std::vector<double> xf = as_f64(x);
+  std::vector<double> bf = bias ? as_f64(*bias) : std::vector<double>();
   void* o = out.mutable_data();
   for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xf.data() + m * K;
+    const double* xr = xf.data() + m * K;
     for (int64_t n = 0; n < N; ++n) {
-      const float* wr = wf.data() + n * K;
+      const double* wr = wf.data() + n * K;
       double acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(xr[k]) * wr[k];
       if (bias) acc += bf[static_cast<size_t>(n)];
@@ -89,7 +99,7 @@ void rope(const Tensor& x, const Tensor& positions, const graph::Attrs& a, Tenso
         for (int64_t j = 0; j < D; ++j) {
           const float angle = p * a.inv_freq[static_cast<size_t>(j % half)];
           const double c = rnd(dt, std::cos(static_cast<double>(angle)) * a.rope_scaling);
-          const double s = rnd(dt, std::sin(static_cast<double>(angle)) * a.rope_scaling);
+          const double s = rnd(dt, std::sin(static_cast<double>(angle)) * a.rope_scaling) * (a.inverse ? -1.0 : 1.0);
           const double xj = load_element(x.data(), dt, base + j);
           const double rot = j < half ? -load_element(x.data(), dt, base + j + half) : load_element(x.data(), dt, base + j - half);
           store_element(out.mutable_data(), out.dtype(), base + j, rnd(dt, xj * c) + rnd(dt, rot * s));
@@ -106,13 +116,13 @@ void rope(const Tensor& x, const Tensor& positions, const graph::Attrs& a, Tenso
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const graph::Attrs& a, Tensor& out) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), Hkv = k.size(2);
   const int64_t rep = H / Hkv, offset = S - T;
-  const std::vector<float> qf = as_f32(q), kf = as_f32(k), vf = as_f32(v);
+  const std::vector<double> qf = as_f64(q), kf = as_f64(k), vf = as_f64(v);
   std::vector<double> p(static_cast<size_t>(S));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / rep;
       for (int64_t t = 0; t < T; ++t) {
-        const float* qr = qf.data() + ((b * T + t) * H + h) * D;
+        const double* qr = qf.data() + ((b * T + t) * H + h) * D;
         double mx = -INFINITY;
         for (int64_t s = 0; s < S; ++s) {
           bool allowed = (!a.causal || s <= t + offset) && (mask == nullptr || mask->data_as<int32_t>()[b * S + s] != 0);
@@ -120,7 +130,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
             p[static_cast<size_t>(s)] = -INFINITY;
             continue;
           }
-          const float* kr = kf.data() + ((b * S + s) * Hkv + hk) * D;
+          const double* kr = kf.data() + ((b * S + s) * Hkv + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
           p[static_cast<size_t>(s)] = rnd(q.dtype(), rnd(q.dtype(), dot) * a.scale);
@@ -165,6 +175,217 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
+// ---- training ops ----
+
+// h:[R,C], w:[V,C], targets:[R] -> out:[R] f32.  log softmax(h·wᵀ)[target]; the logits are rounded to h's dtype
+// first, as a bf16 model's lm_head output is before Transformers upcasts it for the loss.
+void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V));
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t t = targets.data_as<int32_t>()[r];
+    if (t < 0 || t >= V) fail("token_logprobs: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(hf[static_cast<size_t>(r * C + c)]) * wf[static_cast<size_t>(v * C + c)];
+      z[static_cast<size_t>(v)] = rnd(h.dtype(), acc);
+      mx = std::max(mx, z[static_cast<size_t>(v)]);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[static_cast<size_t>(v)] - mx);
+    store_element(out.mutable_data(), out.dtype(), r, z[static_cast<size_t>(t)] - mx - std::log(sum));
+  }
+}
+
+// dlogp:[R] -> packed [dh:[R,C] | dw:[V,C]].  dz = dlogp·(onehot(target) - softmax(z)); dh = dz·w; dw = dzᵀ·h.
+void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& targets, const Tensor& dlogp, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const double g = load_element(dlogp.data(), dlogp.dtype(), r);
+    if (g == 0) continue;
+    const int32_t t = targets.data_as<int32_t>()[r];
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(hf[static_cast<size_t>(r * C + c)]) * wf[static_cast<size_t>(v * C + c)];
+      z[static_cast<size_t>(v)] = rnd(h.dtype(), acc);
+      mx = std::max(mx, z[static_cast<size_t>(v)]);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[static_cast<size_t>(v)] - mx);
+    for (int64_t v = 0; v < V; ++v) {
+      const double dz = g * ((v == t ? 1.0 : 0.0) - std::exp(z[static_cast<size_t>(v)] - mx) / sum);
+      for (int64_t c = 0; c < C; ++c) {
+        dh[static_cast<size_t>(r * C + c)] += dz * wf[static_cast<size_t>(v * C + c)];
+        dw[static_cast<size_t>(v * C + c)] += dz * hf[static_cast<size_t>(r * C + c)];
+      }
+    }
+  }
+  void* o = out.mutable_data();
+  for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+}
+
+// out[r,k] = Σ_n dy[r,n]·w[n,k]
+void matmul_nn(const Tensor& dy, const Tensor& w, Tensor& out) {
+  const int64_t N = w.size(0), K = w.size(1), R = dy.numel() / std::max<int64_t>(N, 1);
+  const std::vector<double> a = as_f64(dy), b = as_f64(w);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t k = 0; k < K; ++k) {
+      double acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += static_cast<double>(a[static_cast<size_t>(r * N + n)]) * b[static_cast<size_t>(n * K + k)];
+      store_element(out.mutable_data(), out.dtype(), r * K + k, acc);
+    }
+  }
+}
+
+// out[n,k] = Σ_r a[r,n]·b[r,k]
+void matmul_tn(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t N = a.size(-1), K = b.size(-1), R = a.numel() / std::max<int64_t>(N, 1);
+  const std::vector<double> x = as_f64(a), y = as_f64(b);
+  std::vector<double> acc(static_cast<size_t>(N * K), 0.0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      const double xv = x[static_cast<size_t>(r * N + n)];
+      if (xv == 0) continue;
+      for (int64_t k = 0; k < K; ++k) acc[static_cast<size_t>(n * K + k)] += xv * y[static_cast<size_t>(r * K + k)];
+    }
+  for (int64_t i = 0; i < N * K; ++i) store_element(out.mutable_data(), out.dtype(), i, acc[static_cast<size_t>(i)]);
+}
+
+void sum_rows(const Tensor& x, Tensor& out) {
+  const int64_t N = x.size(-1), R = x.numel() / std::max<int64_t>(N, 1);
+  for (int64_t n = 0; n < N; ++n) {
+    double acc = 0;
+    for (int64_t r = 0; r < R; ++r) acc += load_element(x.data(), x.dtype(), r * N + n);
+    store_element(out.mutable_data(), out.dtype(), n, acc);
+  }
+}
+
+// ids:[B,T], dy:[B,T,C] -> out:[V,C], scatter-add
+void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& out) {
+  const int64_t C = dy.size(-1), V = out.size(0);
+  std::vector<double> acc(static_cast<size_t>(V * C), 0.0);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t id = ids.data_as<int32_t>()[i];
+    if (id < 0 || id >= V) fail("embedding_backward: id {} out of range", id);
+    for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(id * C + c)] += load_element(dy.data(), dy.dtype(), i * C + c);
+  }
+  for (int64_t i = 0; i < V * C; ++i) store_element(out.mutable_data(), out.dtype(), i, acc[static_cast<size_t>(i)]);
+}
+
+// y = w·x·inv, inv = (mean(x²)+eps)^-1/2:  dx = inv·(w·dy) - inv³/C · x · Σ(w·dy·x)
+void rms_norm_back_x(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& out) {
+  const int64_t C = x.size(-1), R = x.numel() / std::max<int64_t>(C, 1);
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0, dot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double xv = load_element(x.data(), x.dtype(), r * C + c);
+      ss += xv * xv;
+      dot += load_element(w.data(), w.dtype(), c) * load_element(dy.data(), dy.dtype(), r * C + c) * xv;
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) {
+      const double xv = load_element(x.data(), x.dtype(), r * C + c);
+      const double wdy = load_element(w.data(), w.dtype(), c) * load_element(dy.data(), dy.dtype(), r * C + c);
+      store_element(out.mutable_data(), out.dtype(), r * C + c, inv * wdy - inv * inv * inv / static_cast<double>(C) * xv * dot);
+    }
+  }
+}
+
+void rms_norm_back_w(const Tensor& x, const Tensor& dy, double eps, Tensor& out) {
+  const int64_t C = x.size(-1), R = x.numel() / std::max<int64_t>(C, 1);
+  std::vector<double> acc(static_cast<size_t>(C), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double xv = load_element(x.data(), x.dtype(), r * C + c);
+      ss += xv * xv;
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+    for (int64_t c = 0; c < C; ++c) {
+      acc[static_cast<size_t>(c)] += load_element(dy.data(), dy.dtype(), r * C + c) * load_element(x.data(), x.dtype(), r * C + c) * inv;
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) store_element(out.mutable_data(), out.dtype(), c, acc[static_cast<size_t>(c)]);
+}
+
+// y = silu(g)·u:  dgate = dy·u·σ(g)(1 + g(1 - σ(g))),  dup = dy·silu(g)
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& out) {
+  const int64_t n = gate.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = load_element(gate.data(), gate.dtype(), i), u = load_element(up.data(), up.dtype(), i);
+    const double d = load_element(dy.data(), dy.dtype(), i);
+    const double sig = 1.0 / (1.0 + std::exp(-g));
+    store_element(out.mutable_data(), out.dtype(), i, d * u * sig * (1.0 + g * (1.0 - sig)));
+    store_element(out.mutable_data(), out.dtype(), n + i, d * g * sig);
+  }
+}
+
+// Backward of attention(): packed [dq | dk | dv], from P recomputed in f64.
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const Tensor& dy, const graph::Attrs& a,
+                        Tensor& out) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), Hkv = k.size(2);
+  const int64_t rep = H / Hkv, offset = S - T;
+  const std::vector<double> qf = as_f64(q), kf = as_f64(k), vf = as_f64(v), gf = as_f64(dy);
+  std::vector<double> dq(qf.size(), 0.0), dk(kf.size(), 0.0), dv(vf.size(), 0.0), p(static_cast<size_t>(S)), dp(static_cast<size_t>(S));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / rep;
+      for (int64_t t = 0; t < T; ++t) {
+        const size_t qb = static_cast<size_t>(((b * T + t) * H + h) * D);
+        double mx = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {
+          const bool allowed = (!a.causal || s <= t + offset) && (mask == nullptr || mask->data_as<int32_t>()[b * S + s] != 0);
+          if (!allowed) {
+            p[static_cast<size_t>(s)] = -INFINITY;
+            continue;
+          }
+          const size_t kb = static_cast<size_t>(((b * S + s) * Hkv + hk) * D);
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qf[qb + static_cast<size_t>(d)]) * kf[kb + static_cast<size_t>(d)];
+          p[static_cast<size_t>(s)] = dot * a.scale;
+          mx = std::max(mx, p[static_cast<size_t>(s)]);
+        }
+        if (mx == -INFINITY) continue;
+        double sum = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          p[static_cast<size_t>(s)] = p[static_cast<size_t>(s)] == -INFINITY ? 0.0 : std::exp(p[static_cast<size_t>(s)] - mx);
+          sum += p[static_cast<size_t>(s)];
+        }
+        double pdp = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          p[static_cast<size_t>(s)] /= sum;
+          const size_t vb = static_cast<size_t>(((b * S + s) * Hkv + hk) * D);
+          double x = 0;
+          for (int64_t d = 0; d < D; ++d) x += gf[qb + static_cast<size_t>(d)] * static_cast<double>(vf[vb + static_cast<size_t>(d)]);
+          dp[static_cast<size_t>(s)] = x;
+          pdp += p[static_cast<size_t>(s)] * x;
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          const double ps = p[static_cast<size_t>(s)];
+          if (ps == 0) continue;
+          const double ds = ps * (dp[static_cast<size_t>(s)] - pdp) * a.scale;
+          const size_t kb = static_cast<size_t>(((b * S + s) * Hkv + hk) * D);
+          for (int64_t d = 0; d < D; ++d) {
+            dq[qb + static_cast<size_t>(d)] += ds * kf[kb + static_cast<size_t>(d)];
+            dk[kb + static_cast<size_t>(d)] += ds * qf[qb + static_cast<size_t>(d)];
+            dv[kb + static_cast<size_t>(d)] += ps * gf[qb + static_cast<size_t>(d)];
+          }
+        }
+      }
+    }
+  }
+  int64_t i = 0;
+  for (double x : dq) store_element(out.mutable_data(), out.dtype(), i++, x);
+  for (double x : dk) store_element(out.mutable_data(), out.dtype(), i++, x);
+  for (double x : dv) store_element(out.mutable_data(), out.dtype(), i++, x);
+}
+
 class ReferenceProgram final : public Program {
  public:
   explicit ReferenceProgram(Graph graph) : graph_(std::move(graph)) {}
@@ -188,6 +409,10 @@ class ReferenceProgram final : public Program {
         values[id] = in(n, 0).to(n.dtype);
         continue;
       }
+      if (n.op == Op::View) {
+        values[id] = in(n, 0).slice_flat(n.attrs.offset, n.shape);
+        continue;
+      }
       Tensor out = Tensor::zeros(n.dtype, n.shape);
       try {
         switch (n.op) {
@@ -198,6 +423,32 @@ class ReferenceProgram final : public Program {
           case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), n.attrs, out); break;
           case Op::SwiGLU: swiglu(in(n, 0), in(n, 1), out); break;
           case Op::Add: add(in(n, 0), in(n, 1), out); break;
+          case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::WeightedSum: {
+            double acc = 0;
+            for (int64_t i = 0; i < in(n, 0).numel(); ++i) {
+              acc += load_element(in(n, 0).data(), in(n, 0).dtype(), i) * load_element(in(n, 1).data(), in(n, 1).dtype(), i);
+            }
+            store_element(out.mutable_data(), out.dtype(), 0, acc);
+            break;
+          }
+          case Op::Fill:
+            for (int64_t i = 0; i < out.numel(); ++i) store_element(out.mutable_data(), out.dtype(), i, n.attrs.value);
+            break;
+          case Op::MatMulNN: matmul_nn(in(n, 0), in(n, 1), out); break;
+          case Op::MatMulTN: matmul_tn(in(n, 0), in(n, 1), out); break;
+          case Op::SumRows: sum_rows(in(n, 0), out); break;
+          case Op::ScaleBy: {
+            const double sc = load_element(in(n, 1).data(), in(n, 1).dtype(), 0);
+            for (int64_t i = 0; i < out.numel(); ++i) store_element(out.mutable_data(), out.dtype(), i, sc * load_element(in(n, 0).data(), in(n, 0).dtype(), i));
+            break;
+          }
+          case Op::EmbeddingBackward: embedding_backward(in(n, 0), in(n, 1), out); break;
+          case Op::RmsNormBackX: rms_norm_back_x(in(n, 0), in(n, 1), in(n, 2), n.attrs.eps, out); break;
+          case Op::RmsNormBackW: rms_norm_back_w(in(n, 0), in(n, 1), n.attrs.eps, out); break;
+          case Op::SwiGLUBackward: swiglu_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::AttentionBackward: attention_backward(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), in(n, 4), n.attrs, out); break;
+          case Op::TokenLogprobsBackward: token_logprobs_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), out); break;
           default: fail("reference backend: op {} is not implemented", graph::op_name(n.op));
         }
       } catch (const Error& e) {

@@ -1,0 +1,103 @@
+#include "graph/autodiff.h"
+
+#include "core/error.h"
+
+namespace trl::graph {
+
+std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std::vector<std::string>& wrt, DType gd) {
+  if (!b.shape(loss).empty()) fail("autodiff: the loss must be a scalar, got {}", shape_str(b.shape(loss)));
+  const size_t n = static_cast<size_t>(loss) + 1;  // nodes after the loss do not matter
+  // Which values depend on a `wrt` input (only those need gradients).
+  std::vector<bool> needs(n, false);
+  std::vector<ValueId> wrt_ids;
+  for (const std::string& name : wrt) {
+    const ValueId id = b.find_input(name);
+    if (id == kNone) fail("autodiff: no input named '{}'", name);
+    wrt_ids.push_back(id);
+    if (static_cast<size_t>(id) < n) needs[static_cast<size_t>(id)] = true;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Node& nd = b.node(static_cast<ValueId>(i));
+    if (nd.op == Op::Input) continue;
+    for (ValueId in : nd.inputs)
+      if (in != kNone && needs[static_cast<size_t>(in)]) needs[i] = true;
+  }
+  std::vector<ValueId> grad(n, kNone);
+  auto accumulate = [&](ValueId v, ValueId g) {
+    if (v == kNone || !needs[static_cast<size_t>(v)]) return;
+    ValueId& slot = grad[static_cast<size_t>(v)];
+    slot = slot == kNone ? g : b.add(slot, g, "grad_sum");
+  };
+  grad[static_cast<size_t>(loss)] = b.fill({}, gd, 1.0, "dloss");
+  for (size_t i = n; i-- > 0;) {
+    const ValueId g = grad[i];
+    if (g == kNone || !needs[i]) continue;
+    const Node nd = b.node(static_cast<ValueId>(i));  // copy: pushing nodes may reallocate
+    const std::string& nm = nd.name;
+    auto in = [&](size_t k) { return k < nd.inputs.size() ? nd.inputs[k] : kNone; };
+    auto need = [&](size_t k) { return in(k) != kNone && needs[static_cast<size_t>(in(k))]; };
+    switch (nd.op) {
+      case Op::Input:
+      case Op::Fill:
+        break;
+      case Op::Embedding:
+        accumulate(in(1), b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm));
+        break;
+      case Op::MatMul:
+        if (need(0)) accumulate(in(0), b.matmul_nn(g, in(1), gd, "dx." + nm));
+        if (need(1)) accumulate(in(1), b.matmul_tn(g, in(0), gd, "dw." + nm));
+        if (need(2)) accumulate(in(2), b.sum_rows(g, gd, "db." + nm));
+        break;
+      case Op::RmsNorm:
+        if (need(0)) accumulate(in(0), b.rms_norm_back_x(in(0), in(1), g, nd.attrs.eps, "dx." + nm));
+        if (need(1)) accumulate(in(1), b.rms_norm_back_w(in(0), g, nd.attrs.eps, gd, "dw." + nm));
+        break;
+      case Op::Rope:
+        accumulate(in(0), b.rope_inverse(g, nd, "d." + nm));
+        break;
+      case Op::Attention: {
+        const auto d = b.attention_backward(in(0), in(1), in(2), in(3), g, nd.attrs.scale, nd.attrs.causal, "d." + nm);
+        for (size_t k = 0; k < 3; ++k) accumulate(in(k), d[k]);
+        break;
+      }
+      case Op::SwiGLU: {
+        const auto d = b.swiglu_backward(in(0), in(1), g, "d." + nm);
+        accumulate(in(0), d[0]);
+        accumulate(in(1), d[1]);
+        break;
+      }
+      case Op::Add:
+        accumulate(in(0), g);
+        accumulate(in(1), g);
+        break;
+      case Op::Cast:
+        accumulate(in(0), g);  // gradients stay f32
+        break;
+      case Op::Reshape:
+        accumulate(in(0), b.reshape(g, b.shape(in(0)), "d." + nm));
+        break;
+      case Op::TokenLogprobs: {
+        const auto d = b.token_logprobs_backward(in(0), in(1), in(2), g, "d." + nm);
+        accumulate(in(0), d[0]);
+        accumulate(in(1), d[1]);
+        break;
+      }
+      case Op::WeightedSum:
+        accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
+        if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));
+        break;
+      default:
+        fail("autodiff: op {} ({}) has no VJP rule (it is a backward op)", op_name(nd.op), nm);
+    }
+  }
+  std::map<std::string, ValueId> out;
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    const ValueId id = wrt_ids[k];
+    ValueId g = static_cast<size_t>(id) < n ? grad[static_cast<size_t>(id)] : kNone;
+    if (g == kNone) g = b.fill(b.shape(id), gd, 0.0, "zero_grad." + wrt[k]);
+    out[wrt[k]] = g;
+  }
+  return out;
+}
+
+}  // namespace trl::graph
