@@ -13,6 +13,9 @@ for preset in tiny small; do
   for dtype in f32 bf16; do
     "$build/trl" init-model --preset $preset --dtype $dtype --seed 1234 --initializer_range 0.1 --randomize_norms --out "$tmp/$preset-$dtype" >/dev/null
     /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}.json"
+    if [ $dtype = f32 ]; then
+      /usr/bin/python3 "$root/tests/reference/qwen3_train_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_train.json"
+    fi
     if [ $dtype = bf16 ]; then
       /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}_emulated.json" --emulate
     fi

@@ -1,0 +1,58 @@
+#include "train/optim/adamw.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace trl {
+
+bool applies_weight_decay(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (n.find("bias") != std::string::npos || n.find("layernorm") != std::string::npos || n.find("rmsnorm") != std::string::npos) return false;
+  // (^|\.)norm($|\.) and _norm($|\.)
+  for (size_t p = n.find("norm"); p != std::string::npos; p = n.find("norm", p + 1)) {
+    const bool end_ok = p + 4 == n.size() || n[p + 4] == '.';
+    const bool start_ok = p == 0 || n[p - 1] == '.' || n[p - 1] == '_';
+    if (start_ok && end_ok) return false;
+  }
+  return true;
+}
+
+void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
+  ++steps_;
+  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
+  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
+  for (auto& [name, p] : params) {
+    auto g_it = grads.find(name);
+    if (g_it == grads.end()) fail("AdamW: no gradient for '{}'", name);
+    const Tensor& g = g_it->second;
+    if (p.dtype() != DType::F32 || g.dtype() != DType::F32 || p.shape() != g.shape()) {
+      fail("AdamW: '{}' needs f32 weights and gradients of the same shape (got {} {} and {} {})", name, dtype_name(p.dtype()),
+           shape_str(p.shape()), dtype_name(g.dtype()), shape_str(g.shape()));
+    }
+    if (!m_.count(name)) {
+      m_[name] = Tensor::zeros(DType::F32, p.shape());
+      v_[name] = Tensor::zeros(DType::F32, p.shape());
+    }
+    float* w = p.mutable_data_as<float>();
+    float* m = m_[name].mutable_data_as<float>();
+    float* v = v_[name].mutable_data_as<float>();
+    const float* gr = g.data_as<float>();
+    const double decay = applies_weight_decay(name) ? config_.weight_decay : 0.0;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      double wi = w[i];
+      wi *= 1.0 - lr * decay;
+      const double mi = config_.beta1 * m[i] + (1.0 - config_.beta1) * gr[i];
+      const double vi = config_.beta2 * v[i] + (1.0 - config_.beta2) * static_cast<double>(gr[i]) * gr[i];
+      m[i] = static_cast<float>(mi);
+      v[i] = static_cast<float>(vi);
+      wi -= lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + config_.eps);
+      w[i] = static_cast<float>(wi);
+    }
+  }
+}
+
+}  // namespace trl

@@ -1,0 +1,41 @@
+// AdamW as torch.optim.AdamW computes it (decoupled weight decay), on f32 master weights with f32 moments.
+// This is the reference implementation (f64 arithmetic per element); the CPU backend's fused kernel is tested
+// against it.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace trl {
+
+using TensorMap = std::map<std::string, Tensor>;
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// Transformers' rule: no weight decay for biases and normalisation weights (names matching bias, layernorm,
+// rmsnorm, (^|.)norm($|.), _norm($|.)); everything else (embeddings and projections) is decayed.
+bool applies_weight_decay(const std::string& parameter_name);
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWConfig config = {}) : config_(config) {}
+  // Updates `params` (owned f32 tensors) in place from `grads` (f32, same names and shapes), with learning rate lr.
+  void step(TensorMap& params, const TensorMap& grads, double lr);
+  int64_t steps() const { return steps_; }
+  const TensorMap& exp_avg() const { return m_; }
+  const TensorMap& exp_avg_sq() const { return v_; }
+
+ private:
+  AdamWConfig config_;
+  TensorMap m_, v_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace trl
