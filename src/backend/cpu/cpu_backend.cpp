@@ -1,0 +1,728 @@
+// The CPU backend: a graph traced for one shape is compiled once into a program whose buffers are planned into one
+// arena (liveness-based), whose GEMMs are oneDNN matmul primitives created at compile time (bf16/f32 inputs, f32
+// accumulation), and whose other ops are f32 loops parallelised with OpenMP — the runtime oneDNN itself uses, so
+// the two never oversubscribe the cores. Running a program allocates nothing.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <functional>
+
+#include <dnnl.hpp>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "runtime/runtime.h"
+
+namespace trl {
+
+namespace {
+
+using graph::Graph;
+using graph::kNone;
+using graph::Node;
+using graph::Op;
+
+inline float ld(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F64: return static_cast<float>(static_cast<const double*>(p)[i]);
+    case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::I64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+inline void st(void* p, DType dt, int64_t i, float v) {
+  switch (dt) {
+    case DType::F32: static_cast<float*>(p)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    default: break;
+  }
+}
+// The value storing `v` in `dt` keeps (the rounding points of Transformers' eager model, as in the reference).
+inline float rnd(DType dt, float v) {
+  if (dt == DType::BF16) return round_bf16(v);
+  if (dt == DType::F16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+dnnl::memory::data_type dnnl_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return dnnl::memory::data_type::f32;
+    case DType::BF16: return dnnl::memory::data_type::bf16;
+    case DType::F16: return dnnl::memory::data_type::f16;
+    default: fail("cpu backend: no oneDNN type for {}", dtype_name(dt));
+  }
+}
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+// C[M,N] (+)= op(A)·op(B) with A, B given by strides, as one oneDNN matmul primitive fixed at compile time.
+class Gemm {
+ public:
+  // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N row-major. Optional bias [N] f32.
+  Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, bool bias,
+       bool accumulate) {
+    using md = dnnl::memory::desc;
+    a_ = md({M, K}, dnnl_type(ta), {sa_m, sa_k});
+    b_ = md({K, N}, dnnl_type(tb), {sb_k, sb_n});
+    c_ = md({M, N}, dnnl_type(tc), {N, 1});
+    if (bias) bias_ = md({1, N}, dnnl::memory::data_type::f32, {N, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
+    prim_ = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine().engine));
+    has_bias_ = bias;
+  }
+  void run(const void* a, const void* b, void* c, const void* bias = nullptr) const {
+    auto& e = engine();
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(a_, e.engine, const_cast<void*>(a))},
+                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(b_, e.engine, const_cast<void*>(b))},
+                                                  {DNNL_ARG_DST, dnnl::memory(c_, e.engine, c)}};
+    if (has_bias_) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_, e.engine, const_cast<void*>(bias)));
+    prim_.execute(e.stream, args);
+    e.stream.wait();
+  }
+
+ private:
+  dnnl::memory::desc a_, b_, c_, bias_;
+  dnnl::matmul prim_;
+  bool has_bias_ = false;
+};
+
+constexpr int64_t kVocabChunk = 4096;  // token_logprobs works on [rows, 4096] logits at a time
+
+class CpuProgram final : public Program {
+ public:
+  CpuProgram(const Graph& g, ProgramStats* stats) : g_(g) {
+    const auto t0 = std::chrono::steady_clock::now();
+    plan();
+    for (size_t i = 0; i < g_.nodes.size(); ++i) kernels_.push_back(lower(static_cast<graph::ValueId>(i)));
+    if (stats) {
+      stats->arena_bytes = arena_bytes_;
+      stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+
+  std::vector<Tensor> run(const TensorMap& inputs) override {
+    const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+    for (size_t i = 0; i < g_.inputs.size(); ++i) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (n.op == Op::Reshape || n.op == Op::View) {
+        ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
+      }
+      if (kernels_[i]) {
+        if (check_guards_) fill_guard(i);
+        kernels_[i]();
+        if (check_guards_) verify_guard(i);
+      }
+    }
+    std::vector<Tensor> out;
+    for (graph::ValueId v : g_.outputs) {
+      const Node& n = g_.node(v);
+      Tensor t = Tensor::zeros(n.dtype, n.shape);
+      std::memcpy(t.mutable_data(), ptr_[static_cast<size_t>(v)], t.nbytes());
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+
+ private:
+  // ---- memory planning: one arena, first-fit reuse of buffers whose last reader has run ----
+  void plan() {
+    const size_t n = g_.nodes.size();
+    ptr_.assign(n, nullptr);
+    std::vector<size_t> root(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Node& nd = g_.nodes[i];
+      root[i] = (nd.op == Op::Reshape || nd.op == Op::View) ? root[static_cast<size_t>(nd.inputs[0])] : i;
+    }
+    std::vector<size_t> last(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      last[root[i]] = std::max(last[root[i]], i);
+      for (graph::ValueId in : g_.nodes[i].inputs)
+        if (in != kNone) last[root[static_cast<size_t>(in)]] = std::max(last[root[static_cast<size_t>(in)]], i);
+    }
+    for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
+    struct Block {
+      size_t offset, size;
+    };
+    std::vector<Block> free_blocks;
+    std::vector<std::pair<size_t, Block>> live;  // (last use, block)
+    offsets_.assign(n, SIZE_MAX);
+    size_t top = 0;
+    for (size_t i = 0; i < n; ++i) {
+      // Release buffers whose last reader ran before this node.
+      for (size_t k = 0; k < live.size();) {
+        if (live[k].first < i) {
+          free_blocks.push_back(live[k].second);
+          live[k] = live.back();
+          live.pop_back();
+        } else {
+          ++k;
+        }
+      }
+      const Node& nd = g_.nodes[i];
+      if (nd.op == Op::Input || root[i] != i) continue;
+      const size_t bytes = (static_cast<size_t>(shape_numel(nd.shape)) * dtype_size(nd.dtype) + 63) / 64 * 64 + 64;
+      size_t best = SIZE_MAX;
+      for (size_t k = 0; k < free_blocks.size(); ++k)
+        if (free_blocks[k].size >= bytes && (best == SIZE_MAX || free_blocks[k].size < free_blocks[best].size)) best = k;
+      Block b;
+      if (best != SIZE_MAX) {
+        b = free_blocks[best];
+        free_blocks.erase(free_blocks.begin() + static_cast<std::ptrdiff_t>(best));
+        if (b.size > bytes + 4096) free_blocks.push_back({b.offset + bytes, b.size - bytes}), b.size = bytes;
+      } else {
+        b = {top, bytes};
+        top += bytes;
+      }
+      offsets_[i] = b.offset;
+      live.emplace_back(last[i], b);
+    }
+    arena_bytes_ = top;
+    arena_ = Tensor::zeros(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
+    char* base = static_cast<char*>(arena_.mutable_data());
+    for (size_t i = 0; i < n; ++i)
+      if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];
+    const char* env = std::getenv("TRL_CHECK_GUARDS");
+    check_guards_ = env != nullptr && std::string(env) == "1";
+  }
+
+  // Every buffer is followed by at least 64 bytes of padding. With TRL_CHECK_GUARDS=1 the padding is filled with
+  // a pattern before each node runs and checked after it, so a kernel writing past its output is caught by name.
+  size_t data_bytes(size_t i) const { return static_cast<size_t>(shape_numel(g_.nodes[i].shape)) * dtype_size(g_.nodes[i].dtype); }
+  void fill_guard(size_t i) {
+    if (offsets_[i] != SIZE_MAX) std::memset(static_cast<char*>(ptr_[i]) + data_bytes(i), 0xAB, 64);
+  }
+  void verify_guard(size_t i) const {
+    if (offsets_[i] == SIZE_MAX) return;
+    const unsigned char* g = static_cast<const unsigned char*>(ptr_[i]) + data_bytes(i);
+    for (int k = 0; k < 64; ++k)
+      if (g[k] != 0xAB) fail("cpu backend: node %{} ({} '{}') wrote past the end of its output", i, graph::op_name(g_.nodes[i].op), g_.nodes[i].name);
+  }
+
+  void* p(graph::ValueId v) { return ptr_[static_cast<size_t>(v)]; }
+  const Node& nd(graph::ValueId v) const { return g_.node(v); }
+
+  // ---- lowering: one closure per node, with shapes and primitives fixed now ----
+  std::function<void()> lower(graph::ValueId id) {
+    const Node& n = g_.node(id);
+    auto in = [&](size_t k) { return n.inputs[k]; };
+    const DType od = n.dtype;
+    switch (n.op) {
+      case Op::Input:
+      case Op::Reshape:
+      case Op::View:
+        return nullptr;
+      case Op::Cast: {
+        const DType sd = nd(in(0)).dtype;
+        const int64_t count = shape_numel(n.shape);
+        const graph::ValueId x = in(0);
+        return [this, id, x, sd, od, count] {
+          const void* s = p(x);
+          void* d = p(id);
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < count; ++i) st(d, od, i, ld(s, sd, i));
+        };
+      }
+      case Op::Fill: {
+        const int64_t count = shape_numel(n.shape);
+        const float v = static_cast<float>(n.attrs.value);
+        return [this, id, od, count, v] {
+          for (int64_t i = 0; i < count; ++i) st(p(id), od, i, v);
+        };
+      }
+      case Op::Embedding: {
+        const graph::ValueId ids = in(0), table = in(1);
+        const int64_t C = nd(table).shape[1], V = nd(table).shape[0], rows = shape_numel(nd(ids).shape);
+        const DType td = nd(table).dtype;
+        return [this, id, ids, table, C, V, rows, td, od] {
+          const int32_t* x = static_cast<const int32_t*>(p(ids));
+          for (int64_t r = 0; r < rows; ++r)
+            if (x[r] < 0 || x[r] >= V) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", x[r], r, V);
+#pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < C; ++c) st(p(id), od, r * C + c, ld(p(table), td, x[r] * C + c));
+        };
+      }
+      case Op::MatMul: {  // y[M,N] = x[M,K]·w[N,K]ᵀ + b
+        const graph::ValueId x = in(0), w = in(1), b = in(2);
+        const int64_t K = nd(x).shape.back(), M = shape_numel(nd(x).shape) / K, N = nd(w).shape[0];
+        return gemm_node(id, x, w, b, M, N, K, /*a row-major*/ K, 1, /*b = wᵀ*/ 1, K);
+      }
+      case Op::MatMulNN: {  // y[M,K] = dy[M,N]·w[N,K]
+        const graph::ValueId a = in(0), w = in(1);
+        const int64_t N = nd(w).shape[0], K = nd(w).shape[1], M = shape_numel(nd(a).shape) / N;
+        return gemm_node(id, a, w, kNone, M, K, N, N, 1, K, 1);
+      }
+      case Op::MatMulTN: {  // y[N,K] = a[R,N]ᵀ·b[R,K]
+        const graph::ValueId a = in(0), b = in(1);
+        const int64_t N = nd(a).shape.back(), K = nd(b).shape.back(), R = shape_numel(nd(a).shape) / N;
+        return gemm_node(id, a, b, kNone, N, K, R, 1, N, K, 1);
+      }
+      case Op::RmsNorm: return lower_rms_norm(n, id);
+      case Op::Rope: return lower_rope(n, id);
+      case Op::Attention: return lower_attention(n, id, false);
+      case Op::AttentionBackward: return lower_attention(n, id, true);
+      case Op::SwiGLU: {
+        const graph::ValueId a = in(0), b = in(1);
+        const DType da = nd(a).dtype, db = nd(b).dtype;
+        const int64_t count = shape_numel(n.shape);
+        return [this, id, a, b, da, db, od, count] {
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < count; ++i) {
+            const float g = ld(p(a), da, i);
+            st(p(id), od, i, rnd(da, g / (1.0f + std::exp(-g))) * ld(p(b), db, i));
+          }
+        };
+      }
+      case Op::SwiGLUBackward: {
+        const graph::ValueId a = in(0), b = in(1), dy = in(2);
+        const DType da = nd(a).dtype, db = nd(b).dtype, dd = nd(dy).dtype;
+        const int64_t count = shape_numel(nd(a).shape);
+        return [this, id, a, b, dy, da, db, dd, od, count] {
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < count; ++i) {
+            const float g = ld(p(a), da, i), u = ld(p(b), db, i), d = ld(p(dy), dd, i);
+            const float sig = 1.0f / (1.0f + std::exp(-g));
+            st(p(id), od, i, d * u * sig * (1.0f + g * (1.0f - sig)));
+            st(p(id), od, count + i, d * g * sig);
+          }
+        };
+      }
+      case Op::Add: {
+        const graph::ValueId a = in(0), b = in(1);
+        const DType da = nd(a).dtype, db = nd(b).dtype;
+        const int64_t count = shape_numel(n.shape);
+        return [this, id, a, b, da, db, od, count] {
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < count; ++i) st(p(id), od, i, ld(p(a), da, i) + ld(p(b), db, i));
+        };
+      }
+      case Op::ScaleBy: {
+        const graph::ValueId a = in(0), s = in(1);
+        const DType da = nd(a).dtype, ds = nd(s).dtype;
+        const int64_t count = shape_numel(n.shape);
+        return [this, id, a, s, da, ds, od, count] {
+          const float sc = ld(p(s), ds, 0);
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < count; ++i) st(p(id), od, i, sc * ld(p(a), da, i));
+        };
+      }
+      case Op::WeightedSum: {
+        const graph::ValueId a = in(0), w = in(1);
+        const DType da = nd(a).dtype, dw = nd(w).dtype;
+        const int64_t count = shape_numel(nd(a).shape);
+        return [this, id, a, w, da, dw, od, count] {
+          double acc = 0;
+          for (int64_t i = 0; i < count; ++i) acc += static_cast<double>(ld(p(a), da, i)) * ld(p(w), dw, i);
+          st(p(id), od, 0, static_cast<float>(acc));
+        };
+      }
+      case Op::SumRows: {
+        const graph::ValueId a = in(0);
+        const DType da = nd(a).dtype;
+        const int64_t N = nd(a).shape.back(), R = shape_numel(nd(a).shape) / N;
+        return [this, id, a, da, od, N, R] {
+#pragma omp parallel for schedule(static)
+          for (int64_t c = 0; c < N; ++c) {
+            float acc = 0;
+            for (int64_t r = 0; r < R; ++r) acc += ld(p(a), da, r * N + c);
+            st(p(id), od, c, acc);
+          }
+        };
+      }
+      case Op::EmbeddingBackward: {
+        const graph::ValueId ids = in(0), dy = in(1);
+        const int64_t C = nd(dy).shape.back(), rows = shape_numel(nd(ids).shape), V = n.attrs.rows;
+        const DType dd = nd(dy).dtype;
+        return [this, id, ids, dy, C, rows, V, dd, od] {
+          std::memset(p(id), 0, static_cast<size_t>(V * C) * dtype_size(od));
+          const int32_t* x = static_cast<const int32_t*>(p(ids));
+          // Parallel over columns: no two threads write the same element.
+#pragma omp parallel for schedule(static)
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t r = 0; r < rows; ++r) st(p(id), od, x[r] * C + c, ld(p(id), od, x[r] * C + c) + ld(p(dy), dd, r * C + c));
+        };
+      }
+      case Op::RmsNormBackX:
+      case Op::RmsNormBackW: return lower_rms_norm_backward(n, id);
+      case Op::TokenLogprobs:
+      case Op::TokenLogprobsBackward: return lower_token_logprobs(n, id);
+    }
+    fail("cpu backend: op {} is not implemented", graph::op_name(n.op));
+  }
+
+  // GEMM with operands of mixed dtypes: oneDNN takes (bf16|f32)x(bf16|f32) when both match; otherwise the
+  // lower-precision operand is widened to f32 into a scratch buffer first.
+  std::function<void()> gemm_node(graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K,
+                                  int64_t sa_m, int64_t sa_k, int64_t sb_k, int64_t sb_n) {
+    DType ta = nd(a).dtype, tb = nd(b).dtype;
+    const DType tc = g_.node(id).dtype;
+    const bool widen_a = ta != tb && ta != DType::F32, widen_b = ta != tb && tb != DType::F32;
+    if (widen_a) ta = DType::F32;
+    if (widen_b) tb = DType::F32;
+    auto gemm = std::make_shared<Gemm>(M, N, K, ta, sa_m, sa_k, tb, sb_k, sb_n, tc, bias != kNone, false);
+    auto scratch_a = std::make_shared<std::vector<float>>(widen_a ? static_cast<size_t>(shape_numel(nd(a).shape)) : 0);
+    auto scratch_b = std::make_shared<std::vector<float>>(widen_b ? static_cast<size_t>(shape_numel(nd(b).shape)) : 0);
+    auto bias_f32 = std::make_shared<std::vector<float>>(bias != kNone ? static_cast<size_t>(N) : 0);
+    const DType oa = nd(a).dtype, ob = nd(b).dtype, obias = bias != kNone ? nd(bias).dtype : DType::F32;
+    return [this, id, a, b, bias, gemm, scratch_a, scratch_b, bias_f32, oa, ob, obias] {
+      const void* pa = p(a);
+      const void* pb = p(b);
+      if (!scratch_a->empty()) {
+        for (size_t i = 0; i < scratch_a->size(); ++i) (*scratch_a)[i] = ld(pa, oa, static_cast<int64_t>(i));
+        pa = scratch_a->data();
+      }
+      if (!scratch_b->empty()) {
+        for (size_t i = 0; i < scratch_b->size(); ++i) (*scratch_b)[i] = ld(pb, ob, static_cast<int64_t>(i));
+        pb = scratch_b->data();
+      }
+      const void* pbias = nullptr;
+      if (bias != kNone) {
+        for (size_t i = 0; i < bias_f32->size(); ++i) (*bias_f32)[i] = ld(p(bias), obias, static_cast<int64_t>(i));
+        pbias = bias_f32->data();
+      }
+      gemm->run(pa, pb, p(id), pbias);
+    };
+  }
+
+  std::function<void()> lower_rms_norm(const Node& n, graph::ValueId id) {
+    const graph::ValueId x = n.inputs[0], w = n.inputs[1];
+    const int64_t C = n.shape.back(), R = shape_numel(n.shape) / C;
+    const DType dx = nd(x).dtype, dw = nd(w).dtype, od = n.dtype;
+    const float eps = static_cast<float>(n.attrs.eps);
+    return [this, id, x, w, C, R, dx, dw, od, eps] {
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < R; ++r) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const float v = ld(p(x), dx, r * C + c);
+          ss += static_cast<double>(v) * v;
+        }
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
+        for (int64_t c = 0; c < C; ++c) st(p(id), od, r * C + c, rnd(dx, ld(p(x), dx, r * C + c) * inv) * ld(p(w), dw, c));
+      }
+    };
+  }
+
+  std::function<void()> lower_rms_norm_backward(const Node& n, graph::ValueId id) {
+    const bool want_x = n.op == Op::RmsNormBackX;
+    const graph::ValueId x = n.inputs[0], w = want_x ? n.inputs[1] : kNone, dy = want_x ? n.inputs[2] : n.inputs[1];
+    const int64_t C = nd(x).shape.back(), R = shape_numel(nd(x).shape) / C;
+    const DType dx = nd(x).dtype, dw = w != kNone ? nd(w).dtype : DType::F32, dd = nd(dy).dtype, od = n.dtype;
+    const double eps = n.attrs.eps;
+    auto acc = std::make_shared<std::vector<double>>();
+    return [this, id, x, w, dy, C, R, dx, dw, dd, od, eps, want_x, acc] {
+      if (want_x) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+          double ss = 0, dot = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            const double xv = ld(p(x), dx, r * C + c);
+            ss += xv * xv;
+            dot += static_cast<double>(ld(p(w), dw, c)) * ld(p(dy), dd, r * C + c) * xv;
+          }
+          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+          const double k = inv * inv * inv / static_cast<double>(C) * dot;
+          for (int64_t c = 0; c < C; ++c) {
+            const double v = inv * ld(p(w), dw, c) * ld(p(dy), dd, r * C + c) - k * ld(p(x), dx, r * C + c);
+            st(p(id), od, r * C + c, static_cast<float>(v));
+          }
+        }
+        return;
+      }
+      const int threads = omp_get_max_threads();
+      acc->assign(static_cast<size_t>(C * threads), 0.0);
+#pragma omp parallel
+      {
+        double* mine = acc->data() + static_cast<int64_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+          double ss = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            const double xv = ld(p(x), dx, r * C + c);
+            ss += xv * xv;
+          }
+          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+          for (int64_t c = 0; c < C; ++c) mine[c] += static_cast<double>(ld(p(dy), dd, r * C + c)) * ld(p(x), dx, r * C + c) * inv;
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        double s = 0;
+        for (int t = 0; t < threads; ++t) s += (*acc)[static_cast<size_t>(t * C + c)];
+        st(p(id), od, c, static_cast<float>(s));
+      }
+    };
+  }
+
+  std::function<void()> lower_rope(const Node& n, graph::ValueId id) {
+    const graph::ValueId x = n.inputs[0], pos = n.inputs[1];
+    const int64_t B = n.shape[0], T = n.shape[1], H = n.shape[2], D = n.shape[3], half = D / 2;
+    const DType dx = nd(x).dtype, od = n.dtype;
+    const auto a = n.attrs;
+    return [this, id, x, pos, B, T, H, D, half, dx, od, a] {
+      const int32_t* ps = static_cast<const int32_t*>(p(pos));
+#pragma omp parallel for schedule(static)
+      for (int64_t bt = 0; bt < B * T; ++bt) {
+        const float pf = static_cast<float>(ps[bt]);
+        float cs[512], sn[512];
+        for (int64_t j = 0; j < half; ++j) {
+          const float angle = pf * a.inv_freq[static_cast<size_t>(j)];
+          cs[j] = rnd(dx, static_cast<float>(std::cos(static_cast<double>(angle)) * a.rope_scaling));
+          sn[j] = rnd(dx, static_cast<float>(std::sin(static_cast<double>(angle)) * a.rope_scaling)) * (a.inverse ? -1.0f : 1.0f);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t base = (bt * H + h) * D;
+          for (int64_t j = 0; j < half; ++j) {
+            const float x1 = ld(p(x), dx, base + j), x2 = ld(p(x), dx, base + j + half);
+            st(p(id), od, base + j, rnd(dx, x1 * cs[j]) + rnd(dx, -x2 * sn[j]));
+            st(p(id), od, base + j + half, rnd(dx, x2 * cs[j]) + rnd(dx, x1 * sn[j]));
+          }
+        }
+      }
+    };
+  }
+
+  // Attention forward (and backward, recomputing the probabilities): one (b, head) pair per task; f32 softmax.
+  std::function<void()> lower_attention(const Node& n, graph::ValueId id, bool backward) {
+    const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], dy = backward ? n.inputs[4] : kNone;
+    const Shape& qs = nd(q).shape;
+    const Shape& ks = nd(k).shape;
+    const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], S = ks[1], Hkv = ks[2];
+    const DType dq = nd(q).dtype, dk = nd(k).dtype, dv = nd(v).dtype, dd = backward ? nd(dy).dtype : DType::F32, od = n.dtype;
+    const float scale = static_cast<float>(n.attrs.scale);
+    const bool causal = n.attrs.causal;
+    const int64_t nq = B * T * H * D, nk = B * S * Hkv * D;
+    auto dkv = std::make_shared<std::vector<float>>(backward ? static_cast<size_t>(2 * nk) : 0);
+    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk, dkv] {
+      const int64_t rep = H / Hkv, offset = S - T;
+      const int32_t* m = mask != kNone ? static_cast<const int32_t*>(p(mask)) : nullptr;
+      if (backward) std::fill(dkv->begin(), dkv->end(), 0.0f);
+      // Parallel over (b, kv head): the query heads sharing a kv head accumulate dk/dv in the same task.
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+        const int64_t b = bh / Hkv, hk = bh % Hkv;
+        std::vector<float> s(static_cast<size_t>(S)), dp(static_cast<size_t>(S)), qrow(static_cast<size_t>(D)), grow(static_cast<size_t>(D));
+        for (int64_t h = hk * rep; h < (hk + 1) * rep; ++h) {
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t qb = ((b * T + t) * H + h) * D;
+            for (int64_t d = 0; d < D; ++d) qrow[static_cast<size_t>(d)] = ld(p(q), dq, qb + d);
+            const int64_t limit = causal ? std::min(S, t + offset + 1) : S;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < limit; ++j) {
+              if (m && m[b * S + j] == 0) {
+                s[static_cast<size_t>(j)] = -INFINITY;
+                continue;
+              }
+              const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+              float dot = 0;
+              for (int64_t d = 0; d < D; ++d) dot += qrow[static_cast<size_t>(d)] * ld(p(k), dk, kb + d);
+              s[static_cast<size_t>(j)] = backward ? dot * scale : rnd(dq, rnd(dq, dot) * scale);
+              mx = std::max(mx, s[static_cast<size_t>(j)]);
+            }
+            if (mx == -INFINITY) {
+              if (!backward)
+                for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, 0.0f);
+              continue;
+            }
+            float sum = 0;
+            for (int64_t j = 0; j < limit; ++j) {
+              const float e = s[static_cast<size_t>(j)] == -INFINITY ? 0.0f : std::exp(s[static_cast<size_t>(j)] - mx);
+              s[static_cast<size_t>(j)] = e;
+              sum += e;
+            }
+            const float inv = 1.0f / sum;
+            if (!backward) {
+              for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] = 0;
+              for (int64_t j = 0; j < limit; ++j) {
+                const float pj = rnd(dq, s[static_cast<size_t>(j)] * inv);
+                if (pj == 0) continue;
+                const int64_t vb = ((b * S + j) * Hkv + hk) * D;
+                for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] += pj * ld(p(v), dv, vb + d);
+              }
+              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, grow[static_cast<size_t>(d)]);
+              continue;
+            }
+            for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] = ld(p(dy), dd, qb + d);
+            float pdp = 0;
+            for (int64_t j = 0; j < limit; ++j) {
+              s[static_cast<size_t>(j)] *= inv;
+              const int64_t vb = ((b * S + j) * Hkv + hk) * D;
+              float x = 0;
+              for (int64_t d = 0; d < D; ++d) x += grow[static_cast<size_t>(d)] * ld(p(v), dv, vb + d);
+              dp[static_cast<size_t>(j)] = x;
+              pdp += s[static_cast<size_t>(j)] * x;
+            }
+            std::vector<float> dqrow(static_cast<size_t>(D), 0.0f);
+            for (int64_t j = 0; j < limit; ++j) {
+              const float pj = s[static_cast<size_t>(j)];
+              if (pj == 0) continue;
+              const float ds = pj * (dp[static_cast<size_t>(j)] - pdp) * scale;
+              const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+              float* dkp = dkv->data() + kb;
+              float* dvp = dkv->data() + nk + kb;
+              for (int64_t d = 0; d < D; ++d) {
+                dqrow[static_cast<size_t>(d)] += ds * ld(p(k), dk, kb + d);
+                dkp[d] += ds * qrow[static_cast<size_t>(d)];
+                dvp[d] += pj * grow[static_cast<size_t>(d)];
+              }
+            }
+            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, dqrow[static_cast<size_t>(d)]);
+          }
+        }
+      }
+      if (backward) {
+        // Rows of dq whose query saw no key stay zero; then dk, dv.
+        for (int64_t i = 0; i < 2 * nk; ++i) st(p(id), od, nq + i, (*dkv)[static_cast<size_t>(i)]);
+      }
+    };
+  }
+
+  // token_logprobs over vocabulary chunks: logits [R, 4096] at a time through oneDNN, never [R, V].
+  std::function<void()> lower_token_logprobs(const Node& n, graph::ValueId id) {
+    const bool backward = n.op == Op::TokenLogprobsBackward;
+    const graph::ValueId h = n.inputs[0], w = n.inputs[1], tg = n.inputs[2], dl = backward ? n.inputs[3] : kNone;
+    const int64_t C = nd(h).shape.back(), R = shape_numel(nd(h).shape) / C, V = nd(w).shape[0];
+    const DType dh = nd(h).dtype, dw = nd(w).dtype, od = n.dtype, dd = backward ? nd(dl).dtype : DType::F32;
+    const int64_t chunk = std::min(kVocabChunk, V);
+    if (backward && od != DType::F32) fail("cpu backend: token_logprobs_backward produces f32 gradients, not {}", dtype_name(od));
+    // logits chunk = h[R,C] · w[j0:j0+c, C]ᵀ ; the last chunk may be shorter.
+    const DType hw = dh == dw ? dh : DType::F32;
+    auto full = std::make_shared<Gemm>(R, chunk, C, hw, C, 1, hw, 1, C, DType::F32, false, false);
+    const int64_t tail = V % chunk;
+    auto last = tail ? std::make_shared<Gemm>(R, tail, C, hw, C, 1, hw, 1, C, DType::F32, false, false) : nullptr;
+    auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(R * chunk));
+    auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
+    auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
+    auto lse = std::make_shared<std::vector<float>>(static_cast<size_t>(R));
+    // Backward: dlogits chunk [R, chunk] f32; dh += dz·w_chunk; dw_chunk = dzᵀ·h.
+    std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
+    auto hf32 = std::make_shared<std::vector<float>>();
+    auto wf32 = std::make_shared<std::vector<float>>();
+    if (backward) {
+      dh_full = std::make_shared<Gemm>(R, C, chunk, DType::F32, chunk, 1, DType::F32, C, 1, DType::F32, false, true);
+      dw_full = std::make_shared<Gemm>(chunk, C, R, DType::F32, 1, chunk, DType::F32, C, 1, DType::F32, false, false);
+      if (tail) {
+        dh_last = std::make_shared<Gemm>(R, C, tail, DType::F32, tail, 1, DType::F32, C, 1, DType::F32, false, true);
+        dw_last = std::make_shared<Gemm>(tail, C, R, DType::F32, 1, tail, DType::F32, C, 1, DType::F32, false, false);
+      }
+      hf32->resize(static_cast<size_t>(R * C));
+      wf32->resize(static_cast<size_t>(chunk * C));
+    }
+    return [=, this] {
+      const int32_t* t = static_cast<const int32_t*>(p(tg));
+      for (int64_t r = 0; r < R; ++r)
+        if (t[r] < 0 || t[r] >= V) fail("token_logprobs: target {} at row {} is outside the vocabulary [0, {})", t[r], r, V);
+      const char* hp = static_cast<const char*>(p(h));
+      if (!hbuf->empty()) {
+        for (int64_t i = 0; i < R * C; ++i) (*hbuf)[static_cast<size_t>(i)] = ld(hp, dh, i);
+        hp = reinterpret_cast<const char*>(hbuf->data());
+      }
+      const size_t wsize = dtype_size(hw);
+      auto chunk_logits = [&](int64_t j0, int64_t c) {
+        const char* wp = static_cast<const char*>(p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
+        if (!wbuf->empty()) {
+          for (int64_t i = 0; i < c * C; ++i) (*wbuf)[static_cast<size_t>(i)] = ld(wp, dw, i);
+          wp = reinterpret_cast<const char*>(wbuf->data());
+        }
+        (c == chunk ? full : last)->run(hp, wp, logits->data());
+        // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
+        if (dh != DType::F32)
+          for (int64_t i = 0; i < R * c; ++i) (*logits)[static_cast<size_t>(i)] = rnd(dh, (*logits)[static_cast<size_t>(i)]);
+        (void)wsize;
+      };
+      // Pass 1: running max and sum of exp per row, and the target logit.
+      std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), target(static_cast<size_t>(R), 0.0f);
+      for (int64_t j0 = 0; j0 < V; j0 += chunk) {
+        const int64_t c = std::min(chunk, V - j0);
+        chunk_logits(j0, c);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+          const float* z = logits->data() + r * c;
+          float m = mx[static_cast<size_t>(r)];
+          for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
+          float s = sum[static_cast<size_t>(r)] * std::exp(mx[static_cast<size_t>(r)] - m);
+          if (mx[static_cast<size_t>(r)] == -INFINITY) s = 0;
+          for (int64_t j = 0; j < c; ++j) s += std::exp(z[j] - m);
+          mx[static_cast<size_t>(r)] = m;
+          sum[static_cast<size_t>(r)] = s;
+          if (t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) (*lse)[static_cast<size_t>(r)] = mx[static_cast<size_t>(r)] + std::log(sum[static_cast<size_t>(r)]);
+      if (!backward) {
+        for (int64_t r = 0; r < R; ++r) st(p(id), od, r, target[static_cast<size_t>(r)] - (*lse)[static_cast<size_t>(r)]);
+        return;
+      }
+      // Pass 2: dz = dlogp·(onehot - softmax); dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
+      float* out = static_cast<float*>(p(id));  // packed [dh | dw], f32
+      std::fill(out, out + R * C, 0.0f);
+      for (int64_t i = 0; i < R * C; ++i) (*hf32)[static_cast<size_t>(i)] = ld(p(h), dh, i);
+      for (int64_t j0 = 0; j0 < V; j0 += chunk) {
+        const int64_t c = std::min(chunk, V - j0);
+        chunk_logits(j0, c);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+          const float g = ld(p(dl), dd, r);
+          float* z = logits->data() + r * c;
+          for (int64_t j = 0; j < c; ++j) z[j] = g * ((t[r] == j0 + j ? 1.0f : 0.0f) - std::exp(z[j] - (*lse)[static_cast<size_t>(r)]));
+        }
+        const char* wp = static_cast<const char*>(p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
+        for (int64_t i = 0; i < c * C; ++i) (*wf32)[static_cast<size_t>(i)] = ld(wp, dw, i);
+        (c == chunk ? dh_full : dh_last)->run(logits->data(), wf32->data(), out);
+        (c == chunk ? dw_full : dw_last)->run(logits->data(), hf32->data(), out + R * C + j0 * C);
+      }
+      (void)od;
+    };
+  }
+
+  Graph g_;
+  std::vector<void*> ptr_;
+  std::vector<size_t> offsets_;
+  std::vector<std::function<void()>> kernels_;
+  Tensor arena_;
+  size_t arena_bytes_ = 0;
+  bool check_guards_ = false;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<Program> compile(const Graph& graph) override {
+    omp_set_num_threads(num_threads());
+    ProgramStats stats;
+    auto p = std::make_unique<CpuProgram>(graph, &stats);
+    last_stats_ = stats;
+    return p;
+  }
+  ProgramStats last_stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace trl
