@@ -17,5 +17,6 @@ void register_init_model(CLI::App& app);
 void register_score(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace trl::cli

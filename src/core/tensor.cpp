@@ -172,6 +172,24 @@ Tensor Tensor::to(DType dtype) const {
   return out;
 }
 
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape() != shape_) fail("copy_from: shapes {} and {} differ", shape_str(src.shape()), shape_str(shape_));
+  if (!is_contiguous() || !src.is_contiguous()) fail("copy_from needs contiguous tensors");
+  void* dst = mutable_data();
+  const int64_t n = numel_;
+  if (src.dtype() == dtype_) {
+    std::memcpy(dst, src.data(), nbytes());
+  } else if (src.dtype() == DType::F32 && dtype_ == DType::BF16) {
+    const float* a = src.data_as<float>();
+    uint16_t* b = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(a[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) store_element(dst, dtype_, i, load_element(src.data(), src.dtype(), i));
+  }
+}
+
 std::vector<float> Tensor::to_f32_vector() const {
   if (!is_contiguous()) fail("to_f32_vector of a non-contiguous tensor");
   std::vector<float> v(static_cast<size_t>(numel_));

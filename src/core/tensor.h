@@ -57,6 +57,8 @@ class Tensor {
   // Owned contiguous copy, converting the element type (float <-> float, int <-> int, int -> float).
   Tensor to(DType dtype) const;
   Tensor clone() const { return to(dtype_); }
+  // Converts `src` into this tensor's storage (same shape), in parallel; f32 -> bf16 has a fast path.
+  void copy_from(const Tensor& src);
   // Every element as f32 / as i64, in row-major order.
   std::vector<float> to_f32_vector() const;
   std::vector<int64_t> to_i64_vector() const;

@@ -43,11 +43,16 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::Embedding:
         accumulate(in(1), b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm));
         break;
-      case Op::MatMul:
-        if (need(0)) accumulate(in(0), b.matmul_nn(g, in(1), gd, "dx." + nm));
-        if (need(1)) accumulate(in(1), b.matmul_tn(g, in(0), gd, "dw." + nm));
+      case Op::MatMul: {
+        // A bf16 matmul's backward GEMMs run in bf16 with f32 accumulation (as under torch.autocast): the
+        // incoming gradient is rounded to bf16 once, and dx, dw come out in f32.
+        const DType wd = b.node(in(1)).dtype;
+        const ValueId gm = (wd == DType::BF16 && b.node(g).dtype != DType::BF16) ? b.cast(g, DType::BF16, "g16." + nm) : g;
+        if (need(0)) accumulate(in(0), b.matmul_nn(gm, in(1), gd, "dx." + nm));
+        if (need(1)) accumulate(in(1), b.matmul_tn(gm, in(0), gd, "dw." + nm));
         if (need(2)) accumulate(in(2), b.sum_rows(g, gd, "db." + nm));
         break;
+      }
       case Op::RmsNorm:
         if (need(0)) accumulate(in(0), b.rms_norm_back_x(in(0), in(1), g, nd.attrs.eps, "dx." + nm));
         if (need(1)) accumulate(in(1), b.rms_norm_back_w(in(0), g, nd.attrs.eps, gd, "dw." + nm));

@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -134,16 +136,21 @@ class CpuProgram final : public Program {
       }
       if (kernels_[i]) {
         if (check_guards_) fill_guard(i);
+        const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
         kernels_[i]();
+        if (profile_) op_seconds_[static_cast<size_t>(n.op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (check_guards_) verify_guard(i);
       }
     }
+    // Outputs are views into the arena (no copy): valid until this program runs again (clone() to keep one).
     std::vector<Tensor> out;
     for (graph::ValueId v : g_.outputs) {
       const Node& n = g_.node(v);
-      Tensor t = Tensor::zeros(n.dtype, n.shape);
-      std::memcpy(t.mutable_data(), ptr_[static_cast<size_t>(v)], t.nbytes());
-      out.push_back(std::move(t));
+      if (n.op == Op::Input) {
+        out.push_back(bound[static_cast<size_t>(std::find(g_.inputs.begin(), g_.inputs.end(), v) - g_.inputs.begin())]);
+        continue;
+      }
+      out.push_back(Tensor::view(ptr_[static_cast<size_t>(v)], n.dtype, n.shape, arena_keepalive_, StorageKind::View));
     }
     return out;
   }
@@ -203,11 +210,26 @@ class CpuProgram final : public Program {
     }
     arena_bytes_ = top;
     arena_ = Tensor::zeros(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
+    arena_keepalive_ = std::make_shared<Tensor>(arena_);
     char* base = static_cast<char*>(arena_.mutable_data());
     for (size_t i = 0; i < n; ++i)
       if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];
     const char* env = std::getenv("TRL_CHECK_GUARDS");
     check_guards_ = env != nullptr && std::string(env) == "1";
+    const char* prof = std::getenv("TRL_PROFILE");
+    profile_ = prof != nullptr && std::string(prof) == "1";
+  }
+
+ public:
+  ~CpuProgram() override {
+    if (!profile_) return;
+    std::fprintf(stderr, "[trl profile] seconds per op kind over all runs of this program:\n");
+    for (size_t k = 0; k < op_seconds_.size(); ++k)
+      if (op_seconds_[k] > 0) std::fprintf(stderr, "  %-24s %8.3f\n", graph::op_name(static_cast<Op>(k)), op_seconds_[k]);
+  }
+
+ private:
+  void unused_() {
   }
 
   // Every buffer is followed by at least 64 bytes of padding. With TRL_CHECK_GUARDS=1 the padding is filled with
@@ -243,6 +265,13 @@ class CpuProgram final : public Program {
         return [this, id, x, sd, od, count] {
           const void* s = p(x);
           void* d = p(id);
+          if (sd == DType::F32 && od == DType::BF16) {
+            const float* a = static_cast<const float*>(s);
+            uint16_t* b = static_cast<uint16_t*>(d);
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < count; ++i) b[i] = f32_to_bf16(a[i]);
+            return;
+          }
 #pragma omp parallel for schedule(static)
           for (int64_t i = 0; i < count; ++i) st(d, od, i, ld(s, sd, i));
         };
@@ -317,6 +346,14 @@ class CpuProgram final : public Program {
         const DType da = nd(a).dtype, db = nd(b).dtype;
         const int64_t count = shape_numel(n.shape);
         return [this, id, a, b, da, db, od, count] {
+          if (da == DType::F32 && db == DType::F32 && od == DType::F32) {
+            const float* x = static_cast<const float*>(p(a));
+            const float* y = static_cast<const float*>(p(b));
+            float* z = static_cast<float*>(p(id));
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < count; ++i) z[i] = x[i] + y[i];
+            return;
+          }
 #pragma omp parallel for schedule(static)
           for (int64_t i = 0; i < count; ++i) st(p(id), od, i, ld(p(a), da, i) + ld(p(b), db, i));
         };
@@ -618,19 +655,18 @@ class CpuProgram final : public Program {
     auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
     auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
     auto lse = std::make_shared<std::vector<float>>(static_cast<size_t>(R));
-    // Backward: dlogits chunk [R, chunk] f32; dh += dz·w_chunk; dw_chunk = dzᵀ·h.
+    // Backward: dz = dlogp·(onehot - softmax) per chunk, in the GEMM type (bf16 for a bf16 model, as autocast
+    // rounds the logits' gradient); dh += dz·w_chunk and dw_chunk = dzᵀ·h, both accumulated in f32.
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
-    auto hf32 = std::make_shared<std::vector<float>>();
-    auto wf32 = std::make_shared<std::vector<float>>();
+    auto dz16 = std::make_shared<std::vector<uint16_t>>();
     if (backward) {
-      dh_full = std::make_shared<Gemm>(R, C, chunk, DType::F32, chunk, 1, DType::F32, C, 1, DType::F32, false, true);
-      dw_full = std::make_shared<Gemm>(chunk, C, R, DType::F32, 1, chunk, DType::F32, C, 1, DType::F32, false, false);
+      dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
+      dw_full = std::make_shared<Gemm>(chunk, C, R, hw, 1, chunk, hw, C, 1, DType::F32, false, false);
       if (tail) {
-        dh_last = std::make_shared<Gemm>(R, C, tail, DType::F32, tail, 1, DType::F32, C, 1, DType::F32, false, true);
-        dw_last = std::make_shared<Gemm>(tail, C, R, DType::F32, 1, tail, DType::F32, C, 1, DType::F32, false, false);
+        dh_last = std::make_shared<Gemm>(R, C, tail, hw, tail, 1, hw, C, 1, DType::F32, false, true);
+        dw_last = std::make_shared<Gemm>(tail, C, R, hw, 1, tail, hw, C, 1, DType::F32, false, false);
       }
-      hf32->resize(static_cast<size_t>(R * C));
-      wf32->resize(static_cast<size_t>(chunk * C));
+      if (hw == DType::BF16) dz16->resize(static_cast<size_t>(R * chunk));
     }
     return [=, this] {
       const int32_t* t = static_cast<const int32_t*>(p(tg));
@@ -680,20 +716,29 @@ class CpuProgram final : public Program {
       // Pass 2: dz = dlogp·(onehot - softmax); dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
       float* out = static_cast<float*>(p(id));  // packed [dh | dw], f32
       std::fill(out, out + R * C, 0.0f);
-      for (int64_t i = 0; i < R * C; ++i) (*hf32)[static_cast<size_t>(i)] = ld(p(h), dh, i);
       for (int64_t j0 = 0; j0 < V; j0 += chunk) {
         const int64_t c = std::min(chunk, V - j0);
         chunk_logits(j0, c);
+        const bool to16 = !dz16->empty();
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < R; ++r) {
           const float g = ld(p(dl), dd, r);
           float* z = logits->data() + r * c;
-          for (int64_t j = 0; j < c; ++j) z[j] = g * ((t[r] == j0 + j ? 1.0f : 0.0f) - std::exp(z[j] - (*lse)[static_cast<size_t>(r)]));
+          uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
+          const float l = (*lse)[static_cast<size_t>(r)];
+          for (int64_t j = 0; j < c; ++j) {
+            const float v = g * ((t[r] == j0 + j ? 1.0f : 0.0f) - std::exp(z[j] - l));
+            if (to16) z16[j] = f32_to_bf16(v);
+            else z[j] = v;
+          }
         }
+        const void* dz = to16 ? static_cast<const void*>(dz16->data()) : static_cast<const void*>(logits->data());
         const char* wp = static_cast<const char*>(p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
-        for (int64_t i = 0; i < c * C; ++i) (*wf32)[static_cast<size_t>(i)] = ld(wp, dw, i);
-        (c == chunk ? dh_full : dh_last)->run(logits->data(), wf32->data(), out);
-        (c == chunk ? dw_full : dw_last)->run(logits->data(), hf32->data(), out + R * C + j0 * C);
+        if (!wbuf->empty()) {  // mixed dtypes: the chunk was widened into wbuf by chunk_logits
+          wp = reinterpret_cast<const char*>(wbuf->data());
+        }
+        (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
+        (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
       }
       (void)od;
     };
@@ -704,8 +749,11 @@ class CpuProgram final : public Program {
   std::vector<size_t> offsets_;
   std::vector<std::function<void()>> kernels_;
   Tensor arena_;
+  std::shared_ptr<const void> arena_keepalive_;
   size_t arena_bytes_ = 0;
   bool check_guards_ = false;
+  bool profile_ = false;
+  std::array<double, 64> op_seconds_{};
 };
 
 class CpuBackend final : public Backend {

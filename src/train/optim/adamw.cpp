@@ -41,16 +41,19 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
     float* m = m_[name].mutable_data_as<float>();
     float* v = v_[name].mutable_data_as<float>();
     const float* gr = g.data_as<float>();
-    const double decay = applies_weight_decay(name) ? config_.weight_decay : 0.0;
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      double wi = w[i];
-      wi *= 1.0 - lr * decay;
-      const double mi = config_.beta1 * m[i] + (1.0 - config_.beta1) * gr[i];
-      const double vi = config_.beta2 * v[i] + (1.0 - config_.beta2) * static_cast<double>(gr[i]) * gr[i];
-      m[i] = static_cast<float>(mi);
-      v[i] = static_cast<float>(vi);
-      wi -= lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + config_.eps);
-      w[i] = static_cast<float>(wi);
+    // torch.optim.AdamW's arithmetic, in f32: decay, moments, then p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
+    const float keep = static_cast<float>(1.0 - lr * (applies_weight_decay(name) ? config_.weight_decay : 0.0));
+    const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2), eps = static_cast<float>(config_.eps);
+    const float step_size = static_cast<float>(lr / bc1), inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    const int64_t n = p.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = gr[i];
+      const float mi = m[i] + (1.0f - b1) * (gi - m[i]);
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
     }
   }
 }

@@ -1,6 +1,5 @@
-// AdamW as torch.optim.AdamW computes it (decoupled weight decay), on f32 master weights with f32 moments.
-// This is the reference implementation (f64 arithmetic per element); the CPU backend's fused kernel is tested
-// against it.
+// AdamW as torch.optim.AdamW computes it (decoupled weight decay), on f32 master weights with f32 moments, in one
+// fused, OpenMP-parallel pass per tensor.
 #pragma once
 
 #include <map>

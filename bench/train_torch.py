@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""PyTorch side of bench/run_train.sh: the same training step as `trl bench train` (Qwen3 shapes, random weights,
+SFT cross-entropy on random tokens, backward, AdamW), in the fastest honest configuration of Debian's PyTorch on
+this machine: f32 master weights with torch.autocast(bfloat16) for --dtype bf16 (oneDNN bf16 matmuls), plain f32
+for --dtype f32 (OpenBLAS), AdamW(foreach=True). Prints one JSON line.
+
+    /usr/bin/python3 bench/train_torch.py --preset qwen3-0.6b --layers 2 --batch 1 --seq 128 --dtype bf16 --steps 3
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
+from qwen3_reference import forward  # noqa: E402
+
+PRESETS = {"tiny": (64, 128, 2, 4, 2, 16), "small": (256, 768, 4, 4, 2, 64), "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("THREADS", os.cpu_count())))
+    C, F, L, H, Hkv, D = PRESETS[a.preset]
+    L = a.layers or L
+    V = 151936
+    cfg = dict(hidden_size=C, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D,
+               vocab_size=V, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
+    g = torch.Generator().manual_seed(0)
+    W = {"model.embed_tokens.weight": torch.randn(V, C, generator=g) * 0.02, "model.norm.weight": torch.ones(C)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        for n, s in [("self_attn.q_proj", (H * D, C)), ("self_attn.k_proj", (Hkv * D, C)), ("self_attn.v_proj", (Hkv * D, C)),
+                     ("self_attn.o_proj", (C, H * D)), ("mlp.gate_proj", (F, C)), ("mlp.up_proj", (F, C)), ("mlp.down_proj", (C, F))]:
+            W[p + n + ".weight"] = torch.randn(*s, generator=g) * 0.02
+        for n, s in [("input_layernorm", C), ("post_attention_layernorm", C), ("self_attn.q_norm", D), ("self_attn.k_norm", D)]:
+            W[p + n + ".weight"] = torch.ones(s)
+    for p in W.values():
+        p.requires_grad_(True)
+    B, T = a.batch, a.seq
+    ids = torch.randint(0, 151643, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.int64)
+    pos = torch.arange(T).expand(B, T)
+    decay = [p for n, p in W.items() if "norm" not in n]
+    no_decay = [p for n, p in W.items() if "norm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-5, foreach=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = forward(cfg, W, ids, mask, pos)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    step()
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    print(json.dumps({"bench": "torch_train", "preset": a.preset, "layers": L, "dtype": a.dtype, "batch": B, "seq": T,
+                      "threads": torch.get_num_threads(), "step_seconds_best": best, "tokens_per_s": B * T / best,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "loss": loss, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()

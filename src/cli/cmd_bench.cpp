@@ -1,0 +1,163 @@
+// `trl bench train`: one full training step (forward, loss, backward, AdamW) of a Qwen3-shaped model on the CPU
+// backend, as one JSON line: tokens/s, model FLOP utilisation against the GEMM peak measured in the same run,
+// peak RSS, compile seconds for the new shape, and the time of a program-cache hit.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <dnnl.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/program_cache.h"
+#include "cli/cli_util.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "models/init.h"
+#include "runtime/runtime.h"
+#include "train/optim/adamw.h"
+
+namespace trl::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The best of several oneDNN matmuls of 2048^3 in `dtype` (f32 accumulation): the machine's GEMM peak, FLOP/s.
+double gemm_peak(DType dtype) {
+  using md = dnnl::memory::desc;
+  const int64_t n = 2048;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const auto dt = dtype == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  md a({n, n}, dt, {n, 1}), b({n, n}, dt, {1, n}), c({n, n}, dnnl::memory::data_type::f32, {n, 1});
+  dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
+  dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
+  std::memset(ma.get_data_handle(), 0, a.get_size());
+  std::memset(mb.get_data_handle(), 0, b.get_size());
+  double best = 1e9;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = Clock::now();
+    mm.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    strm.wait();
+    if (r > 0) best = std::min(best, since(t0));
+  }
+  return 2.0 * n * n * n / best;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks that print one JSON line of figures");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand("train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
+  struct Args {
+    std::string preset = "qwen3-0.6b", dtype = "bf16";
+    int64_t layers = 0, batch = 1, seq = 512, steps = 3;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
+  cmd->add_option(flag("layers"), a->layers, "Override the number of layers (same widths), 0 = the preset's")->capture_default_str();
+  cmd->add_option(flag("batch"), a->batch, "Sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option(flag("seq"), a->seq, "Tokens per sequence")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmd->add_option(flag("dtype"), a->dtype, "bf16 (bf16 compute, f32 master weights) | f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
+  cmd->add_option(flag("steps"), a->steps, "Timed steps (after one warm-up step)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->callback([a] {
+    const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
+    ModelConfig cfg = preset_config(a->preset, dt);
+    if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;
+    const int64_t B = a->batch, T = a->seq;
+    TensorMap master = init_weights(cfg, DType::F32, 0, 0.02, false);
+    TensorMap compute;
+    for (auto& [name, t] : master) compute[name] = dt == DType::F32 ? t : t.to(dt);
+    // bf16: the compute copies are refreshed in place from the f32 master weights after each optimizer step.
+    auto refresh = [&] {
+      for (auto& [name, t] : master) compute[name].copy_from(t);
+    };
+    CausalLM model = CausalLM::from_weights(cfg, compute, "bench");
+    auto backend = make_cpu_backend();
+    ProgramCache cache(*backend);
+    auto t0 = Clock::now();
+    const graph::Graph g = model.training_graph(B, T);
+    const double trace_s = since(t0);
+    t0 = Clock::now();
+    Program* program = &cache.get(g);
+    const double compile_s = since(t0);
+    t0 = Clock::now();
+    program = &cache.get(model.training_graph(B, T));
+    const double hit_s = since(t0);
+    // Random tokens, next-token labels, SFT weights.
+    SplitMix64 rng(1);
+    Tensor ids = Tensor::zeros(DType::I32, {B, T}), mask = Tensor::zeros(DType::I32, {B, T}), labels = Tensor::zeros(DType::I32, {B, T});
+    Tensor w = Tensor::zeros(DType::F32, {B, T});
+    for (int64_t i = 0; i < B * T; ++i) ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 151643);
+    for (int64_t i = 0; i < B * T; ++i) {
+      mask.mutable_data_as<int32_t>()[i] = 1;
+      if (i % T != T - 1) {
+        labels.mutable_data_as<int32_t>()[i] = ids.data_as<int32_t>()[i + 1];
+        w.mutable_data_as<float>()[i] = -1.0f / static_cast<float>(B * (T - 1));
+      }
+    }
+    const auto shapes = parameter_shapes(cfg);
+    AdamW opt(AdamWConfig{0.9, 0.999, 1e-8, 0.01});
+    double loss = 0;
+    auto step = [&] {
+      TensorMap in = compute;
+      in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+      auto out = program->run(in);
+      loss = out[0].data_as<float>()[0];
+      TensorMap grads;
+      for (size_t k = 0; k < shapes.size(); ++k) grads[shapes[k].first] = std::move(out[k + 1]);
+      opt.step(master, grads, 1e-5);
+      if (dt != DType::F32) refresh();
+    };
+    step();  // warm-up
+    double best = 1e9, total = 0;
+    for (int64_t s = 0; s < a->steps; ++s) {
+      t0 = Clock::now();
+      step();
+      const double dtm = since(t0);
+      best = std::min(best, dtm);
+      total += dtm;
+    }
+    // Model FLOPs (what the step must do, recomputation excluded): 3x the forward's matmuls, lm_head and attention.
+    const double C = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.intermediate_size), L = static_cast<double>(cfg.num_hidden_layers);
+    const double q = static_cast<double>(cfg.q_dim()), kv = static_cast<double>(cfg.kv_dim()), V = static_cast<double>(cfg.vocab_size);
+    const double tokens = static_cast<double>(B * T);
+    const double fwd = tokens * 2 * (L * (C * q + 2 * C * kv + q * C + 3 * C * F) + V * C) +
+                       L * static_cast<double>(B) * static_cast<double>(cfg.num_attention_heads) * static_cast<double>(T) * static_cast<double>(T) *
+                           static_cast<double>(cfg.head_dim) * 2;
+    const double flops = 3 * fwd;
+    const double peak = gemm_peak(dt);
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    nlohmann::ordered_json j;
+    j["bench"] = "train";
+    j["preset"] = a->preset;
+    j["layers"] = cfg.num_hidden_layers;
+    j["dtype"] = a->dtype;
+    j["batch"] = B;
+    j["seq"] = T;
+    j["threads"] = num_threads();
+    j["parameters"] = model.num_parameters();
+    j["step_seconds_best"] = best;
+    j["step_seconds_mean"] = total / static_cast<double>(a->steps);
+    j["tokens_per_s"] = tokens / best;
+    j["model_tflop_per_step"] = flops / 1e12;
+    j["gemm_peak_gflops"] = peak / 1e9;
+    j["mfu"] = flops / best / peak;
+    j["peak_rss_mb"] = static_cast<double>(ru.ru_maxrss) / 1024.0;
+    j["trace_seconds"] = trace_s;
+    j["compile_seconds"] = compile_s;
+    j["cache_hit_ms"] = hit_s * 1e3;
+    j["programs_compiled"] = cache.stats().compilations;
+    j["cache_hits"] = cache.stats().hits;
+    j["loss"] = loss;
+    std::printf("%s\n", j.dump().c_str());
+  });
+}
+
+}  // namespace trl::cli
