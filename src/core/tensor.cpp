@@ -37,6 +37,12 @@ static Shape contiguous_strides(const Shape& shape) {
 }
 
 Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t = uninitialized(dtype, std::move(shape));
+  std::memset(const_cast<void*>(t.data_), 0, (t.nbytes() + 63) / 64 * 64);
+  return t;
+}
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.numel_ = shape_numel(shape);
@@ -48,7 +54,6 @@ Tensor Tensor::zeros(DType dtype, Shape shape) {
   if (alloc == 0) alloc = 64;
   void* p = std::aligned_alloc(64, alloc);
   if (p == nullptr) fail("out of memory allocating {} bytes for a {} {} tensor", alloc, dtype_name(dtype), shape_str(t.shape_));
-  std::memset(p, 0, alloc);
   t.keepalive_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   t.data_ = p;
   return t;

@@ -26,6 +26,8 @@ class Tensor {
 
   // Owned, contiguous, zero-filled.
   static Tensor zeros(DType dtype, Shape shape);
+  // Owned, contiguous, contents unspecified (for buffers that are written before they are read).
+  static Tensor uninitialized(DType dtype, Shape shape);
   // A contiguous view of memory owned elsewhere; `keepalive` (may be null) is held while the view lives.
   static Tensor view(const void* data, DType dtype, Shape shape, std::shared_ptr<const void> keepalive,
                      StorageKind kind = StorageKind::View);

@@ -55,10 +55,22 @@ std::string Graph::dump() const {
 namespace {
 // FNV-1a over bytes; enough to key an in-memory cache (the compiler issue adds the on-disk key).
 struct Hasher {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
+  void word(uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 1099511628211ull;
+  }
   void bytes(const void* p, size_t n) {
     const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      word(w);
+    }
+    uint64_t tail = n;
+    for (; i < n; ++i) tail = (tail << 8) | b[i];
+    word(tail);
   }
   template <typename T> void pod(const T& v) { bytes(&v, sizeof v); }
 };

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <string>
 #include <functional>
+#include <map>
+#include <mutex>
 
 #include <dnnl.hpp>
 
@@ -92,8 +94,18 @@ class Gemm {
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
-    prim_ = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine().engine));
+    // Layers of the same shape share one primitive: a 28-layer model needs ~20 distinct GEMMs, not 600.
+    static std::mutex mu;
+    static std::map<std::vector<int64_t>, dnnl::matmul> cache;
+    const std::vector<int64_t> key = {M, N, K, static_cast<int64_t>(ta), sa_m, sa_k, static_cast<int64_t>(tb), sb_k, sb_n,
+                                      static_cast<int64_t>(tc), bias, accumulate};
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
+      it = cache.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine().engine))).first;
+    }
+    prim_ = it->second;
     has_bias_ = bias;
   }
   void run(const void* a, const void* b, void* c, const void* bias = nullptr) const {
@@ -111,6 +123,29 @@ class Gemm {
   dnnl::matmul prim_;
   bool has_bias_ = false;
 };
+
+// Hot inner loops, compiled for AVX-512, AVX2 and the x86-64 baseline; the loader picks one at run time (GCC
+// target_clones), so the binary runs anywhere and never needs -march=native.
+namespace kernels {
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define TRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TRL_MULTIVERSION
+#endif
+TRL_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * b[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+TRL_MULTIVERSION void axpy(float* y, float a, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+}  // namespace kernels
 
 constexpr int64_t kVocabChunk = 4096;  // token_logprobs works on [rows, 4096] logits at a time
 
@@ -209,7 +244,7 @@ class CpuProgram final : public Program {
       live.emplace_back(last[i], b);
     }
     arena_bytes_ = top;
-    arena_ = Tensor::zeros(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
+    arena_ = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
     arena_keepalive_ = std::make_shared<Tensor>(arena_);
     char* base = static_cast<char*>(arena_.mutable_data());
     for (size_t i = 0; i < n; ++i)
@@ -543,7 +578,10 @@ class CpuProgram final : public Program {
     };
   }
 
-  // Attention forward (and backward, recomputing the probabilities): one (b, head) pair per task; f32 softmax.
+  // Attention forward (and backward, recomputing the probabilities). One task per (batch, kv head): its K and V
+  // rows are widened to f32 once, the query heads that share them run over contiguous f32 rows (dot products and
+  // axpys compiled for AVX-512, AVX2 and baseline, picked at run time), and in the backward pass the task owns
+  // its dK, dV slice, so no two threads write the same element.
   std::function<void()> lower_attention(const Node& n, graph::ValueId id, bool backward) {
     const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], dy = backward ? n.inputs[4] : kNone;
     const Shape& qs = nd(q).shape;
@@ -553,16 +591,22 @@ class CpuProgram final : public Program {
     const float scale = static_cast<float>(n.attrs.scale);
     const bool causal = n.attrs.causal;
     const int64_t nq = B * T * H * D, nk = B * S * Hkv * D;
-    auto dkv = std::make_shared<std::vector<float>>(backward ? static_cast<size_t>(2 * nk) : 0);
-    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk, dkv] {
+    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk] {
       const int64_t rep = H / Hkv, offset = S - T;
       const int32_t* m = mask != kNone ? static_cast<const int32_t*>(p(mask)) : nullptr;
-      if (backward) std::fill(dkv->begin(), dkv->end(), 0.0f);
-      // Parallel over (b, kv head): the query heads sharing a kv head accumulate dk/dv in the same task.
 #pragma omp parallel for schedule(dynamic)
       for (int64_t bh = 0; bh < B * Hkv; ++bh) {
         const int64_t b = bh / Hkv, hk = bh % Hkv;
-        std::vector<float> s(static_cast<size_t>(S)), dp(static_cast<size_t>(S)), qrow(static_cast<size_t>(D)), grow(static_cast<size_t>(D));
+        std::vector<float> K(static_cast<size_t>(S * D)), Vv(static_cast<size_t>(S * D)), s(static_cast<size_t>(S)), dp(static_cast<size_t>(S));
+        std::vector<float> qrow(static_cast<size_t>(D)), grow(static_cast<size_t>(D)), acc(static_cast<size_t>(D));
+        std::vector<float> dK(backward ? static_cast<size_t>(S * D) : 0), dV(backward ? static_cast<size_t>(S * D) : 0);
+        for (int64_t j = 0; j < S; ++j) {
+          const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            K[static_cast<size_t>(j * D + d)] = ld(p(k), dk, kb + d);
+            Vv[static_cast<size_t>(j * D + d)] = ld(p(v), dv, kb + d);
+          }
+        }
         for (int64_t h = hk * rep; h < (hk + 1) * rep; ++h) {
           for (int64_t t = 0; t < T; ++t) {
             const int64_t qb = ((b * T + t) * H + h) * D;
@@ -574,14 +618,14 @@ class CpuProgram final : public Program {
                 s[static_cast<size_t>(j)] = -INFINITY;
                 continue;
               }
-              const int64_t kb = ((b * S + j) * Hkv + hk) * D;
-              float dot = 0;
-              for (int64_t d = 0; d < D; ++d) dot += qrow[static_cast<size_t>(d)] * ld(p(k), dk, kb + d);
+              const float dot = kernels::dot(qrow.data(), K.data() + j * D, D);
               s[static_cast<size_t>(j)] = backward ? dot * scale : rnd(dq, rnd(dq, dot) * scale);
               mx = std::max(mx, s[static_cast<size_t>(j)]);
             }
             if (mx == -INFINITY) {
               if (!backward)
+                for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, 0.0f);
+              else
                 for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, 0.0f);
               continue;
             }
@@ -593,47 +637,42 @@ class CpuProgram final : public Program {
             }
             const float inv = 1.0f / sum;
             if (!backward) {
-              for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] = 0;
+              std::fill(acc.begin(), acc.end(), 0.0f);
               for (int64_t j = 0; j < limit; ++j) {
                 const float pj = rnd(dq, s[static_cast<size_t>(j)] * inv);
-                if (pj == 0) continue;
-                const int64_t vb = ((b * S + j) * Hkv + hk) * D;
-                for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] += pj * ld(p(v), dv, vb + d);
+                if (pj != 0) kernels::axpy(acc.data(), pj, Vv.data() + j * D, D);
               }
-              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, grow[static_cast<size_t>(d)]);
+              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, acc[static_cast<size_t>(d)]);
               continue;
             }
             for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] = ld(p(dy), dd, qb + d);
             float pdp = 0;
             for (int64_t j = 0; j < limit; ++j) {
               s[static_cast<size_t>(j)] *= inv;
-              const int64_t vb = ((b * S + j) * Hkv + hk) * D;
-              float x = 0;
-              for (int64_t d = 0; d < D; ++d) x += grow[static_cast<size_t>(d)] * ld(p(v), dv, vb + d);
-              dp[static_cast<size_t>(j)] = x;
-              pdp += s[static_cast<size_t>(j)] * x;
+              dp[static_cast<size_t>(j)] = kernels::dot(grow.data(), Vv.data() + j * D, D);
+              pdp += s[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
             }
-            std::vector<float> dqrow(static_cast<size_t>(D), 0.0f);
+            std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t j = 0; j < limit; ++j) {
               const float pj = s[static_cast<size_t>(j)];
               if (pj == 0) continue;
               const float ds = pj * (dp[static_cast<size_t>(j)] - pdp) * scale;
-              const int64_t kb = ((b * S + j) * Hkv + hk) * D;
-              float* dkp = dkv->data() + kb;
-              float* dvp = dkv->data() + nk + kb;
-              for (int64_t d = 0; d < D; ++d) {
-                dqrow[static_cast<size_t>(d)] += ds * ld(p(k), dk, kb + d);
-                dkp[d] += ds * qrow[static_cast<size_t>(d)];
-                dvp[d] += pj * grow[static_cast<size_t>(d)];
-              }
+              kernels::axpy(acc.data(), ds, K.data() + j * D, D);
+              kernels::axpy(dK.data() + j * D, ds, qrow.data(), D);
+              kernels::axpy(dV.data() + j * D, pj, grow.data(), D);
             }
-            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, dqrow[static_cast<size_t>(d)]);
+            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, acc[static_cast<size_t>(d)]);
           }
         }
-      }
-      if (backward) {
-        // Rows of dq whose query saw no key stay zero; then dk, dv.
-        for (int64_t i = 0; i < 2 * nk; ++i) st(p(id), od, nq + i, (*dkv)[static_cast<size_t>(i)]);
+        if (backward) {
+          for (int64_t j = 0; j < S; ++j) {
+            const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+            for (int64_t d = 0; d < D; ++d) {
+              st(p(id), od, nq + kb + d, dK[static_cast<size_t>(j * D + d)]);
+              st(p(id), od, nq + nk + kb + d, dV[static_cast<size_t>(j * D + d)]);
+            }
+          }
+        }
       }
     };
   }
