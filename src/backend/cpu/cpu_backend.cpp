@@ -89,6 +89,9 @@ class Gemm {
     c_ = md({M, N}, dnnl_type(tc), {N, 1});
     if (bias) bias_ = md({1, N}, dnnl::memory::data_type::f32, {N, 1});
     dnnl::primitive_attr attr;
+    // User-managed scratchpad: the same primitive may run on several threads at once (attention tasks), which
+    // oneDNN allows only when each execution brings its own scratchpad.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
@@ -96,35 +99,42 @@ class Gemm {
     }
     // Layers of the same shape share one primitive: a 28-layer model needs ~20 distinct GEMMs, not 600.
     static std::mutex mu;
-    static std::map<std::vector<int64_t>, dnnl::matmul> cache;
+    static std::map<std::vector<int64_t>, std::pair<dnnl::matmul, dnnl::memory::desc>> cache;
     const std::vector<int64_t> key = {M, N, K, static_cast<int64_t>(ta), sa_m, sa_k, static_cast<int64_t>(tb), sb_k, sb_n,
                                       static_cast<int64_t>(tc), bias, accumulate};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it == cache.end()) {
       const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
-      it = cache.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine().engine))).first;
+      const dnnl::matmul::primitive_desc pd(d, attr, engine().engine);
+      it = cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc())).first;
     }
-    prim_ = it->second;
+    prim_ = it->second.first;
+    scratch_md_ = it->second.second;
     has_bias_ = bias;
   }
+  // Safe to call from several threads at once: each thread executes on its own oneDNN stream.
   void run(const void* a, const void* b, void* c, const void* bias = nullptr) const {
-    auto& e = engine();
+    Engine& e = engine();
+    thread_local dnnl::stream stream(e.engine);
     std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(a_, e.engine, const_cast<void*>(a))},
                                                   {DNNL_ARG_WEIGHTS, dnnl::memory(b_, e.engine, const_cast<void*>(b))},
                                                   {DNNL_ARG_DST, dnnl::memory(c_, e.engine, c)}};
     if (has_bias_) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_, e.engine, const_cast<void*>(bias)));
-    prim_.execute(e.stream, args);
-    e.stream.wait();
+    thread_local std::vector<char> scratch;
+    if (scratch.size() < scratch_md_.get_size()) scratch.resize(scratch_md_.get_size());
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_md_, e.engine, scratch.data()));
+    prim_.execute(stream, args);
+    stream.wait();
   }
 
  private:
-  dnnl::memory::desc a_, b_, c_, bias_;
+  dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;
   dnnl::matmul prim_;
   bool has_bias_ = false;
 };
 
-// Hot inner loops, compiled for AVX-512, AVX2 and the x86-64 baseline; the loader picks one at run time (GCC
+// Hot inner loops (reductions GCC will not vectorise on its own), compiled for AVX-512, AVX2 and the x86-64 baseline; the loader picks one at run time (GCC
 // target_clones), so the binary runs anywhere and never needs -march=native.
 namespace kernels {
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
@@ -141,9 +151,6 @@ TRL_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
   for (int k = 0; k < 16; ++k) s += acc[k];
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-TRL_MULTIVERSION void axpy(float* y, float a, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 }  // namespace kernels
 
@@ -578,10 +585,11 @@ class CpuProgram final : public Program {
     };
   }
 
-  // Attention forward (and backward, recomputing the probabilities). One task per (batch, kv head): its K and V
-  // rows are widened to f32 once, the query heads that share them run over contiguous f32 rows (dot products and
-  // axpys compiled for AVX-512, AVX2 and baseline, picked at run time), and in the backward pass the task owns
-  // its dK, dV slice, so no two threads write the same element.
+  // Attention forward and backward with GEMMs. One task per (batch, kv head): the task widens its K, V (and each
+  // query head's Q, dO) to contiguous f32, computes the [T, S] scores with one GEMM per query head, applies the
+  // causal and padding masks and the softmax row by row (rounding where eager Transformers rounds in the forward
+  // pass), and multiplies by V with a second GEMM. The backward pass recomputes P and runs the five GEMMs of
+  // dQ, dK, dV, accumulating the dK, dV of the query heads that share a kv head; tasks own disjoint outputs.
   std::function<void()> lower_attention(const Node& n, graph::ValueId id, bool backward) {
     const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], dy = backward ? n.inputs[4] : kNone;
     const Shape& qs = nd(q).shape;
@@ -591,78 +599,84 @@ class CpuProgram final : public Program {
     const float scale = static_cast<float>(n.attrs.scale);
     const bool causal = n.attrs.causal;
     const int64_t nq = B * T * H * D, nk = B * S * Hkv * D;
-    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk] {
+    const DType f = DType::F32;
+    auto qk = std::make_shared<Gemm>(T, S, D, f, D, 1, f, 1, D, f, false, false);     // Q·Kᵀ   [T,S]
+    auto pv = std::make_shared<Gemm>(T, D, S, f, S, 1, f, D, 1, f, false, false);     // P·V    [T,D]
+    auto tn = std::make_shared<Gemm>(S, D, T, f, 1, S, f, D, 1, f, false, true);      // Xᵀ·Y   [S,D], accumulated
+    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk, qk, pv, tn] {
       const int64_t rep = H / Hkv, offset = S - T;
       const int32_t* m = mask != kNone ? static_cast<const int32_t*>(p(mask)) : nullptr;
 #pragma omp parallel for schedule(dynamic)
       for (int64_t bh = 0; bh < B * Hkv; ++bh) {
         const int64_t b = bh / Hkv, hk = bh % Hkv;
-        std::vector<float> K(static_cast<size_t>(S * D)), Vv(static_cast<size_t>(S * D)), s(static_cast<size_t>(S)), dp(static_cast<size_t>(S));
-        std::vector<float> qrow(static_cast<size_t>(D)), grow(static_cast<size_t>(D)), acc(static_cast<size_t>(D));
-        std::vector<float> dK(backward ? static_cast<size_t>(S * D) : 0), dV(backward ? static_cast<size_t>(S * D) : 0);
+        std::vector<float> K(static_cast<size_t>(S * D)), Vf(static_cast<size_t>(S * D)), Q(static_cast<size_t>(T * D)), O(static_cast<size_t>(T * D));
+        std::vector<float> P(static_cast<size_t>(T * S)), dP(backward ? static_cast<size_t>(T * S) : 0), G(backward ? static_cast<size_t>(T * D) : 0);
+        std::vector<float> dK(backward ? static_cast<size_t>(S * D) : 0, 0.0f), dV(backward ? static_cast<size_t>(S * D) : 0, 0.0f);
+        std::vector<char> empty_row(static_cast<size_t>(T), 0);
         for (int64_t j = 0; j < S; ++j) {
           const int64_t kb = ((b * S + j) * Hkv + hk) * D;
           for (int64_t d = 0; d < D; ++d) {
             K[static_cast<size_t>(j * D + d)] = ld(p(k), dk, kb + d);
-            Vv[static_cast<size_t>(j * D + d)] = ld(p(v), dv, kb + d);
+            Vf[static_cast<size_t>(j * D + d)] = ld(p(v), dv, kb + d);
           }
         }
         for (int64_t h = hk * rep; h < (hk + 1) * rep; ++h) {
           for (int64_t t = 0; t < T; ++t) {
             const int64_t qb = ((b * T + t) * H + h) * D;
-            for (int64_t d = 0; d < D; ++d) qrow[static_cast<size_t>(d)] = ld(p(q), dq, qb + d);
+            for (int64_t d = 0; d < D; ++d) Q[static_cast<size_t>(t * D + d)] = ld(p(q), dq, qb + d);
+            if (backward)
+              for (int64_t d = 0; d < D; ++d) G[static_cast<size_t>(t * D + d)] = ld(p(dy), dd, qb + d);
+          }
+          qk->run(Q.data(), K.data(), P.data());
+          // Row-wise masked softmax of scale·scores.
+          for (int64_t t = 0; t < T; ++t) {
+            float* row = P.data() + t * S;
             const int64_t limit = causal ? std::min(S, t + offset + 1) : S;
             float mx = -INFINITY;
-            for (int64_t j = 0; j < limit; ++j) {
-              if (m && m[b * S + j] == 0) {
-                s[static_cast<size_t>(j)] = -INFINITY;
+            for (int64_t j = 0; j < S; ++j) {
+              if (j >= limit || (m && m[b * S + j] == 0)) {
+                row[j] = -INFINITY;
                 continue;
               }
-              const float dot = kernels::dot(qrow.data(), K.data() + j * D, D);
-              s[static_cast<size_t>(j)] = backward ? dot * scale : rnd(dq, rnd(dq, dot) * scale);
-              mx = std::max(mx, s[static_cast<size_t>(j)]);
+              row[j] = backward ? row[j] * scale : rnd(dq, rnd(dq, row[j]) * scale);
+              mx = std::max(mx, row[j]);
             }
+            empty_row[static_cast<size_t>(t)] = mx == -INFINITY;
             if (mx == -INFINITY) {
-              if (!backward)
-                for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, 0.0f);
-              else
-                for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, 0.0f);
+              std::fill(row, row + S, 0.0f);
               continue;
             }
             float sum = 0;
-            for (int64_t j = 0; j < limit; ++j) {
-              const float e = s[static_cast<size_t>(j)] == -INFINITY ? 0.0f : std::exp(s[static_cast<size_t>(j)] - mx);
-              s[static_cast<size_t>(j)] = e;
-              sum += e;
+            for (int64_t j = 0; j < S; ++j) {
+              row[j] = row[j] == -INFINITY ? 0.0f : std::exp(row[j] - mx);
+              sum += row[j];
             }
             const float inv = 1.0f / sum;
-            if (!backward) {
-              std::fill(acc.begin(), acc.end(), 0.0f);
-              for (int64_t j = 0; j < limit; ++j) {
-                const float pj = rnd(dq, s[static_cast<size_t>(j)] * inv);
-                if (pj != 0) kernels::axpy(acc.data(), pj, Vv.data() + j * D, D);
-              }
-              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, acc[static_cast<size_t>(d)]);
-              continue;
-            }
-            for (int64_t d = 0; d < D; ++d) grow[static_cast<size_t>(d)] = ld(p(dy), dd, qb + d);
-            float pdp = 0;
-            for (int64_t j = 0; j < limit; ++j) {
-              s[static_cast<size_t>(j)] *= inv;
-              dp[static_cast<size_t>(j)] = kernels::dot(grow.data(), Vv.data() + j * D, D);
-              pdp += s[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
-            }
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t j = 0; j < limit; ++j) {
-              const float pj = s[static_cast<size_t>(j)];
-              if (pj == 0) continue;
-              const float ds = pj * (dp[static_cast<size_t>(j)] - pdp) * scale;
-              kernels::axpy(acc.data(), ds, K.data() + j * D, D);
-              kernels::axpy(dK.data() + j * D, ds, qrow.data(), D);
-              kernels::axpy(dV.data() + j * D, pj, grow.data(), D);
-            }
-            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, acc[static_cast<size_t>(d)]);
+            for (int64_t j = 0; j < S; ++j) row[j] = backward ? row[j] * inv : rnd(dq, row[j] * inv);
           }
+          if (!backward) {
+            pv->run(P.data(), Vf.data(), O.data());
+            for (int64_t t = 0; t < T; ++t) {
+              const int64_t qb = ((b * T + t) * H + h) * D;
+              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, empty_row[static_cast<size_t>(t)] ? 0.0f : O[static_cast<size_t>(t * D + d)]);
+            }
+            continue;
+          }
+          // dP = dO·Vᵀ; dS = P∘(dP - Σ_j P∘dP)·scale; dQ = dS·K; dK += dSᵀ·Q; dV += Pᵀ·dO.
+          qk->run(G.data(), Vf.data(), dP.data());
+          for (int64_t t = 0; t < T; ++t) {
+            float* pr = P.data() + t * S;
+            float* dr = dP.data() + t * S;
+            const float pdp = kernels::dot(pr, dr, S);
+            for (int64_t j = 0; j < S; ++j) dr[j] = pr[j] * (dr[j] - pdp) * scale;
+          }
+          pv->run(dP.data(), K.data(), O.data());
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t qb = ((b * T + t) * H + h) * D;
+            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, O[static_cast<size_t>(t * D + d)]);
+          }
+          tn->run(dP.data(), Q.data(), dK.data());
+          tn->run(P.data(), G.data(), dV.data());
         }
         if (backward) {
           for (int64_t j = 0; j < S; ++j) {
