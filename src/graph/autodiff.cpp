@@ -40,9 +40,12 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::Input:
       case Op::Fill:
         break;
-      case Op::Embedding:
-        accumulate(in(1), b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm));
+      case Op::Embedding: {
+        // A tied embedding already holds the lm_head's gradient: scatter into it instead of adding two [V, C]s.
+        ValueId& slot = grad[static_cast<size_t>(in(1))];
+        if (needs[static_cast<size_t>(in(1))]) slot = b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm, slot);
         break;
+      }
       case Op::MatMul: {
         // A bf16 matmul's backward GEMMs run in bf16 with f32 accumulation (as under torch.autocast): the
         // incoming gradient is rounded to bf16 once, and dx, dw come out in f32.

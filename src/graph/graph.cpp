@@ -360,10 +360,11 @@ ValueId Builder::scale_by(ValueId w, ValueId s, DType out, const std::string& na
   return push(make_node(Op::ScaleBy, {w, s}, shape(w), out, name));
 }
 
-ValueId Builder::embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name) {
+ValueId Builder::embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name, ValueId base) {
   check(ids, "embedding_backward ids");
   check(dy, "embedding_backward dy");
-  Node n = make_node(Op::EmbeddingBackward, {ids, dy}, {rows, shape(dy).back()}, out, name);
+  if (base != kNone && shape(base) != Shape{rows, shape(dy).back()}) fail("embedding_backward {}: base has the wrong shape", name);
+  Node n = make_node(Op::EmbeddingBackward, {ids, dy, base}, {rows, shape(dy).back()}, out, name);
   n.attrs.rows = rows;
   return push(std::move(n));
 }

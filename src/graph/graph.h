@@ -35,7 +35,7 @@ enum class Op : uint8_t {
   MatMulTN,               // a:[...,N], b:[...,K] -> [N,K]                         aᵀ·b over all leading dims
   SumRows,                // x:[...,N] -> [N]
   ScaleBy,                // w:[...] f32, s:[] f32 -> w·s
-  EmbeddingBackward,      // ids:[B,T] i32, dy:[B,T,C] -> [V,C] (attrs.rows = V)   scatter-add
+  EmbeddingBackward,      // ids:[B,T] i32, dy:[B,T,C], base:[V,C]|none -> base + scatter-add (attrs.rows = V)
   RmsNormBackX,           // x:[...,C], w:[C], dy -> dx
   RmsNormBackW,           // x:[...,C], dy:[...,C] -> dw:[C]
   SwiGLUBackward,         // gate, up, dy:[...,F] -> packed [dgate | dup]
@@ -103,7 +103,8 @@ class Builder {
   ValueId matmul_tn(ValueId a, ValueId b, DType out, const std::string& name = "");
   ValueId sum_rows(ValueId x, DType out, const std::string& name = "");
   ValueId scale_by(ValueId w, ValueId s, DType out, const std::string& name = "");
-  ValueId embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name = "");
+  // With `base`, the scatter-add starts from base (a tied embedding's other gradient) instead of zeros.
+  ValueId embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name = "", ValueId base = kNone);
   ValueId rms_norm_back_x(ValueId x, ValueId w, ValueId dy, double eps, const std::string& name = "");
   ValueId rms_norm_back_w(ValueId x, ValueId dy, double eps, DType out, const std::string& name = "");
   // Ops with several results return the View of each part.

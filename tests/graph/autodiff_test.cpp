@@ -127,5 +127,12 @@ TEST(Autodiff, ValueUsedTwiceAccumulates) {
   });
 }
 
+TEST(Autodiff, TiedEmbeddingAccumulatesIntoTheHeadGradient) {
+  check_vjp({{"ids", {2, 3}, DType::I32, 6}, {"table", {6, 4}}, {"t", {2, 3}, DType::I32, 6}}, [](Builder& b, const std::vector<ValueId>& v) {
+    const ValueId h = b.embedding(v[0], v[1], DType::F64);
+    return b.token_logprobs(h, v[1], v[2]);
+  });
+}
+
 }  // namespace
 }  // namespace trl

@@ -152,6 +152,32 @@ TRL_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
+// x[i] = exp(x[i] - shift), written so that it vectorises: range reduction x = k·ln2 + r with |r| <= ln2/2, a
+// degree-6 polynomial for e^r (relative error < 2e-7) and 2^k built in the exponent bits. -inf (a masked score)
+// and anything below -87 give exactly 0.
+TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] - shift;
+    const float vc = v < -87.0f ? -87.0f : v;
+    const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
+    const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+    const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, 4);
+    x[i] = v < -87.0f ? 0.0f : poly * scale;
+  }
+}
+TRL_MULTIVERSION float sum(const float* x, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += x[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
 }  // namespace kernels
 
 constexpr int64_t kVocabChunk = 4096;  // token_logprobs works on [rows, 4096] logits at a time
@@ -434,16 +460,36 @@ class CpuProgram final : public Program {
         };
       }
       case Op::EmbeddingBackward: {
-        const graph::ValueId ids = in(0), dy = in(1);
+        const graph::ValueId ids = in(0), dy = in(1), base = n.inputs.size() > 2 ? in(2) : kNone;
         const int64_t C = nd(dy).shape.back(), rows = shape_numel(nd(ids).shape), V = n.attrs.rows;
-        const DType dd = nd(dy).dtype;
-        return [this, id, ids, dy, C, rows, V, dd, od] {
-          std::memset(p(id), 0, static_cast<size_t>(V * C) * dtype_size(od));
-          const int32_t* x = static_cast<const int32_t*>(p(ids));
-          // Parallel over columns: no two threads write the same element.
+        const DType dd = nd(dy).dtype, db = base != kNone ? nd(base).dtype : od;
+        return [this, id, ids, dy, base, C, rows, V, dd, db, od] {
+          const int64_t total = V * C;
+          if (base == kNone) {
+            std::memset(p(id), 0, static_cast<size_t>(total) * dtype_size(od));
+          } else if (db == od) {
+            const char* src = static_cast<const char*>(p(base));
+            char* dst = static_cast<char*>(p(id));
+            const int64_t bytes = total * static_cast<int64_t>(dtype_size(od));
 #pragma omp parallel for schedule(static)
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t r = 0; r < rows; ++r) st(p(id), od, x[r] * C + c, ld(p(id), od, x[r] * C + c) + ld(p(dy), dd, r * C + c));
+            for (int64_t chunk = 0; chunk < bytes; chunk += 1 << 20) {
+              std::memcpy(dst + chunk, src + chunk, static_cast<size_t>(std::min<int64_t>(1 << 20, bytes - chunk)));
+            }
+          } else {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < total; ++i) st(p(id), od, i, ld(p(base), db, i));
+          }
+          // Rows in order, columns contiguous: a token seen twice adds twice; a few hundred rows, no threads needed.
+          const int32_t* x = static_cast<const int32_t*>(p(ids));
+          for (int64_t r = 0; r < rows; ++r) {
+            if (od == DType::F32 && dd == DType::F32) {
+              float* o = static_cast<float*>(p(id)) + static_cast<int64_t>(x[r]) * C;
+              const float* g = static_cast<const float*>(p(dy)) + r * C;
+              for (int64_t c = 0; c < C; ++c) o[c] += g[c];
+            } else {
+              for (int64_t c = 0; c < C; ++c) st(p(id), od, x[r] * C + c, ld(p(id), od, x[r] * C + c) + ld(p(dy), dd, r * C + c));
+            }
+          }
         };
       }
       case Op::RmsNormBackX:
@@ -646,13 +692,14 @@ class CpuProgram final : public Program {
               std::fill(row, row + S, 0.0f);
               continue;
             }
-            float sum = 0;
-            for (int64_t j = 0; j < S; ++j) {
-              row[j] = row[j] == -INFINITY ? 0.0f : std::exp(row[j] - mx);
-              sum += row[j];
+            kernels::exp_shift(row, limit, mx);
+            std::fill(row + limit, row + S, 0.0f);
+            const float inv = 1.0f / kernels::sum(row, limit);
+            if (backward || dq == DType::F32) {
+              for (int64_t j = 0; j < limit; ++j) row[j] *= inv;
+            } else {
+              for (int64_t j = 0; j < limit; ++j) row[j] = rnd(dq, row[j] * inv);
             }
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j < S; ++j) row[j] = backward ? row[j] * inv : rnd(dq, row[j] * inv);
           }
           if (!backward) {
             pv->run(P.data(), Vf.data(), O.data());
@@ -750,15 +797,15 @@ class CpuProgram final : public Program {
         chunk_logits(j0, c);
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < R; ++r) {
-          const float* z = logits->data() + r * c;
+          float* z = logits->data() + r * c;
+          if (t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
           float m = mx[static_cast<size_t>(r)];
           for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
-          float s = sum[static_cast<size_t>(r)] * std::exp(mx[static_cast<size_t>(r)] - m);
-          if (mx[static_cast<size_t>(r)] == -INFINITY) s = 0;
-          for (int64_t j = 0; j < c; ++j) s += std::exp(z[j] - m);
+          float s = mx[static_cast<size_t>(r)] == -INFINITY ? 0.0f : sum[static_cast<size_t>(r)] * std::exp(mx[static_cast<size_t>(r)] - m);
+          kernels::exp_shift(z, c, m);  // the chunk is recomputed when needed again
+          s += kernels::sum(z, c);
           mx[static_cast<size_t>(r)] = m;
           sum[static_cast<size_t>(r)] = s;
-          if (t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
         }
       }
       for (int64_t r = 0; r < R; ++r) (*lse)[static_cast<size_t>(r)] = mx[static_cast<size_t>(r)] + std::log(sum[static_cast<size_t>(r)]);
@@ -778,11 +825,14 @@ class CpuProgram final : public Program {
           const float g = ld(p(dl), dd, r);
           float* z = logits->data() + r * c;
           uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
-          const float l = (*lse)[static_cast<size_t>(r)];
-          for (int64_t j = 0; j < c; ++j) {
-            const float v = g * ((t[r] == j0 + j ? 1.0f : 0.0f) - std::exp(z[j] - l));
-            if (to16) z16[j] = f32_to_bf16(v);
-            else z[j] = v;
+          kernels::exp_shift(z, c, (*lse)[static_cast<size_t>(r)]);  // softmax of the chunk
+          const bool hit = t[r] >= j0 && t[r] < j0 + c;
+          if (to16) {
+            for (int64_t j = 0; j < c; ++j) z16[j] = f32_to_bf16(-g * z[j]);
+            if (hit) z16[t[r] - j0] = f32_to_bf16(g * (1.0f - z[t[r] - j0]));
+          } else {
+            for (int64_t j = 0; j < c; ++j) z[j] = -g * z[j];
+            if (hit) z[t[r] - j0] += g;
           }
         }
         const void* dz = to16 ? static_cast<const void*>(dz16->data()) : static_cast<const void*>(logits->data());

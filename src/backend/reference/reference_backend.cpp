@@ -267,9 +267,9 @@ void sum_rows(const Tensor& x, Tensor& out) {
 }
 
 // ids:[B,T], dy:[B,T,C] -> out:[V,C], scatter-add
-void embedding_backward(const Tensor& ids, const Tensor& dy, Tensor& out) {
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor* base, Tensor& out) {
   const int64_t C = dy.size(-1), V = out.size(0);
-  std::vector<double> acc(static_cast<size_t>(V * C), 0.0);
+  std::vector<double> acc = base ? as_f64(*base) : std::vector<double>(static_cast<size_t>(V * C), 0.0);
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int32_t id = ids.data_as<int32_t>()[i];
     if (id < 0 || id >= V) fail("embedding_backward: id {} out of range", id);
@@ -443,7 +443,7 @@ class ReferenceProgram final : public Program {
             for (int64_t i = 0; i < out.numel(); ++i) store_element(out.mutable_data(), out.dtype(), i, sc * load_element(in(n, 0).data(), in(n, 0).dtype(), i));
             break;
           }
-          case Op::EmbeddingBackward: embedding_backward(in(n, 0), in(n, 1), out); break;
+          case Op::EmbeddingBackward: embedding_backward(in(n, 0), in(n, 1), opt(n, 2), out); break;
           case Op::RmsNormBackX: rms_norm_back_x(in(n, 0), in(n, 1), in(n, 2), n.attrs.eps, out); break;
           case Op::RmsNormBackW: rms_norm_back_w(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::SwiGLUBackward: swiglu_backward(in(n, 0), in(n, 1), in(n, 2), out); break;

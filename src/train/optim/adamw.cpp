@@ -21,7 +21,9 @@ bool applies_weight_decay(const std::string& name) {
   return true;
 }
 
-void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
+void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) { step(params, grads, lr, nullptr); }
+
+void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap* compute) {
   ++steps_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
@@ -46,6 +48,14 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
     const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2), eps = static_cast<float>(config_.eps);
     const float step_size = static_cast<float>(lr / bc1), inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     const int64_t n = p.numel();
+    uint16_t* w16 = nullptr;
+    if (compute != nullptr) {
+      auto c = compute->find(name);
+      if (c == compute->end() || c->second.dtype() != DType::BF16 || c->second.shape() != p.shape()) {
+        fail("AdamW: no bf16 compute copy of '{}' with shape {}", name, shape_str(p.shape()));
+      }
+      w16 = c->second.mutable_data_as<uint16_t>();
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float gi = gr[i];
@@ -53,7 +63,9 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) {
       const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
-      w[i] = w[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+      const float wi = w[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+      w[i] = wi;
+      if (w16 != nullptr) w16[i] = f32_to_bf16(wi);
     }
   }
 }

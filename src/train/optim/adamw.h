@@ -27,6 +27,9 @@ class AdamW {
   explicit AdamW(AdamWConfig config = {}) : config_(config) {}
   // Updates `params` (owned f32 tensors) in place from `grads` (f32, same names and shapes), with learning rate lr.
   void step(TensorMap& params, const TensorMap& grads, double lr);
+  // The same, also writing each updated weight into `compute` (the bf16 compute copies of mixed precision) in the
+  // same pass over memory.
+  void step(TensorMap& params, const TensorMap& grads, double lr, TensorMap* compute);
   int64_t steps() const { return steps_; }
   const TensorMap& exp_avg() const { return m_; }
   const TensorMap& exp_avg_sq() const { return v_; }
