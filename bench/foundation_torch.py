@@ -9,7 +9,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
-from qwen3_reference import forward  # noqa: E402
+from qwen3_reference import forward, random_qwen3  # noqa: E402
 
 PRESETS = {"tiny": (64, 128, 2, 4, 2, 16), "small": (256, 768, 4, 4, 2, 64)}
 
@@ -17,17 +17,7 @@ PRESETS = {"tiny": (64, 128, 2, 4, 2, 16), "small": (256, 768, 4, 4, 2, 64)}
 def main():
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     for name, (C, F, L, H, Hkv, D) in PRESETS.items():
-        cfg = dict(hidden_size=C, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=Hkv,
-                   head_dim=D, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
-        g = torch.Generator().manual_seed(0)
-        W = {"model.embed_tokens.weight": torch.randn(151936, C, generator=g) * 0.02, "model.norm.weight": torch.ones(C)}
-        for i in range(L):
-            p = f"model.layers.{i}."
-            for n, s in [("self_attn.q_proj", (H * D, C)), ("self_attn.k_proj", (Hkv * D, C)), ("self_attn.v_proj", (Hkv * D, C)),
-                         ("self_attn.o_proj", (C, H * D)), ("mlp.gate_proj", (F, C)), ("mlp.up_proj", (F, C)), ("mlp.down_proj", (C, F))]:
-                W[p + n + ".weight"] = torch.randn(*s, generator=g) * 0.02
-            for n, s in [("input_layernorm", C), ("post_attention_layernorm", C), ("self_attn.q_norm", D), ("self_attn.k_norm", D)]:
-                W[p + n + ".weight"] = torch.ones(s)
+        cfg, W, _ = random_qwen3(C, F, L, H, Hkv, D)
         ids = (100 + 37 * torch.arange(32)).view(1, 32)
         mask = torch.ones_like(ids)
         pos = torch.arange(32).view(1, 32)

@@ -9,7 +9,19 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "models/init.h"
+#include "tokenizer/tokenizer.h"
+
 namespace trl::test {
+
+const Tokenizer& qwen3_tokenizer() {
+  static const Tokenizer tok = [] {
+    TempDir dir;
+    write_tokenizer_files(dir.path());
+    return Tokenizer::from_pretrained(dir.path());
+  }();
+  return tok;
+}
 
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");

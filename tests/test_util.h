@@ -3,7 +3,14 @@
 
 #include <string>
 
+namespace trl {
+class Tokenizer;
+}
+
 namespace trl::test {
+
+// The bundled Qwen3 tokenizer, loaded once per test process.
+const Tokenizer& qwen3_tokenizer();
 
 // A fresh directory under $TMPDIR, removed (with its contents) when the object goes away.
 class TempDir {

@@ -51,6 +51,22 @@ def load_safetensors(path):
     return out
 
 
+def random_qwen3(C, F, L, H, Hkv, D, V=151936, seed=0):
+    """A config and random weights (N(0, 0.02) matrices, unit norms) for benchmarks."""
+    cfg = dict(hidden_size=C, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D,
+               vocab_size=V, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
+    g = torch.Generator().manual_seed(seed)
+    W = {"model.embed_tokens.weight": torch.randn(V, C, generator=g) * 0.02, "model.norm.weight": torch.ones(C)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        for n, s in [("self_attn.q_proj", (H * D, C)), ("self_attn.k_proj", (Hkv * D, C)), ("self_attn.v_proj", (Hkv * D, C)),
+                     ("self_attn.o_proj", (C, H * D)), ("mlp.gate_proj", (F, C)), ("mlp.up_proj", (F, C)), ("mlp.down_proj", (C, F))]:
+            W[p + n + ".weight"] = torch.randn(*s, generator=g) * 0.02
+        for n, s in [("input_layernorm", C), ("post_attention_layernorm", C), ("self_attn.q_norm", D), ("self_attn.k_norm", D)]:
+            W[p + n + ".weight"] = torch.ones(s)
+    return cfg, W, g
+
+
 def rms_norm(x, w, eps):
     in_dtype = x.dtype
     x32 = x.to(torch.float32)

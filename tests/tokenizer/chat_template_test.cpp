@@ -51,14 +51,7 @@ TEST(ChatTemplate, MatchesJinja2OnEveryFixture) {
   std::printf("[ chat ] %d renderings byte-equal to jinja2 %s\n", compared, fixtures["jinja2"].get<std::string>().c_str());
 }
 
-const Tokenizer& qwen3() {
-  static const Tokenizer tok = [] {
-    test::TempDir dir;
-    write_tokenizer_files(dir.path());
-    return Tokenizer::from_pretrained(dir.path());
-  }();
-  return tok;
-}
+const Tokenizer& qwen3() { return test::qwen3_tokenizer(); }
 
 TEST(ChatTemplate, Qwen3ThroughTheTokenizer) {
   const json msgs = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])");

@@ -17,14 +17,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const Tokenizer& qwen3() {
-  static const Tokenizer tok = [] {
-    test::TempDir dir;
-    write_tokenizer_files(dir.path());
-    return Tokenizer::from_pretrained(dir.path());
-  }();
-  return tok;
-}
+const Tokenizer& qwen3() { return test::qwen3_tokenizer(); }
 
 std::vector<json> read_jsonl(const std::string& path) {
   std::ifstream in(path);

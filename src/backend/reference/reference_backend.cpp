@@ -177,8 +177,23 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // ---- training ops ----
 
-// h:[R,C], w:[V,C], targets:[R] -> out:[R] f32.  log softmax(h·wᵀ)[target]; the logits are rounded to h's dtype
-// first, as a bf16 model's lm_head output is before Transformers upcasts it for the loss.
+// Row r of the logits h·wᵀ (rounded to `dtype`, as a bf16 model's lm_head output is before Transformers upcasts
+// it for the loss) into z; returns log Σ exp(z).
+double row_logits(const std::vector<double>& hf, const std::vector<double>& wf, int64_t r, int64_t C, int64_t V, DType dtype,
+                  std::vector<double>& z) {
+  double mx = -INFINITY;
+  for (int64_t v = 0; v < V; ++v) {
+    double acc = 0;
+    for (int64_t c = 0; c < C; ++c) acc += hf[static_cast<size_t>(r * C + c)] * wf[static_cast<size_t>(v * C + c)];
+    z[static_cast<size_t>(v)] = rnd(dtype, acc);
+    mx = std::max(mx, z[static_cast<size_t>(v)]);
+  }
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(z[static_cast<size_t>(v)] - mx);
+  return mx + std::log(sum);
+}
+
+// h:[R,C], w:[V,C], targets:[R] -> out:[R] f32.  log softmax(h·wᵀ)[target].
 void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& out) {
   const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
   const std::vector<double> hf = as_f64(h), wf = as_f64(w);
@@ -186,16 +201,8 @@ void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, Ten
   for (int64_t r = 0; r < R; ++r) {
     const int32_t t = targets.data_as<int32_t>()[r];
     if (t < 0 || t >= V) fail("token_logprobs: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
-    double mx = -INFINITY;
-    for (int64_t v = 0; v < V; ++v) {
-      double acc = 0;
-      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(hf[static_cast<size_t>(r * C + c)]) * wf[static_cast<size_t>(v * C + c)];
-      z[static_cast<size_t>(v)] = rnd(h.dtype(), acc);
-      mx = std::max(mx, z[static_cast<size_t>(v)]);
-    }
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[static_cast<size_t>(v)] - mx);
-    store_element(out.mutable_data(), out.dtype(), r, z[static_cast<size_t>(t)] - mx - std::log(sum));
+    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
+    store_element(out.mutable_data(), out.dtype(), r, z[static_cast<size_t>(t)] - lse);
   }
 }
 
@@ -208,17 +215,9 @@ void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& tar
     const double g = load_element(dlogp.data(), dlogp.dtype(), r);
     if (g == 0) continue;
     const int32_t t = targets.data_as<int32_t>()[r];
-    double mx = -INFINITY;
+    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
     for (int64_t v = 0; v < V; ++v) {
-      double acc = 0;
-      for (int64_t c = 0; c < C; ++c) acc += static_cast<double>(hf[static_cast<size_t>(r * C + c)]) * wf[static_cast<size_t>(v * C + c)];
-      z[static_cast<size_t>(v)] = rnd(h.dtype(), acc);
-      mx = std::max(mx, z[static_cast<size_t>(v)]);
-    }
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[static_cast<size_t>(v)] - mx);
-    for (int64_t v = 0; v < V; ++v) {
-      const double dz = g * ((v == t ? 1.0 : 0.0) - std::exp(z[static_cast<size_t>(v)] - mx) / sum);
+      const double dz = g * ((v == t ? 1.0 : 0.0) - std::exp(z[static_cast<size_t>(v)] - lse));
       for (int64_t c = 0; c < C; ++c) {
         dh[static_cast<size_t>(r * C + c)] += dz * wf[static_cast<size_t>(v * C + c)];
         dw[static_cast<size_t>(v * C + c)] += dz * hf[static_cast<size_t>(r * C + c)];
