@@ -22,6 +22,8 @@ enum class Op : uint8_t {
   RmsNorm,    // x:[...,C], w:[C] -> [...,C]   (Transformers' order: normalise in f32, cast, then scale)
   Rope,       // x:[B,T,H,D], positions:[B,T] i32 -> [B,T,H,D]   rotate-half (GPT-NeoX) layout
   Attention,  // q:[B,T,H,D], k,v:[B,S,Hkv,D], optional key_mask:[B,S] i32 -> [B,T,H,D]
+              //   key_mask holds segment ids: 0 = padding; a query (at key index t + S - T) sees only keys of its
+              //   own segment, so packed sequences stay isolated; a 0/1 padding mask is the one-segment case
   SwiGLU,     // gate,up:[...,F] -> silu(gate)·up
   Add,        // a,b: same shape
   Cast,       // x -> x in another dtype

@@ -83,10 +83,12 @@ Tensor default_position_ids(const Tensor& mask) {
   const int32_t* m = mask.data_as<int32_t>();
   int32_t* p = pos.mutable_data_as<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    int32_t seen = 0;
+    int32_t seen = 0, segment = 0;
     for (int64_t t = 0; t < T; ++t) {
-      seen += m[b * T + t] != 0;
-      p[b * T + t] = m[b * T + t] != 0 ? seen - 1 : 1;
+      const int32_t s = m[b * T + t];
+      if (s != 0 && s != segment) seen = 0, segment = s;  // a new packed sequence starts at position 0
+      seen += s != 0;
+      p[b * T + t] = s != 0 ? seen - 1 : 1;
     }
   }
   return pos;

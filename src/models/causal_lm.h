@@ -23,8 +23,10 @@ struct LoadOptions {
 // Host-side inputs of one forward pass.
 struct Batch {
   Tensor input_ids{};       // [B,T] i32
-  Tensor attention_mask{};  // [B,T] i32, 1 = token, 0 = padding; optional (all ones)
-  Tensor position_ids{};    // [B,T] i32; optional: cumsum(attention_mask) - 1, so that padding never shifts positions
+  Tensor attention_mask{};  // [B,T] i32, 0 = padding, else a segment id (1 for a single sequence; 1, 2, ... for
+                            // sequences packed into one row, which never attend to each other); optional (all ones)
+  Tensor position_ids{};    // [B,T] i32; optional: each token's index within its segment, so padding never shifts
+                            // positions and every packed sequence starts at 0
 };
 
 // Hugging Face names and shapes of every parameter, in a fixed order. lm_head.weight is listed only when the
@@ -34,7 +36,8 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
 // RoPE inverse frequencies (head_dim/2 values, f32 as Transformers computes them), with "llama3" scaling applied.
 std::vector<float> rope_inv_freq(const ModelConfig& config);
 
-// position_ids = cumsum(mask) - 1 per row; padding positions get 1 (as generate() does).
+// position_ids = each token's index within its segment (cumsum(mask) - 1 for a 0/1 mask); padding gets 1 (as
+// generate() does).
 Tensor default_position_ids(const Tensor& attention_mask);
 
 class CausalLM {

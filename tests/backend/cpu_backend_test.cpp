@@ -62,7 +62,8 @@ void compare(const std::vector<Spec>& specs, const std::function<ValueId(Builder
   }
   if (in.count("mask")) {
     Tensor& m = in["mask"];
-    for (int64_t i = 0; i < m.numel(); ++i) m.mutable_data_as<int32_t>()[i] = (i % m.size(-1) == 0) ? 1 : (rng.next() % 4 != 0);
+    // Segment ids in runs (packing), with some padding (0).
+    for (int64_t i = 0; i < m.numel(); ++i) m.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(1 + (i % m.size(-1)) * 2 / m.size(-1)) * (rng.next() % 5 != 0);
   }
   if (grad) {
     Tensor r = Tensor::zeros(DType::F32, out_shape);

@@ -96,8 +96,11 @@ TEST(ReferenceBackend, AttentionMasksAndGqa) {
   in["v"] = Tensor::from_f32(std::vector<float>{10, 20, 30}, {1, 3, 1, 1});
   in["m"] = Tensor::from_i32(std::vector<int32_t>{1, 0, 1}, {1, 3});
   auto out = program->run(in)[0].to_f32_vector();
-  // t=0 sees key 0; t=1 sees keys 0 (1 masked); t=2 sees keys 0 and 2 equally.
-  EXPECT_EQ(out, (std::vector<float>{10, 10, 10, 10, 20, 20}));
+  // t=0 sees key 0; t=1 is padding and sees nothing (zeros); t=2 sees keys 0 and 2 equally.
+  EXPECT_EQ(out, (std::vector<float>{10, 10, 0, 0, 20, 20}));
+  // Segment ids: keys of another packed sequence are invisible. Mask {1, 2, 2}: t=2 sees keys 1 and 2 only.
+  in["m"] = Tensor::from_i32(std::vector<int32_t>{1, 2, 2}, {1, 3});
+  EXPECT_EQ(program->run(in)[0].to_f32_vector(), (std::vector<float>{10, 10, 20, 20, 25, 25}));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "backend/cpu/cpu_backend.h"
 #include "models/causal_lm.h"
 #include "models/init.h"
 #include "models/score.h"
@@ -61,6 +62,28 @@ TEST(CausalLM, PaddedBatchEqualsEachRowAlone) {
         for (int64_t v = 0; v < V; v += 97) ASSERT_NEAR(x[v], y[v], 1e-5) << "left=" << left << " b=" << b << " t=" << t;
       }
     }
+  }
+}
+
+// Packing: sequences packed into one row with segment ids give the logits of each sequence alone, on both backends.
+TEST(CausalLM, PackedSequencesEqualSeparateOnes) {
+  const CausalLM model = tiny_model();
+  const std::vector<int32_t> a = {5, 6, 7}, b = {8, 9};
+  Batch packed;
+  packed.input_ids = Tensor::from_i32(std::vector<int32_t>{5, 6, 7, 8, 9, 0}, {1, 6});
+  packed.attention_mask = Tensor::from_i32(std::vector<int32_t>{1, 1, 1, 2, 2, 0}, {1, 6});
+  EXPECT_EQ(default_position_ids(packed.attention_mask).to_i64_vector(), (std::vector<int64_t>{0, 1, 2, 0, 1, 1}));
+  const int64_t V = model.config().vocab_size;
+  for (auto* make : {&make_reference_backend, &make_cpu_backend}) {
+    auto backend = make();
+    const Tensor lp = model.forward(packed, *backend);
+    Batch one;
+    one.input_ids = Tensor::from_i32(a, {1, 3});
+    const Tensor la = model.forward(one, *backend);
+    one.input_ids = Tensor::from_i32(b, {1, 2});
+    const Tensor lb = model.forward(one, *backend);
+    for (int64_t v = 0; v < 3 * V; v += 31) ASSERT_NEAR(lp.data_as<float>()[v], la.data_as<float>()[v], 1e-5) << backend->name();
+    for (int64_t v = 0; v < 2 * V; v += 31) ASSERT_NEAR(lp.data_as<float>()[3 * V + v], lb.data_as<float>()[v], 1e-5) << backend->name();
   }
 }
 

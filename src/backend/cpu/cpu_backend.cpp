@@ -678,9 +678,10 @@ class CpuProgram final : public Program {
           for (int64_t t = 0; t < T; ++t) {
             float* row = P.data() + t * S;
             const int64_t limit = causal ? std::min(S, t + offset + 1) : S;
+            const int32_t seg = m ? m[b * S + t + offset] : 1;  // segment ids: 0 = padding, else the packed sequence
             float mx = -INFINITY;
             for (int64_t j = 0; j < S; ++j) {
-              if (j >= limit || (m && m[b * S + j] == 0)) {
+              if (j >= limit || (m && (m[b * S + j] == 0 || m[b * S + j] != seg))) {
                 row[j] = -INFINITY;
                 continue;
               }

@@ -109,6 +109,14 @@ void rope(const Tensor& x, const Tensor& positions, const graph::Attrs& a, Tenso
   }
 }
 
+// The key mask holds segment ids: 0 is padding, and a query sees a key only within its own segment (packed
+// sequences never attend to each other). A plain 0/1 padding mask is the one-segment case.
+bool visible(const Tensor* mask, int64_t b, int64_t S, int64_t query_pos, int64_t key_pos) {
+  if (mask == nullptr) return true;
+  const int32_t* m = mask->data_as<int32_t>();
+  return m[b * S + key_pos] != 0 && m[b * S + key_pos] == m[b * S + query_pos];
+}
+
 // q:[B,T,H,D], k,v:[B,S,Hkv,D], key_mask:[B,S] or none -> out:[B,T,H,D]
 // Query t sits at key index t + (S - T); with `causal` it sees keys 0..that index whose mask is 1. A query that
 // sees no key at all (a padding row) gets zeros. As in Transformers' eager attention, the scores q·kᵀ, the scaled
@@ -125,7 +133,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
         const double* qr = qf.data() + ((b * T + t) * H + h) * D;
         double mx = -INFINITY;
         for (int64_t s = 0; s < S; ++s) {
-          bool allowed = (!a.causal || s <= t + offset) && (mask == nullptr || mask->data_as<int32_t>()[b * S + s] != 0);
+          bool allowed = (!a.causal || s <= t + offset) && visible(mask, b, S, t + offset, s);
           if (!allowed) {
             p[static_cast<size_t>(s)] = -INFINITY;
             continue;
@@ -339,7 +347,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
         const size_t qb = static_cast<size_t>(((b * T + t) * H + h) * D);
         double mx = -INFINITY;
         for (int64_t s = 0; s < S; ++s) {
-          const bool allowed = (!a.causal || s <= t + offset) && (mask == nullptr || mask->data_as<int32_t>()[b * S + s] != 0);
+          const bool allowed = (!a.causal || s <= t + offset) && visible(mask, b, S, t + offset, s);
           if (!allowed) {
             p[static_cast<size_t>(s)] = -INFINITY;
             continue;
