@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "cli/cli_util.h"
 #include "models/init.h"
 #include "models/score.h"
@@ -37,7 +38,7 @@ void register_demo(CLI::App& app) {
     const std::vector<int32_t> prompt = tok.encode(text);
     Batch batch;
     batch.input_ids = Tensor::from_i32(prompt, {1, static_cast<int64_t>(prompt.size())});
-    auto backend = make_reference_backend();
+    auto backend = make_cpu_backend();
     const Tensor logits = model.forward(batch, *backend);
     const int64_t V = model.config().vocab_size;
     std::printf("prompt: \"%s\" -> ids ", text.c_str());

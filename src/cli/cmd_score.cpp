@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "cli/cli_util.h"
 #include "core/error.h"
 #include "models/score.h"
@@ -113,7 +114,7 @@ void register_score(CLI::App& app) {
       lo.dtype = dt;
     }
     CausalLM model = CausalLM::from_pretrained(a->model, lo);
-    auto backend = make_reference_backend();
+    auto backend = make_cpu_backend();
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);
     for (const SequenceScore& s : scores) {
       nlohmann::ordered_json j;

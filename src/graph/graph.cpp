@@ -390,7 +390,7 @@ ValueId Builder::view(ValueId packed, int64_t offset, Shape s, DType dtype, cons
 }
 
 std::vector<ValueId> Builder::swiglu_backward(ValueId gate, ValueId up, ValueId dy, const std::string& name) {
-  const Shape& s = shape(gate);
+  const Shape s = shape(gate);  // a copy: push() below may reallocate the node list
   const int64_t n = shape_numel(s);
   const DType dt = node(dy).dtype;
   const ValueId packed = push(make_node(Op::SwiGLUBackward, {gate, up, dy}, {2 * n}, dt, name));
