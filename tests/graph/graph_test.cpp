@@ -2,7 +2,11 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "backend/cpu/cpu_backend.h"
 #include "graph/graph.h"
+#include "graph/passes.h"
+
+#include <cmath>
 
 namespace trl {
 namespace {
@@ -42,6 +46,30 @@ TEST(Graph, HashDependsOnShapesNotDebugNames) {
   EXPECT_EQ(make(3, "a").hash(), make(3, "b").hash());
   EXPECT_NE(make(3, "a").hash(), make(4, "a").hash());
   EXPECT_NE(make(3, "a").dump().find("rms_norm(%0, %1) [1, 3, 4] f32"), std::string::npos) << make(3, "a").dump();
+}
+
+TEST(Passes, DeadCodeIsRemovedAndResultsAreUnchanged) {
+  Builder b;
+  auto x = b.input("x", {2, 3}, DType::F32);
+  auto unused = b.input("unused", {4}, DType::F32);
+  auto w = b.input("w", {3}, DType::F32);
+  auto dead = b.add(x, x, "dead");  // nothing reads it
+  (void)dead;
+  (void)unused;
+  auto y = b.rms_norm(x, w, 1e-6);
+  b.output(y);
+  const graph::Graph g = b.finish();
+  const graph::Graph pruned = graph::eliminate_dead_code(g);
+  EXPECT_EQ(pruned.nodes.size(), 3u);   // x, w, rms_norm
+  EXPECT_EQ(pruned.inputs.size(), 2u);  // "unused" is gone and need not be bound
+  for (auto* make : {&make_reference_backend, &make_cpu_backend}) {
+    TensorMap in;
+    in["x"] = Tensor::from_f32(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+    in["w"] = Tensor::from_f32(std::vector<float>{1, 1, 2}, {3});
+    const auto out = make()->compile(g)->run(in);  // no binding for "unused": pruned before lowering
+    const float r = 1.0f / std::sqrt((1 + 4 + 9) / 3.0f + 1e-6f);
+    EXPECT_NEAR(out[0].to_f32_vector()[2], 3 * r * 2, 1e-5);
+  }
 }
 
 TEST(ReferenceBackend, SmallOpsByHand) {

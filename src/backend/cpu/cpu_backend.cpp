@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "graph/passes.h"
 #include "runtime/runtime.h"
 
 namespace trl {
@@ -297,9 +298,6 @@ class CpuProgram final : public Program {
   }
 
  private:
-  void unused_() {
-  }
-
   // Every buffer is followed by at least 64 bytes of padding. With TRL_CHECK_GUARDS=1 the padding is filled with
   // a pattern before each node runs and checked after it, so a kernel writing past its output is caught by name.
   size_t data_bytes(size_t i) const { return static_cast<size_t>(shape_numel(g_.nodes[i].shape)) * dtype_size(g_.nodes[i].dtype); }
@@ -866,7 +864,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Program> compile(const Graph& graph) override {
     omp_set_num_threads(num_threads());
     ProgramStats stats;
-    auto p = std::make_unique<CpuProgram>(graph, &stats);
+    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats);
     last_stats_ = stats;
     return p;
   }

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "graph/passes.h"
 
 namespace trl {
 
@@ -495,7 +496,9 @@ class ReferenceProgram final : public Program {
 class ReferenceBackend final : public Backend {
  public:
   std::string name() const override { return "reference"; }
-  std::unique_ptr<Program> compile(const Graph& graph) override { return std::make_unique<ReferenceProgram>(graph); }
+  std::unique_ptr<Program> compile(const Graph& graph) override {
+    return std::make_unique<ReferenceProgram>(graph::eliminate_dead_code(graph));
+  }
 };
 
 }  // namespace
