@@ -114,6 +114,19 @@ TEST_P(CpuOps, Bf16Inputs) {
   compare({{"x", {n, 9}, DType::BF16}, {"w", {6, 9}, DType::BF16}},
           [](Builder& b, const std::vector<ValueId>& v) { return b.matmul(v[0], v[1], kNone, DType::BF16); }, 1e-2);
   compare({{"x", {n, 13}, DType::BF16}, {"w", {13}, DType::BF16}}, [](Builder& b, const std::vector<ValueId>& v) { return b.rms_norm(v[0], v[1], 1e-6); }, 1e-2);
+  // Attention's GEMMs run in bf16 on bf16 inputs (scores, probabilities and dS rounded as autocast rounds them);
+  // the reference keeps f64 in the backward pass, hence the bf16-sized tolerance. Causal with a KV offset, and not.
+  for (bool causal : {true, false})
+    compare({{"q", {2, n, 4, 8}, DType::BF16}, {"k", {2, n + 3, 2, 8}, DType::BF16}, {"v", {2, n + 3, 2, 8}, DType::BF16}, {"mask", {2, n + 3}, DType::I32, 2}},
+            [causal](Builder& b, const std::vector<ValueId>& v) { return b.attention(v[0], v[1], v[2], v[3], 0.35, causal); }, 2e-2);
+}
+
+TEST(CpuOpsLong, AttentionAcrossQueryBlocks) {
+  // Several 64-row query blocks, a ragged last block, causal skipping of later keys, KV offset, packed segments.
+  compare({{"q", {1, 150, 2, 16}}, {"k", {1, 170, 1, 16}}, {"v", {1, 170, 1, 16}}, {"mask", {1, 170}, DType::I32, 2}},
+          [](Builder& b, const std::vector<ValueId>& v) { return b.attention(v[0], v[1], v[2], v[3], 0.25, true); }, 1e-5);
+  compare({{"q", {1, 150, 2, 16}, DType::BF16}, {"k", {1, 150, 1, 16}, DType::BF16}, {"v", {1, 150, 1, 16}, DType::BF16}},
+          [](Builder& b, const std::vector<ValueId>& v) { return b.attention(v[0], v[1], v[2], kNone, 0.25, true); }, 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CpuOps, ::testing::Values(1, 7, 129));

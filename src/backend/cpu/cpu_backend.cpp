@@ -82,12 +82,14 @@ Engine& engine() {
 class Gemm {
  public:
   // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N row-major. Optional bias [N] f32.
+  // c: M×N with row stride ldc (0 = N).
   Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, bool bias,
-       bool accumulate) {
+       bool accumulate, int64_t ldc = 0) {
     using md = dnnl::memory::desc;
+    if (ldc == 0) ldc = N;
     a_ = md({M, K}, dnnl_type(ta), {sa_m, sa_k});
     b_ = md({K, N}, dnnl_type(tb), {sb_k, sb_n});
-    c_ = md({M, N}, dnnl_type(tc), {N, 1});
+    c_ = md({M, N}, dnnl_type(tc), {ldc, 1});
     if (bias) bias_ = md({1, N}, dnnl::memory::data_type::f32, {N, 1});
     dnnl::primitive_attr attr;
     // User-managed scratchpad: the same primitive may run on several threads at once (attention tasks), which
@@ -102,7 +104,7 @@ class Gemm {
     static std::mutex mu;
     static std::map<std::vector<int64_t>, std::pair<dnnl::matmul, dnnl::memory::desc>> cache;
     const std::vector<int64_t> key = {M, N, K, static_cast<int64_t>(ta), sa_m, sa_k, static_cast<int64_t>(tb), sb_k, sb_n,
-                                      static_cast<int64_t>(tc), bias, accumulate};
+                                      static_cast<int64_t>(tc), bias, accumulate, ldc};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -202,6 +204,8 @@ class CpuProgram final : public Program {
       const Node& n = g_.nodes[i];
       if (n.op == Op::Reshape || n.op == Op::View) {
         ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
+      } else if (inplace_[i]) {
+        ptr_[i] = ptr_[static_cast<size_t>(n.inputs[2])];
       }
       if (kernels_[i]) {
         if (check_guards_) fill_guard(i);
@@ -229,18 +233,33 @@ class CpuProgram final : public Program {
   void plan() {
     const size_t n = g_.nodes.size();
     ptr_.assign(n, nullptr);
-    std::vector<size_t> root(n);
+    std::vector<size_t> root(n), last(n, 0);
+    inplace_.assign(n, false);
+    auto liveness = [&] {
+      for (size_t i = 0; i < n; ++i) {
+        const Node& nd = g_.nodes[i];
+        const bool alias = nd.op == Op::Reshape || nd.op == Op::View || inplace_[i];
+        root[i] = alias ? root[static_cast<size_t>(nd.op == Op::EmbeddingBackward ? nd.inputs[2] : nd.inputs[0])] : i;
+      }
+      std::fill(last.begin(), last.end(), 0);
+      for (size_t i = 0; i < n; ++i) {
+        last[root[i]] = std::max(last[root[i]], i);
+        for (graph::ValueId in : g_.nodes[i].inputs)
+          if (in != kNone) last[root[static_cast<size_t>(in)]] = std::max(last[root[static_cast<size_t>(in)]], i);
+      }
+      for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
+    };
+    liveness();
+    // In-place update: the scatter-add of a tied embedding's gradient adds into its base (the head's gradient)
+    // when nothing reads the base afterwards, instead of copying [V, C] floats first.
+    bool any_inplace = false;
     for (size_t i = 0; i < n; ++i) {
       const Node& nd = g_.nodes[i];
-      root[i] = (nd.op == Op::Reshape || nd.op == Op::View) ? root[static_cast<size_t>(nd.inputs[0])] : i;
+      if (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone) continue;
+      const size_t base = static_cast<size_t>(nd.inputs[2]);
+      if (g_.nodes[base].dtype == nd.dtype && g_.nodes[root[base]].op != Op::Input && last[root[base]] == i) inplace_[i] = any_inplace = true;
     }
-    std::vector<size_t> last(n, 0);
-    for (size_t i = 0; i < n; ++i) {
-      last[root[i]] = std::max(last[root[i]], i);
-      for (graph::ValueId in : g_.nodes[i].inputs)
-        if (in != kNone) last[root[static_cast<size_t>(in)]] = std::max(last[root[static_cast<size_t>(in)]], i);
-    }
-    for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
+    if (any_inplace) liveness();
     struct Block {
       size_t offset, size;
     };
@@ -463,7 +482,9 @@ class CpuProgram final : public Program {
         const DType dd = nd(dy).dtype, db = base != kNone ? nd(base).dtype : od;
         return [this, id, ids, dy, base, C, rows, V, dd, db, od] {
           const int64_t total = V * C;
-          if (base == kNone) {
+          if (inplace_[static_cast<size_t>(id)]) {
+            // the output is the base's buffer: nothing to copy
+          } else if (base == kNone) {
             std::memset(p(id), 0, static_cast<size_t>(total) * dtype_size(od));
           } else if (db == od) {
             const char* src = static_cast<const char*>(p(base));
@@ -629,107 +650,163 @@ class CpuProgram final : public Program {
     };
   }
 
-  // Attention forward and backward with GEMMs. One task per (batch, kv head): the task widens its K, V (and each
-  // query head's Q, dO) to contiguous f32, computes the [T, S] scores with one GEMM per query head, applies the
-  // causal and padding masks and the softmax row by row (rounding where eager Transformers rounds in the forward
-  // pass), and multiplies by V with a second GEMM. The backward pass recomputes P and runs the five GEMMs of
-  // dQ, dK, dV, accumulating the dK, dV of the query heads that share a kv head; tasks own disjoint outputs.
+  // Flash-style attention forward and backward with GEMMs. One task per (batch, kv head); the queries of each head
+  // are taken in blocks of kQueryBlock rows, and a block multiplies only the keys it may see: with a causal mask
+  // query t sees keys up to t + S - T, so the upper triangle is skipped (about half the work at T = S). The GEMMs
+  // read Q, K, V and dO in place from their [B, T, H, D] layout (strided operands, in the model's dtype: bf16 or
+  // f32, accumulated in f32) and write O and dQ in place; scores and softmax statistics are f32. A block's scores
+  // [rows, keys] are the only temporary — the [T, S] square is never held. Forward rounding follows eager
+  // Transformers for a bf16 model (scores and probabilities stored in bf16); the backward pass recomputes the same
+  // probabilities, forms dS = P∘(dP - Σ P∘dP)·scale in f32 and feeds the GEMMs of dQ, dK, dV in the compute dtype,
+  // as autocast's bf16 matmul backward does. dK, dV of the query heads that share a kv head accumulate in f32.
+  static constexpr int64_t kQueryBlock = 64;
   std::function<void()> lower_attention(const Node& n, graph::ValueId id, bool backward) {
     const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], dy = backward ? n.inputs[4] : kNone;
     const Shape& qs = nd(q).shape;
     const Shape& ks = nd(k).shape;
     const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], S = ks[1], Hkv = ks[2];
-    const DType dq = nd(q).dtype, dk = nd(k).dtype, dv = nd(v).dtype, dd = backward ? nd(dy).dtype : DType::F32, od = n.dtype;
+    const DType dq = nd(q).dtype, dk = nd(k).dtype, dv = nd(v).dtype, dd = backward ? nd(dy).dtype : dq, od = n.dtype;
+    // The GEMMs' dtype: the inputs' own when they agree (bf16 or f32), else f32 (operands converted per task).
+    const bool same = dq == dk && dk == dv && dd == dq && (dq == DType::F32 || dq == DType::BF16);
+    const DType ct = same ? dq : DType::F32;
+    const DType ot = od == DType::F32 || od == DType::BF16 ? od : DType::F32;  // O / dQ written directly when possible
+    const bool direct_out = ot == od;
     const float scale = static_cast<float>(n.attrs.scale);
     const bool causal = n.attrs.causal;
-    const int64_t nq = B * T * H * D, nk = B * S * Hkv * D;
+    const int64_t nq = B * T * H * D, nk = B * S * Hkv * D, offset = S - T;
+    // Row strides of Q/dO, K/V and O/dQ as the GEMMs see them (in place, or per-task contiguous copies).
+    const int64_t ldq = same ? H * D : D, ldk = same ? Hkv * D : D, ldo = direct_out ? H * D : D;
+    struct Block {
+      int64_t t0, rows, keys;
+      std::shared_ptr<Gemm> qk, pv, dp, dq, dk, dv;
+    };
+    auto blocks = std::make_shared<std::vector<Block>>();
     const DType f = DType::F32;
-    auto qk = std::make_shared<Gemm>(T, S, D, f, D, 1, f, 1, D, f, false, false);     // Q·Kᵀ   [T,S]
-    auto pv = std::make_shared<Gemm>(T, D, S, f, S, 1, f, D, 1, f, false, false);     // P·V    [T,D]
-    auto tn = std::make_shared<Gemm>(S, D, T, f, 1, S, f, D, 1, f, false, true);      // Xᵀ·Y   [S,D], accumulated
-    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, scale, causal, backward, nq, nk, qk, pv, tn] {
-      const int64_t rep = H / Hkv, offset = S - T;
+    for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+      Block bl;
+      bl.t0 = t0;
+      bl.rows = std::min(kQueryBlock, T - t0);
+      bl.keys = causal ? std::clamp<int64_t>(t0 + bl.rows + offset, 0, S) : S;
+      const int64_t R = bl.rows, L = bl.keys;
+      if (L > 0) {
+        bl.qk = std::make_shared<Gemm>(R, L, D, ct, ldq, 1, ct, 1, ldk, f, false, false);  // S = Q·Kᵀ      [R, L] f32
+        if (!backward) {
+          bl.pv = std::make_shared<Gemm>(R, D, L, ct, L, 1, ct, ldk, 1, ot, false, false, ldo);  // O = P·V  [R, D]
+        } else {
+          bl.dp = std::make_shared<Gemm>(R, L, D, ct, ldq, 1, ct, 1, ldk, f, false, false);            // dP = dO·Vᵀ
+          bl.dq = std::make_shared<Gemm>(R, D, L, ct, L, 1, ct, ldk, 1, ot, false, false, ldo);        // dQ = dS·K
+          bl.dk = std::make_shared<Gemm>(L, D, R, ct, 1, L, ct, ldq, 1, f, false, true);               // dK += dSᵀ·Q
+          bl.dv = std::make_shared<Gemm>(L, D, R, ct, 1, L, ct, ldq, 1, f, false, true);               // dV += Pᵀ·dO
+        }
+      }
+      blocks->push_back(std::move(bl));
+    }
+    const size_t es = dtype_size(ct);
+    return [this, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, ct, same, direct_out, scale, causal, backward, nq, nk,
+            offset, ldq, ldk, ldo, blocks, es] {
+      const int64_t rep = H / Hkv;
       const int32_t* m = mask != kNone ? static_cast<const int32_t*>(p(mask)) : nullptr;
+      char* out = static_cast<char*>(p(id));
 #pragma omp parallel for schedule(dynamic)
       for (int64_t bh = 0; bh < B * Hkv; ++bh) {
         const int64_t b = bh / Hkv, hk = bh % Hkv;
-        std::vector<float> K(static_cast<size_t>(S * D)), Vf(static_cast<size_t>(S * D)), Q(static_cast<size_t>(T * D)), O(static_cast<size_t>(T * D));
-        std::vector<float> P(static_cast<size_t>(T * S)), dP(backward ? static_cast<size_t>(T * S) : 0), G(backward ? static_cast<size_t>(T * D) : 0);
-        std::vector<float> dK(backward ? static_cast<size_t>(S * D) : 0, 0.0f), dV(backward ? static_cast<size_t>(S * D) : 0, 0.0f);
-        std::vector<char> empty_row(static_cast<size_t>(T), 0);
-        for (int64_t j = 0; j < S; ++j) {
-          const int64_t kb = ((b * S + j) * Hkv + hk) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            K[static_cast<size_t>(j * D + d)] = ld(p(k), dk, kb + d);
-            Vf[static_cast<size_t>(j * D + d)] = ld(p(v), dv, kb + d);
-          }
+        thread_local std::vector<float> Sc, dP, dK, dV, Ot;
+        thread_local std::vector<char> P16, dS16, Kc, Vc, Qc, Gc;
+        Sc.resize(static_cast<size_t>(kQueryBlock * S));
+        P16.resize(static_cast<size_t>(kQueryBlock * S) * es);
+        // Operands: in place when their dtype is the compute dtype, else converted to contiguous f32 per task.
+        auto gather = [&](std::vector<char>& buf, graph::ValueId x, DType xd, int64_t rows, int64_t heads, int64_t head) -> const char* {
+          buf.resize(static_cast<size_t>(rows * D) * sizeof(float));
+          float* o = reinterpret_cast<float*>(buf.data());
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t d = 0; d < D; ++d) o[r * D + d] = ld(p(x), xd, ((b * rows + r) * heads + head) * D + d);
+          return buf.data();
+        };
+        const char* K = same ? static_cast<const char*>(p(k)) + static_cast<size_t>(((b * S) * Hkv + hk) * D) * es : gather(Kc, k, dk, S, Hkv, hk);
+        const char* V = same ? static_cast<const char*>(p(v)) + static_cast<size_t>(((b * S) * Hkv + hk) * D) * es : gather(Vc, v, dv, S, Hkv, hk);
+        if (backward) {
+          dP.resize(static_cast<size_t>(kQueryBlock * S));
+          dS16.resize(static_cast<size_t>(kQueryBlock * S) * es);
+          dK.assign(static_cast<size_t>(S * D), 0.0f);
+          dV.assign(static_cast<size_t>(S * D), 0.0f);
         }
+        if (!direct_out) Ot.resize(static_cast<size_t>(T * D));
         for (int64_t h = hk * rep; h < (hk + 1) * rep; ++h) {
-          for (int64_t t = 0; t < T; ++t) {
-            const int64_t qb = ((b * T + t) * H + h) * D;
-            for (int64_t d = 0; d < D; ++d) Q[static_cast<size_t>(t * D + d)] = ld(p(q), dq, qb + d);
-            if (backward)
-              for (int64_t d = 0; d < D; ++d) G[static_cast<size_t>(t * D + d)] = ld(p(dy), dd, qb + d);
-          }
-          qk->run(Q.data(), K.data(), P.data());
-          // Row-wise masked softmax of scale·scores.
-          for (int64_t t = 0; t < T; ++t) {
-            float* row = P.data() + t * S;
-            const int64_t limit = causal ? std::min(S, t + offset + 1) : S;
-            const int32_t seg = m ? m[b * S + t + offset] : 1;  // segment ids: 0 = padding, else the packed sequence
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < S; ++j) {
-              if (j >= limit || (m && (m[b * S + j] == 0 || m[b * S + j] != seg))) {
-                row[j] = -INFINITY;
-                continue;
-              }
-              row[j] = backward ? row[j] * scale : rnd(dq, rnd(dq, row[j]) * scale);
-              mx = std::max(mx, row[j]);
-            }
-            empty_row[static_cast<size_t>(t)] = mx == -INFINITY;
-            if (mx == -INFINITY) {
-              std::fill(row, row + S, 0.0f);
+          const char* Q = same ? static_cast<const char*>(p(q)) + static_cast<size_t>(((b * T) * H + h) * D) * es : gather(Qc, q, dq, T, H, h);
+          const char* G = !backward ? nullptr
+                          : same    ? static_cast<const char*>(p(dy)) + static_cast<size_t>(((b * T) * H + h) * D) * es
+                                    : gather(Gc, dy, dd, T, H, h);
+          char* O = direct_out ? out + static_cast<size_t>(((b * T) * H + h) * D) * dtype_size(od) : reinterpret_cast<char*>(Ot.data());
+          for (const Block& bl : *blocks) {
+            const int64_t R = bl.rows, L = bl.keys;
+            char* Ob = O + static_cast<size_t>(bl.t0 * ldo) * dtype_size(direct_out ? od : DType::F32);
+            if (L == 0) {  // no visible key: the rows are zero
+              for (int64_t r = 0; r < R; ++r) std::memset(Ob + static_cast<size_t>(r * ldo) * dtype_size(direct_out ? od : DType::F32), 0, static_cast<size_t>(D) * dtype_size(direct_out ? od : DType::F32));
               continue;
             }
-            kernels::exp_shift(row, limit, mx);
-            std::fill(row + limit, row + S, 0.0f);
-            const float inv = 1.0f / kernels::sum(row, limit);
-            if (backward || dq == DType::F32) {
-              for (int64_t j = 0; j < limit; ++j) row[j] *= inv;
-            } else {
-              for (int64_t j = 0; j < limit; ++j) row[j] = rnd(dq, row[j] * inv);
+            const char* Qb = Q + static_cast<size_t>(bl.t0 * ldq) * es;
+            bl.qk->run(Qb, K, Sc.data());
+            // Row-wise masked softmax of scale·scores → P (f32 in Sc, and in the compute dtype in P16).
+            for (int64_t r = 0; r < R; ++r) {
+              const int64_t t = bl.t0 + r;
+              float* row = Sc.data() + r * L;
+              const int64_t limit = causal ? std::min(L, t + offset + 1) : L;
+              const int32_t seg = m ? m[b * S + t + offset] : 1;  // segment ids: 0 = padding, else the packed sequence
+              float mx = -INFINITY;
+              for (int64_t j = 0; j < limit; ++j) {
+                if (m && (m[b * S + j] == 0 || m[b * S + j] != seg)) {
+                  row[j] = -INFINITY;
+                  continue;
+                }
+                row[j] = rnd(ct, rnd(ct, row[j]) * scale);
+                mx = std::max(mx, row[j]);
+              }
+              if (mx == -INFINITY) {
+                std::fill(row, row + L, 0.0f);
+              } else {
+                kernels::exp_shift(row, limit, mx);
+                std::fill(row + limit, row + L, 0.0f);
+                const float inv = 1.0f / kernels::sum(row, limit);
+                for (int64_t j = 0; j < limit; ++j) row[j] = rnd(ct, row[j] * inv);
+              }
+              if (ct == DType::BF16) {
+                uint16_t* p16 = reinterpret_cast<uint16_t*>(P16.data()) + r * L;
+                for (int64_t j = 0; j < L; ++j) p16[j] = f32_to_bf16(row[j]);
+              }
             }
-          }
-          if (!backward) {
-            pv->run(P.data(), Vf.data(), O.data());
-            for (int64_t t = 0; t < T; ++t) {
-              const int64_t qb = ((b * T + t) * H + h) * D;
-              for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, empty_row[static_cast<size_t>(t)] ? 0.0f : O[static_cast<size_t>(t * D + d)]);
+            const char* Pc = ct == DType::BF16 ? P16.data() : reinterpret_cast<const char*>(Sc.data());
+            if (!backward) {
+              bl.pv->run(Pc, V, Ob);
+              continue;
             }
-            continue;
+            // dP = dO·Vᵀ; dS = P∘(dP - Σ_j P∘dP)·scale; dQ = dS·K; dK += dSᵀ·Q; dV += Pᵀ·dO.
+            const char* Gb = G + static_cast<size_t>(bl.t0 * ldq) * es;
+            bl.dp->run(Gb, V, dP.data());
+            for (int64_t r = 0; r < R; ++r) {
+              const float* pr = Sc.data() + r * L;
+              float* dr = dP.data() + r * L;
+              const float pdp = kernels::dot(pr, dr, L);
+              for (int64_t j = 0; j < L; ++j) dr[j] = pr[j] * (dr[j] - pdp) * scale;
+              if (ct == DType::BF16) {
+                uint16_t* d16 = reinterpret_cast<uint16_t*>(dS16.data()) + r * L;
+                for (int64_t j = 0; j < L; ++j) d16[j] = f32_to_bf16(dr[j]);
+              }
+            }
+            const char* dS = ct == DType::BF16 ? dS16.data() : reinterpret_cast<const char*>(dP.data());
+            bl.dq->run(dS, K, Ob);
+            bl.dk->run(dS, Qb, dK.data());
+            bl.dv->run(Pc, Gb, dV.data());
           }
-          // dP = dO·Vᵀ; dS = P∘(dP - Σ_j P∘dP)·scale; dQ = dS·K; dK += dSᵀ·Q; dV += Pᵀ·dO.
-          qk->run(G.data(), Vf.data(), dP.data());
-          for (int64_t t = 0; t < T; ++t) {
-            float* pr = P.data() + t * S;
-            float* dr = dP.data() + t * S;
-            const float pdp = kernels::dot(pr, dr, S);
-            for (int64_t j = 0; j < S; ++j) dr[j] = pr[j] * (dr[j] - pdp) * scale;
-          }
-          pv->run(dP.data(), K.data(), O.data());
-          for (int64_t t = 0; t < T; ++t) {
-            const int64_t qb = ((b * T + t) * H + h) * D;
-            for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, O[static_cast<size_t>(t * D + d)]);
-          }
-          tn->run(dP.data(), Q.data(), dK.data());
-          tn->run(P.data(), G.data(), dV.data());
+          if (!direct_out)
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t d = 0; d < D; ++d) st(out, od, ((b * T + t) * H + h) * D + d, Ot[static_cast<size_t>(t * D + d)]);
         }
         if (backward) {
           for (int64_t j = 0; j < S; ++j) {
             const int64_t kb = ((b * S + j) * Hkv + hk) * D;
             for (int64_t d = 0; d < D; ++d) {
-              st(p(id), od, nq + kb + d, dK[static_cast<size_t>(j * D + d)]);
-              st(p(id), od, nq + nk + kb + d, dV[static_cast<size_t>(j * D + d)]);
+              st(out, od, nq + kb + d, dK[static_cast<size_t>(j * D + d)]);
+              st(out, od, nq + nk + kb + d, dV[static_cast<size_t>(j * D + d)]);
             }
           }
         }
@@ -754,6 +831,13 @@ class CpuProgram final : public Program {
     auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
     auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
     auto lse = std::make_shared<std::vector<float>>(static_cast<size_t>(R));
+    const std::array<graph::ValueId, 3> key = {h, w, tg};
+    std::shared_ptr<std::vector<float>> shared_lse;
+    if (!backward) {
+      saved_lse_[key] = lse;
+    } else if (auto it = saved_lse_.find(key); it != saved_lse_.end()) {
+      shared_lse = it->second;  // the forward node runs earlier in the same program
+    }
     // Backward: dz = dlogp·(onehot - softmax) per chunk, in the GEMM type (bf16 for a bf16 model, as autocast
     // rounds the logits' gradient); dh += dz·w_chunk and dw_chunk = dzᵀ·h, both accumulated in f32.
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
@@ -784,12 +868,18 @@ class CpuProgram final : public Program {
           wp = reinterpret_cast<const char*>(wbuf->data());
         }
         (c == chunk ? full : last)->run(hp, wp, logits->data());
-        // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
-        if (dh != DType::F32)
-          for (int64_t i = 0; i < R * c; ++i) (*logits)[static_cast<size_t>(i)] = rnd(dh, (*logits)[static_cast<size_t>(i)]);
         (void)wsize;
       };
-      // Pass 1: running max and sum of exp per row, and the target logit.
+      // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
+      auto round_row = [dh](float* z, int64_t c) {
+        if (dh != DType::F32)
+          for (int64_t j = 0; j < c; ++j) z[j] = rnd(dh, z[j]);
+      };
+      // Pass 1: running max and sum of exp per row, and the target logit. The backward node of the same
+      // (h, w, targets) reuses the forward's logsumexp instead of recomputing the logits once more.
+      if (backward && shared_lse) {
+        std::copy(shared_lse->begin(), shared_lse->end(), lse->begin());
+      } else {
       std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), target(static_cast<size_t>(R), 0.0f);
       for (int64_t j0 = 0; j0 < V; j0 += chunk) {
         const int64_t c = std::min(chunk, V - j0);
@@ -797,6 +887,7 @@ class CpuProgram final : public Program {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < R; ++r) {
           float* z = logits->data() + r * c;
+          round_row(z, c);
           if (t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
           float m = mx[static_cast<size_t>(r)];
           for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
@@ -812,6 +903,7 @@ class CpuProgram final : public Program {
         for (int64_t r = 0; r < R; ++r) st(p(id), od, r, target[static_cast<size_t>(r)] - (*lse)[static_cast<size_t>(r)]);
         return;
       }
+      }
       // Pass 2: dz = dlogp·(onehot - softmax); dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
       float* out = static_cast<float*>(p(id));  // packed [dh | dw], f32
       std::fill(out, out + R * C, 0.0f);
@@ -824,6 +916,7 @@ class CpuProgram final : public Program {
           const float g = ld(p(dl), dd, r);
           float* z = logits->data() + r * c;
           uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
+          round_row(z, c);
           kernels::exp_shift(z, c, (*lse)[static_cast<size_t>(r)]);  // softmax of the chunk
           const bool hit = t[r] >= j0 && t[r] < j0 + c;
           if (to16) {
@@ -847,7 +940,9 @@ class CpuProgram final : public Program {
   }
 
   Graph g_;
+  std::map<std::array<graph::ValueId, 3>, std::shared_ptr<std::vector<float>>> saved_lse_;  // token_logprobs (h, w, targets)
   std::vector<void*> ptr_;
+  std::vector<bool> inplace_;  // nodes whose output is an input's buffer, updated in place
   std::vector<size_t> offsets_;
   std::vector<std::function<void()>> kernels_;
   Tensor arena_;
