@@ -19,6 +19,8 @@ class Program {
   virtual ~Program() = default;
   // Every graph input must be bound in `inputs` with its exact dtype and shape (a clear error otherwise).
   virtual std::vector<Tensor> run(const TensorMap& inputs) = 0;
+  // Bytes of the program's planned working memory (its arena); 0 where the backend does not plan one.
+  virtual size_t arena_bytes() const { return 0; }
 };
 
 class Backend {

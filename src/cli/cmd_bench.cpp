@@ -57,6 +57,7 @@ void register_bench(CLI::App& app) {
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
     int64_t layers = 0, batch = 1, seq = 512, steps = 3;
+    bool gradient_checkpointing = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
@@ -65,6 +66,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option(flag("seq"), a->seq, "Tokens per sequence")->capture_default_str()->check(CLI::Range(2, 1 << 20));
   cmd->add_option(flag("dtype"), a->dtype, "bf16 (bf16 compute, f32 master weights) | f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
   cmd->add_option(flag("steps"), a->steps, "Timed steps (after one warm-up step)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag(flag("gradient_checkpointing"), a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
   cmd->callback([a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
@@ -78,12 +80,12 @@ void register_bench(CLI::App& app) {
     auto backend = make_cpu_backend();
     ProgramCache cache(*backend);
     auto t0 = Clock::now();
-    const graph::Graph g = model.training_graph(B, T);
+    const graph::Graph g = model.training_graph(B, T, DType::F32, a->gradient_checkpointing);
     const double trace_s = since(t0);
     t0 = Clock::now();
     Program* program = &cache.get(g);
     const double compile_s = since(t0);
-    const graph::Graph again = model.training_graph(B, T);  // traced anew, as a trainer would for its next batch
+    const graph::Graph again = model.training_graph(B, T, DType::F32, a->gradient_checkpointing);  // traced anew, as a trainer would for its next batch
     t0 = Clock::now();
     program = &cache.get(again);
     const double hit_s = since(t0);
@@ -139,6 +141,7 @@ void register_bench(CLI::App& app) {
     j["batch"] = B;
     j["seq"] = T;
     j["threads"] = num_threads();
+    j["gradient_checkpointing"] = a->gradient_checkpointing;
     j["parameters"] = model.num_parameters();
     j["step_seconds_best"] = best;
     j["step_seconds_mean"] = total / static_cast<double>(a->steps);
@@ -147,6 +150,7 @@ void register_bench(CLI::App& app) {
     j["gemm_peak_gflops"] = peak / 1e9;
     j["mfu"] = flops / best / peak;
     j["peak_rss_mb"] = static_cast<double>(ru.ru_maxrss) / 1024.0;
+    j["arena_mb"] = static_cast<double>(program->arena_bytes()) / (1024.0 * 1024.0);
     j["trace_seconds"] = trace_s;
     j["compile_seconds"] = compile_s;
     j["cache_hit_ms"] = hit_s * 1e3;

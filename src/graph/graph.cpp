@@ -99,6 +99,7 @@ uint64_t Graph::hash() const {
 }
 
 ValueId Builder::push(Node node) {
+  node.segment = segment_;
   graph_.nodes.push_back(std::move(node));
   return static_cast<ValueId>(graph_.nodes.size() - 1);
 }

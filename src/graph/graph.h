@@ -70,6 +70,7 @@ struct Node {
   DType dtype = DType::F32;
   std::string name;             // inputs: the binding name; others: a debug name such as "blk.3.attn_q"
   Attrs attrs;
+  int32_t segment = -1;         // the checkpoint segment (decoder layer) a forward node belongs to; -1: none
 };
 
 struct Graph {
@@ -117,6 +118,9 @@ class Builder {
   ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
   void output(ValueId v);
+  // Nodes pushed from now on belong to checkpoint segment `s` (-1: none); see rematerialize() in passes.h.
+  void set_segment(int32_t s) { segment_ = s; }
+  size_t size() const { return graph_.nodes.size(); }
   // The input value named `name`, or kNone.
   ValueId find_input(const std::string& name) const;
 
@@ -128,6 +132,7 @@ class Builder {
   ValueId push(Node node);
   void check(ValueId v, const char* what) const;
   Graph graph_;
+  int32_t segment_ = -1;
 };
 
 }  // namespace trl::graph

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "graph/autodiff.h"
+#include "graph/passes.h"
 #include "io/hub.h"
 #include "runtime/runtime.h"
 
@@ -180,6 +181,7 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i) + ".";
     const std::string tag = "blk." + std::to_string(i) + ".";
+    b.set_segment(static_cast<int32_t>(i));  // one checkpoint segment per decoder layer
     ValueId x = b.rms_norm(h, W(l + "input_layernorm.weight"), c.rms_norm_eps, tag + "attn_norm");
     ValueId q = b.matmul(x, W(l + "self_attn.q_proj.weight"), opt_W(l + "self_attn.q_proj.bias"), dt, tag + "attn_q");
     ValueId k = b.matmul(x, W(l + "self_attn.k_proj.weight"), opt_W(l + "self_attn.k_proj.bias"), dt, tag + "attn_k");
@@ -205,12 +207,13 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
     h = b.add(h, d, tag + "ffn_residual");
     (void)C;
   }
+  b.set_segment(-1);
   h = b.rms_norm(h, W("model.norm.weight"), c.rms_norm_eps, "output_norm");
   *head_out = c.tie_word_embeddings ? embed : W("lm_head.weight");
   return h;
 }
 
-graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype) const {
+graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing) const {
   Builder b;
   ValueId head = kNone;
   const ValueId h = build_hidden(b, B, T, &head);
@@ -218,12 +221,14 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype) co
   const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
+  const size_t forward_nodes = b.size();
   std::vector<std::string> names;
   for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
   const auto grads = graph::add_backward(b, loss, names, grad_dtype);
   b.output(loss);
   for (const std::string& name : names) b.output(grads.at(name));
-  return b.finish();
+  graph::Graph g = b.finish();
+  return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
 
 graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {

@@ -68,7 +68,9 @@ class CausalLM {
   // Inputs: input_ids, position_ids, attention_mask, labels (i32 [B,T]: the next token at each position, any valid
   // id where the weight is 0), loss_weights (f32 [B,T]), and the parameters.
   // Outputs: loss (f32 scalar), then the gradient of each parameter in parameter_shapes() order (f32).
-  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32) const;
+  // gradient_checkpointing: keep only each layer's input and recompute the layer in the backward pass
+  // (graph::rematerialize); same results bit for bit, about one layer's activations alive instead of all.
+  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

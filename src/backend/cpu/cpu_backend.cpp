@@ -216,6 +216,12 @@ class CpuProgram final : public Program {
       }
     }
     // Outputs are views into the arena (no copy): valid until this program runs again (clone() to keep one).
+    return outputs(bound);
+  }
+  size_t arena_bytes() const override { return arena_bytes_; }
+
+ private:
+  std::vector<Tensor> outputs(const std::vector<Tensor>& bound) {
     std::vector<Tensor> out;
     for (graph::ValueId v : g_.outputs) {
       const Node& n = g_.node(v);
