@@ -21,6 +21,9 @@ class Program {
   virtual std::vector<Tensor> run(const TensorMap& inputs) = 0;
   // Bytes of the program's planned working memory (its arena); 0 where the backend does not plan one.
   virtual size_t arena_bytes() const { return 0; }
+  // The program's plan in a form the backend can reuse for the same graph (the on-disk cache keeps it); empty
+  // where the backend has nothing worth keeping.
+  virtual std::string plan_blob() const { return {}; }
 };
 
 class Backend {
@@ -28,6 +31,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual std::unique_ptr<Program> compile(const graph::Graph& graph) = 0;
+  // Compiles `graph` reusing `plan` (a plan_blob() of an earlier compile of the same graph). A plan that does not
+  // fit the graph is not used: the program is planned anew and *used is false.
+  virtual std::unique_ptr<Program> compile_with_plan(const graph::Graph& graph, const std::string& plan, bool* used) {
+    (void)plan;
+    *used = false;
+    return compile(graph);
+  }
 };
 
 // The oracle: plain loops, f64 accumulation, rounding to each value's dtype exactly where Transformers rounds.

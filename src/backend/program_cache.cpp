@@ -3,14 +3,36 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+#include "core/fs.h"
+#include "runtime/runtime.h"
+
 namespace trl {
 
+std::string default_program_cache_dir() {
+  if (const char* v = std::getenv("TRL_DISK_CACHE"); v != nullptr && std::string(v) == "0") return {};
+  return (std::filesystem::path(cache_dir()) / "programs").string();
+}
+
+uint64_t ProgramCache::key(const graph::Graph& graph) const {
+  // FNV-1a of the backend's name, so the key is the same in every run (std::hash need not be).
+  uint64_t h = 1469598103934665603ull;
+  for (char c : backend_.name()) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return graph.hash() ^ (h * 0x9e3779b97f4a7c15ull);
+}
+
+std::string ProgramCache::plan_path(uint64_t key) const {
+  if (disk_dir_.empty()) return {};
+  return (std::filesystem::path(disk_dir_) / fmt::format("{}-{:016x}.plan", backend_.name(), key)).string();
+}
+
 Program& ProgramCache::get(const graph::Graph& graph) {
-  const uint64_t key = graph.hash() ^ (std::hash<std::string>{}(backend_.name()) * 0x9e3779b97f4a7c15ull);
+  const uint64_t key = this->key(graph);
   auto it = index_.find(key);
   if (it != index_.end()) {
     ++stats_.hits;
@@ -22,7 +44,34 @@ Program& ProgramCache::get(const graph::Graph& graph) {
   const char* log = std::getenv("TRL_LOG_RECOMPILES");
   if (log != nullptr && std::string(log) == "1") log_miss(graph, shapes);
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Program> program = backend_.compile(graph);
+  std::unique_ptr<Program> program;
+  bool from_disk = false;
+  const std::string path = plan_path(key);
+  if (!path.empty() && std::filesystem::exists(path)) {
+    bool used = false;
+    try {
+      program = backend_.compile_with_plan(graph, read_text_file(path), &used);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "[trl] warning: cannot read the cached plan %s: %s\n", path.c_str(), e.what());
+    }
+    from_disk = program && used;
+    if (from_disk) ++stats_.disk_hits;
+    else if (program) std::fprintf(stderr, "[trl] warning: the cached plan %s does not fit its graph; planned anew\n", path.c_str());
+  }
+  if (!program) program = backend_.compile(graph);
+  if (!path.empty() && !from_disk) {  // a new plan, or one that replaces an unusable file
+    const std::string blob = program->plan_blob();
+    if (!blob.empty()) {
+      try {
+        std::error_code ec;
+        std::filesystem::create_directories(disk_dir_, ec);
+        write_text_file_atomic(path, blob);
+        ++stats_.disk_writes;
+      } catch (const Error& e) {
+        std::fprintf(stderr, "[trl] warning: cannot write the plan cache %s: %s\n", path.c_str(), e.what());
+      }
+    }
+  }
   stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.compilations;
   entries_.push_front(Entry{key, std::move(shapes), std::move(program), stats_.compilations});

@@ -18,5 +18,6 @@ void register_score(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_compile(CLI::App& app);
 
 }  // namespace trl::cli

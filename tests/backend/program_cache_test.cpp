@@ -1,4 +1,6 @@
 #include <cstdlib>
+#include <filesystem>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +55,72 @@ TEST(ProgramCache, EvictsTheLeastRecentlyUsed) {
   EXPECT_EQ(cache.stats().hits, 2);
   (void)cache.get(model.forward_graph(1, 3));
   EXPECT_EQ(cache.stats().compilations, 4);
+}
+
+// A second process (here: a second cache) finds the plan on disk, compiles from it and gets the same results; a
+// damaged plan file is reported, ignored and replaced.
+TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
+  ModelConfig c = preset_config("tiny", DType::F32);
+  const CausalLM model = CausalLM::from_weights(c, init_weights(c, DType::F32, 3, 0.1, true));
+  test::TempDir dir;
+  auto backend = make_cpu_backend();
+  TensorMap in = model.weights();
+  Tensor mask = Tensor::from_i32(std::vector<int32_t>{1, 1, 1, 1, 1, 1}, {2, 3});
+  in["input_ids"] = Tensor::from_i32(std::vector<int32_t>{5, 6, 7, 8, 9, 10}, {2, 3}), in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask);
+  in["labels"] = Tensor::from_i32(std::vector<int32_t>{6, 7, 8, 9, 10, 11}, {2, 3});
+  in["loss_weights"] = Tensor::from_f32(std::vector<float>{-0.25f, -0.25f, 0, -0.25f, -0.25f, 0}, {2, 3});
+  const graph::Graph g = model.training_graph(2, 3);
+  std::vector<std::vector<float>> first;
+  std::string path;
+  {
+    ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
+    for (const Tensor& t : cache.get(g).run(in)) first.push_back(t.to_f32_vector());
+    EXPECT_EQ(cache.stats().disk_hits, 0);
+    EXPECT_EQ(cache.stats().disk_writes, 1);
+    path = cache.plan_path(cache.key(g));
+    ASSERT_TRUE(std::filesystem::exists(path));
+  }
+  {
+    ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
+    const auto out = cache.get(model.training_graph(2, 3)).run(in);
+    EXPECT_EQ(cache.stats().compilations, 1);
+    EXPECT_EQ(cache.stats().disk_hits, 1);
+    EXPECT_EQ(cache.stats().disk_writes, 0);
+    for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k].to_f32_vector(), first[k]);
+  }
+  test::write_file(path, "trl-cpu-plan 1 3 64\n0 0\n");  // the wrong node count
+  {
+    ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
+    testing::internal::CaptureStderr();
+    const auto out = cache.get(g).run(in);
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("does not fit its graph"), std::string::npos) << log;
+    EXPECT_EQ(cache.stats().disk_hits, 0);
+    EXPECT_EQ(cache.stats().disk_writes, 1);  // replaced by a good plan
+    for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k].to_f32_vector(), first[k]);
+  }
+}
+
+TEST(Cli, CompileFillsTheDiskCacheOncePerBucket) {
+  test::TempDir dir;
+  const std::string cmd = "TRL_CACHE_DIR=" + dir.path() + " " + std::string(TRL_BINARY) +
+                          " compile --preset tiny --per_device_train_batch_size 2 --max_length 40 --pad_to_multiple_of 16 --dtype f32";
+  for (bool second : {false, true}) {
+    std::string out;
+    ASSERT_EQ(test::run_command(cmd, &out), 0) << out;
+    std::vector<int64_t> seqs;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      seqs.push_back(j["seq"].get<int64_t>());
+      EXPECT_EQ(j["plan_from_disk"].get<bool>(), second) << line;
+      EXPECT_TRUE(std::filesystem::exists(j["plan"].get<std::string>())) << line;
+    }
+    EXPECT_EQ(seqs, (std::vector<int64_t>{16, 32, 40})) << out;
+  }
+  std::string out;
+  EXPECT_NE(test::run_command(std::string(TRL_BINARY) + " compile --preset tiny --pad_to_multiple_of twelve 2>&1", &out), 0);
+  EXPECT_NE(out.find("pad_to_multiple_of: 'twelve'"), std::string::npos) << out;
 }
 
 TEST(Cli, BenchTrainPrintsItsFigures) {

@@ -15,6 +15,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include <dnnl.hpp>
 
@@ -187,9 +190,12 @@ constexpr int64_t kVocabChunk = 4096;  // token_logprobs works on [rows, 4096] l
 
 class CpuProgram final : public Program {
  public:
-  CpuProgram(const Graph& g, ProgramStats* stats) : g_(g) {
+  CpuProgram(const Graph& g, ProgramStats* stats, const std::string* cached_plan = nullptr, bool* used = nullptr) : g_(g) {
     const auto t0 = std::chrono::steady_clock::now();
-    plan();
+    const bool reused = cached_plan != nullptr && load_plan(*cached_plan);
+    if (used) *used = reused;
+    if (!reused) plan();
+    allocate();
     for (size_t i = 0; i < g_.nodes.size(); ++i) kernels_.push_back(lower(static_cast<graph::ValueId>(i)));
     if (stats) {
       stats->arena_bytes = arena_bytes_;
@@ -303,6 +309,53 @@ class CpuProgram final : public Program {
       live.emplace_back(last[i], b);
     }
     arena_bytes_ = top;
+  }
+
+  // The plan as text: a header line, then "offset inplace" per node (offset - for none).
+  static constexpr const char* kPlanMagic = "trl-cpu-plan 1";
+  std::string plan_blob() const override {
+    std::string out = fmt::format("{} {} {}\n", kPlanMagic, g_.nodes.size(), arena_bytes_);
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      out += offsets_[i] == SIZE_MAX ? fmt::format("- {}\n", inplace_[i] ? 1 : 0) : fmt::format("{} {}\n", offsets_[i], inplace_[i] ? 1 : 0);
+    return out;
+  }
+  // Adopts a plan_blob() after checking that it fits this graph: node count, every buffer inside the arena, buffers
+  // exactly for the nodes that need one, in-place only where allowed. Anything else: false (plan anew).
+  bool load_plan(const std::string& blob) {
+    std::istringstream in(blob);
+    std::string magic1, magic2;
+    size_t n = 0, arena = 0;
+    if (!(in >> magic1 >> magic2 >> n >> arena) || magic1 + " " + magic2 != kPlanMagic || n != g_.nodes.size()) return false;
+    std::vector<size_t> offsets(n, SIZE_MAX);
+    std::vector<bool> inplace(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      std::string off;
+      int ip = 0;
+      if (!(in >> off >> ip) || (ip != 0 && ip != 1)) return false;
+      const Node& nd = g_.nodes[i];
+      const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || ip == 1;
+      if (ip == 1 && (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone)) return false;
+      if (off == "-") {
+        if (!alias) return false;
+      } else {
+        if (alias) return false;
+        char* end = nullptr;
+        const unsigned long long v = std::strtoull(off.c_str(), &end, 10);
+        if (end == off.c_str() || *end != '\0' || v + data_bytes(i) + 64 > arena) return false;
+        offsets[i] = static_cast<size_t>(v);
+      }
+      inplace[i] = ip == 1;
+    }
+    offsets_ = std::move(offsets);
+    inplace_ = std::move(inplace);
+    arena_bytes_ = arena;
+    return true;
+  }
+
+  void allocate() {
+    const size_t n = g_.nodes.size();
+    ptr_.assign(n, nullptr);
+    const size_t top = arena_bytes_;
     arena_ = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
     arena_keepalive_ = std::make_shared<Tensor>(arena_);
     char* base = static_cast<char*>(arena_.mutable_data());
@@ -966,6 +1019,13 @@ class CpuBackend final : public Backend {
     omp_set_num_threads(num_threads());
     ProgramStats stats;
     auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats);
+    last_stats_ = stats;
+    return p;
+  }
+  std::unique_ptr<Program> compile_with_plan(const Graph& graph, const std::string& plan, bool* used) override {
+    omp_set_num_threads(num_threads());
+    ProgramStats stats;
+    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats, &plan, used);
     last_stats_ = stats;
     return p;
   }
