@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/elementwise.h"
 #include "core/error.h"
 #include "graph/passes.h"
 #include "runtime/runtime.h"
@@ -62,6 +63,15 @@ inline float rnd(DType dt, float v) {
   if (dt == DType::F16) return f16_to_f32(f32_to_f16(v));
   return v;
 }
+
+}  // namespace
+
+float cpu::load_any(const void* p, DType dt, int64_t i) { return ld(p, dt, i); }
+void cpu::store_any(void* p, DType dt, int64_t i, float v) { st(p, dt, i, v); }
+
+namespace {
+
+using cpu::dispatch;
 
 dnnl::memory::data_type dnnl_type(DType dt) {
   switch (dt) {
@@ -139,6 +149,25 @@ class Gemm {
   dnnl::matmul prim_;
   bool has_bias_ = false;
 };
+
+// Σ x² over n elements from `base`, in double, eight lanes (vectorisable without reassociating a single sum).
+template <class A>
+double sum_squares(const A& x, int64_t base, int64_t n) {
+  double acc[8] = {};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int k = 0; k < 8; ++k) {
+      const double v = x.ld(base + c + k);
+      acc[k] += v * v;
+    }
+  for (; c < n; ++c) {
+    const double v = x.ld(base + c);
+    acc[0] += v * v;
+  }
+  double s = 0;
+  for (double a : acc) s += a;
+  return s;
+}
 
 // Hot inner loops (reductions GCC will not vectorise on its own), compiled for AVX-512, AVX2 and the x86-64 baseline; the loader picks one at run time (GCC
 // target_clones), so the binary runs anywhere and never needs -march=native.
@@ -435,9 +464,11 @@ class CpuProgram final : public Program {
           const int32_t* x = static_cast<const int32_t*>(p(ids));
           for (int64_t r = 0; r < rows; ++r)
             if (x[r] < 0 || x[r] >= V) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", x[r], r, V);
+          dispatch(td, p(table), od, p(id), [&](auto tab, auto out) {
 #pragma omp parallel for schedule(static)
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < C; ++c) st(p(id), od, r * C + c, ld(p(table), td, x[r] * C + c));
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < C; ++c) out.st(r * C + c, tab.ld(x[r] * C + c));
+          });
         };
       }
       case Op::MatMul: {  // y[M,N] = x[M,K]·w[N,K]ᵀ + b
@@ -464,11 +495,13 @@ class CpuProgram final : public Program {
         const DType da = nd(a).dtype, db = nd(b).dtype;
         const int64_t count = shape_numel(n.shape);
         return [this, id, a, b, da, db, od, count] {
+          dispatch(da, p(a), db, p(b), od, p(id), [&](auto ga, auto ub, auto out) {
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < count; ++i) {
-            const float g = ld(p(a), da, i);
-            st(p(id), od, i, rnd(da, g / (1.0f + std::exp(-g))) * ld(p(b), db, i));
-          }
+            for (int64_t i = 0; i < count; ++i) {
+              const float g = ga.ld(i);
+              out.st(i, ga.round(g / (1.0f + std::exp(-g))) * ub.ld(i));
+            }
+          });
         };
       }
       case Op::SwiGLUBackward: {
@@ -476,13 +509,18 @@ class CpuProgram final : public Program {
         const DType da = nd(a).dtype, db = nd(b).dtype, dd = nd(dy).dtype;
         const int64_t count = shape_numel(nd(a).shape);
         return [this, id, a, b, dy, da, db, dd, od, count] {
+          const DType pair = da == db ? da : DType::F64;  // gate and up share a dtype in practice (else: any-dtype loads)
+          dispatch(pair, p(a), dd, p(dy), od, p(id), [&](auto ga, auto dya, auto out) {
+            auto ub = ga;
+            ub.p = static_cast<decltype(ga.p)>(p(b));
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < count; ++i) {
-            const float g = ld(p(a), da, i), u = ld(p(b), db, i), d = ld(p(dy), dd, i);
-            const float sig = 1.0f / (1.0f + std::exp(-g));
-            st(p(id), od, i, d * u * sig * (1.0f + g * (1.0f - sig)));
-            st(p(id), od, count + i, d * g * sig);
-          }
+            for (int64_t i = 0; i < count; ++i) {
+              const float g = ga.ld(i), u = ub.ld(i), d = dya.ld(i);
+              const float sig = 1.0f / (1.0f + std::exp(-g));
+              out.st(i, d * u * sig * (1.0f + g * (1.0f - sig)));
+              out.st(count + i, d * g * sig);
+            }
+          });
         };
       }
       case Op::Add: {
@@ -498,8 +536,10 @@ class CpuProgram final : public Program {
             for (int64_t i = 0; i < count; ++i) z[i] = x[i] + y[i];
             return;
           }
+          dispatch(da, p(a), db, p(b), od, p(id), [&](auto x, auto y, auto z) {
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < count; ++i) st(p(id), od, i, ld(p(a), da, i) + ld(p(b), db, i));
+            for (int64_t i = 0; i < count; ++i) z.st(i, x.ld(i) + y.ld(i));
+          });
         };
       }
       case Op::ScaleBy: {
@@ -508,8 +548,10 @@ class CpuProgram final : public Program {
         const int64_t count = shape_numel(n.shape);
         return [this, id, a, s, da, ds, od, count] {
           const float sc = ld(p(s), ds, 0);
+          dispatch(da, p(a), od, p(id), [&](auto x, auto z) {
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < count; ++i) st(p(id), od, i, sc * ld(p(a), da, i));
+            for (int64_t i = 0; i < count; ++i) z.st(i, sc * x.ld(i));
+          });
         };
       }
       case Op::WeightedSum: {
@@ -617,17 +659,18 @@ class CpuProgram final : public Program {
     const int64_t C = n.shape.back(), R = shape_numel(n.shape) / C;
     const DType dx = nd(x).dtype, dw = nd(w).dtype, od = n.dtype;
     const float eps = static_cast<float>(n.attrs.eps);
-    return [this, id, x, w, C, R, dx, dw, od, eps] {
+    auto wf = std::make_shared<std::vector<float>>(static_cast<size_t>(C));
+    return [this, id, x, w, C, R, dx, dw, od, eps, wf] {
+      for (int64_t c = 0; c < C; ++c) (*wf)[static_cast<size_t>(c)] = ld(p(w), dw, c);
+      const float* wv = wf->data();
+      dispatch(dx, p(x), od, p(id), [&](auto xa, auto out) {
 #pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < R; ++r) {
-        double ss = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const float v = ld(p(x), dx, r * C + c);
-          ss += static_cast<double>(v) * v;
+        for (int64_t r = 0; r < R; ++r) {
+          const double ss = sum_squares(xa, r * C, C);
+          const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
+          for (int64_t c = 0; c < C; ++c) out.st(r * C + c, xa.round(xa.ld(r * C + c) * inv) * wv[c]);
         }
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
-        for (int64_t c = 0; c < C; ++c) st(p(id), od, r * C + c, rnd(dx, ld(p(x), dx, r * C + c) * inv) * ld(p(w), dw, c));
-      }
+      });
     };
   }
 
@@ -638,23 +681,33 @@ class CpuProgram final : public Program {
     const DType dx = nd(x).dtype, dw = w != kNone ? nd(w).dtype : DType::F32, dd = nd(dy).dtype, od = n.dtype;
     const double eps = n.attrs.eps;
     auto acc = std::make_shared<std::vector<double>>();
-    return [this, id, x, w, dy, C, R, dx, dw, dd, od, eps, want_x, acc] {
+    auto wf = std::make_shared<std::vector<float>>(static_cast<size_t>(C));
+    return [this, id, x, w, dy, C, R, dx, dw, dd, od, eps, want_x, acc, wf] {
       if (want_x) {
+        for (int64_t c = 0; c < C; ++c) (*wf)[static_cast<size_t>(c)] = ld(p(w), dw, c);
+        const float* wv = wf->data();
+        dispatch(dx, p(x), dd, p(dy), od, p(id), [&](auto xa, auto ga, auto out) {
 #pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < R; ++r) {
-          double ss = 0, dot = 0;
-          for (int64_t c = 0; c < C; ++c) {
-            const double xv = ld(p(x), dx, r * C + c);
-            ss += xv * xv;
-            dot += static_cast<double>(ld(p(w), dw, c)) * ld(p(dy), dd, r * C + c) * xv;
+          for (int64_t r = 0; r < R; ++r) {
+            double ss[8] = {}, dot[8] = {};
+            int64_t c = 0;
+            for (; c + 8 <= C; c += 8)
+              for (int k = 0; k < 8; ++k) {
+                const double xv = xa.ld(r * C + c + k);
+                ss[k] += xv * xv;
+                dot[k] += static_cast<double>(wv[c + k]) * ga.ld(r * C + c + k) * xv;
+              }
+            for (int k = 1; k < 8; ++k) ss[0] += ss[k], dot[0] += dot[k];
+            for (; c < C; ++c) {
+              const double xv = xa.ld(r * C + c);
+              ss[0] += xv * xv;
+              dot[0] += static_cast<double>(wv[c]) * ga.ld(r * C + c) * xv;
+            }
+            const double inv = 1.0 / std::sqrt(ss[0] / static_cast<double>(C) + eps);
+            const float fi = static_cast<float>(inv), fk = static_cast<float>(inv * inv * inv / static_cast<double>(C) * dot[0]);
+            for (c = 0; c < C; ++c) out.st(r * C + c, fi * wv[c] * ga.ld(r * C + c) - fk * xa.ld(r * C + c));
           }
-          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
-          const double k = inv * inv * inv / static_cast<double>(C) * dot;
-          for (int64_t c = 0; c < C; ++c) {
-            const double v = inv * ld(p(w), dw, c) * ld(p(dy), dd, r * C + c) - k * ld(p(x), dx, r * C + c);
-            st(p(id), od, r * C + c, static_cast<float>(v));
-          }
-        }
+        });
         return;
       }
       const int threads = omp_get_max_threads();
@@ -662,16 +715,13 @@ class CpuProgram final : public Program {
 #pragma omp parallel
       {
         double* mine = acc->data() + static_cast<int64_t>(omp_get_thread_num()) * C;
+        dispatch(dx, p(x), dd, p(dy), [&](auto xa, auto ga) {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; ++r) {
-          double ss = 0;
-          for (int64_t c = 0; c < C; ++c) {
-            const double xv = ld(p(x), dx, r * C + c);
-            ss += xv * xv;
+          for (int64_t r = 0; r < R; ++r) {
+            const double inv = 1.0 / std::sqrt(sum_squares(xa, r * C, C) / static_cast<double>(C) + eps);
+            for (int64_t c = 0; c < C; ++c) mine[c] += static_cast<double>(ga.ld(r * C + c)) * xa.ld(r * C + c) * inv;
           }
-          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
-          for (int64_t c = 0; c < C; ++c) mine[c] += static_cast<double>(ld(p(dy), dd, r * C + c)) * ld(p(x), dx, r * C + c) * inv;
-        }
+        });
       }
       for (int64_t c = 0; c < C; ++c) {
         double s = 0;
@@ -697,14 +747,16 @@ class CpuProgram final : public Program {
           cs[j] = rnd(dx, static_cast<float>(std::cos(static_cast<double>(angle)) * a.rope_scaling));
           sn[j] = rnd(dx, static_cast<float>(std::sin(static_cast<double>(angle)) * a.rope_scaling)) * (a.inverse ? -1.0f : 1.0f);
         }
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t base = (bt * H + h) * D;
-          for (int64_t j = 0; j < half; ++j) {
-            const float x1 = ld(p(x), dx, base + j), x2 = ld(p(x), dx, base + j + half);
-            st(p(id), od, base + j, rnd(dx, x1 * cs[j]) + rnd(dx, -x2 * sn[j]));
-            st(p(id), od, base + j + half, rnd(dx, x2 * cs[j]) + rnd(dx, x1 * sn[j]));
+        dispatch(dx, p(x), od, p(id), [&](auto xa, auto out) {
+          for (int64_t h = 0; h < H; ++h) {
+            const int64_t base = (bt * H + h) * D;
+            for (int64_t j = 0; j < half; ++j) {
+              const float x1 = xa.ld(base + j), x2 = xa.ld(base + j + half);
+              out.st(base + j, xa.round(x1 * cs[j]) + xa.round(-x2 * sn[j]));
+              out.st(base + j + half, xa.round(x2 * cs[j]) + xa.round(x1 * sn[j]));
+            }
           }
-        }
+        });
       }
     };
   }
