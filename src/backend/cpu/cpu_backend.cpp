@@ -92,18 +92,58 @@ Engine& engine() {
 }
 
 // C[M,N] (+)= op(A)·op(B) with A, B given by strides, as one oneDNN matmul primitive fixed at compile time.
+// On a CPU where oneDNN has no bf16 matmul (no AVX-512: oneDNN 2.6 needs it for bf16), the GEMM widens its bf16
+// operands to f32 per call and runs an f32 primitive instead: same results up to f32 summation order, slower.
 class Gemm {
  public:
-  // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N row-major. Optional bias [N] f32.
-  // c: M×N with row stride ldc (0 = N).
+  // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N with row stride ldc (0 = N).
+  // Optional bias [N] f32.
   Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, bool bias,
-       bool accumulate, int64_t ldc = 0) {
+       bool accumulate, int64_t ldc = 0)
+      : M_(M), N_(N), K_(K), sa_m_(sa_m), sa_k_(sa_k), sb_k_(sb_k), sb_n_(sb_n), ldc_(ldc == 0 ? N : ldc), ta_(ta), tb_(tb), tc_(tc) {
+    if (!create(ta, sa_m, sa_k, tb, sb_k, sb_n, tc, ldc_, bias, accumulate)) {
+      if (accumulate && tc != DType::F32) fail("cpu backend: no oneDNN matmul for {}x{} accumulating into {}", dtype_name(ta), dtype_name(tb), dtype_name(tc));
+      widen_a_ = ta != DType::F32, widen_b_ = tb != DType::F32, widen_c_ = tc != DType::F32;
+      if (!create(DType::F32, widen_a_ ? K : sa_m, widen_a_ ? 1 : sa_k, DType::F32, widen_b_ ? N : sb_k, widen_b_ ? 1 : sb_n, DType::F32,
+                  widen_c_ ? N : ldc_, bias, accumulate))
+        fail("cpu backend: oneDNN has no f32 matmul for [{}, {}] x [{}, {}] on this CPU", M, K, K, N);
+    }
+    has_bias_ = bias;
+  }
+  // Safe to call from several threads at once: each thread executes on its own oneDNN stream.
+  void run(const void* a, const void* b, void* c, const void* bias = nullptr) const {
+    Engine& e = engine();
+    thread_local dnnl::stream stream(e.engine);
+    thread_local std::vector<float> wa, wb, wc;
+    if (widen_a_) a = widen(a, ta_, M_, K_, sa_m_, sa_k_, wa);
+    if (widen_b_) b = widen(b, tb_, K_, N_, sb_k_, sb_n_, wb);
+    void* cc = c;
+    if (widen_c_) {
+      wc.resize(static_cast<size_t>(M_ * N_));
+      cc = wc.data();
+    }
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(a_, e.engine, const_cast<void*>(a))},
+                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(b_, e.engine, const_cast<void*>(b))},
+                                                  {DNNL_ARG_DST, dnnl::memory(c_, e.engine, cc)}};
+    if (has_bias_) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_, e.engine, const_cast<void*>(bias)));
+    thread_local std::vector<char> scratch;
+    if (scratch.size() < scratch_md_.get_size()) scratch.resize(scratch_md_.get_size());
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_md_, e.engine, scratch.data()));
+    prim_.execute(stream, args);
+    stream.wait();
+    if (widen_c_)
+      for (int64_t m = 0; m < M_; ++m)
+        for (int64_t n = 0; n < N_; ++n) st(c, tc_, m * ldc_ + n, wc[static_cast<size_t>(m * N_ + n)]);
+  }
+
+ private:
+  // Creates (or finds) the primitive; false when oneDNN has none for these types on this CPU.
+  bool create(DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, int64_t ldc, bool bias, bool accumulate) {
     using md = dnnl::memory::desc;
-    if (ldc == 0) ldc = N;
-    a_ = md({M, K}, dnnl_type(ta), {sa_m, sa_k});
-    b_ = md({K, N}, dnnl_type(tb), {sb_k, sb_n});
-    c_ = md({M, N}, dnnl_type(tc), {ldc, 1});
-    if (bias) bias_ = md({1, N}, dnnl::memory::data_type::f32, {N, 1});
+    a_ = md({M_, K_}, dnnl_type(ta), {sa_m, sa_k});
+    b_ = md({K_, N_}, dnnl_type(tb), {sb_k, sb_n});
+    c_ = md({M_, N_}, dnnl_type(tc), {ldc, 1});
+    if (bias) bias_ = md({1, N_}, dnnl::memory::data_type::f32, {N_, 1});
     dnnl::primitive_attr attr;
     // User-managed scratchpad: the same primitive may run on several threads at once (attention tasks), which
     // oneDNN allows only when each execution brings its own scratchpad.
@@ -116,35 +156,34 @@ class Gemm {
     // Layers of the same shape share one primitive: a 28-layer model needs ~20 distinct GEMMs, not 600.
     static std::mutex mu;
     static std::map<std::vector<int64_t>, std::pair<dnnl::matmul, dnnl::memory::desc>> cache;
-    const std::vector<int64_t> key = {M, N, K, static_cast<int64_t>(ta), sa_m, sa_k, static_cast<int64_t>(tb), sb_k, sb_n,
+    const std::vector<int64_t> key = {M_, N_, K_, static_cast<int64_t>(ta), sa_m, sa_k, static_cast<int64_t>(tb), sb_k, sb_n,
                                       static_cast<int64_t>(tc), bias, accumulate, ldc};
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it == cache.end()) {
-      const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
-      const dnnl::matmul::primitive_desc pd(d, attr, engine().engine);
-      it = cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc())).first;
+      try {
+        const auto d = bias ? dnnl::matmul::desc(a_, b_, bias_, c_) : dnnl::matmul::desc(a_, b_, c_);
+        const dnnl::matmul::primitive_desc pd(d, attr, engine().engine);
+        it = cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc())).first;
+      } catch (const dnnl::error&) {
+        return false;
+      }
     }
     prim_ = it->second.first;
     scratch_md_ = it->second.second;
-    has_bias_ = bias;
+    return true;
   }
-  // Safe to call from several threads at once: each thread executes on its own oneDNN stream.
-  void run(const void* a, const void* b, void* c, const void* bias = nullptr) const {
-    Engine& e = engine();
-    thread_local dnnl::stream stream(e.engine);
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(a_, e.engine, const_cast<void*>(a))},
-                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(b_, e.engine, const_cast<void*>(b))},
-                                                  {DNNL_ARG_DST, dnnl::memory(c_, e.engine, c)}};
-    if (has_bias_) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_, e.engine, const_cast<void*>(bias)));
-    thread_local std::vector<char> scratch;
-    if (scratch.size() < scratch_md_.get_size()) scratch.resize(scratch_md_.get_size());
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_md_, e.engine, scratch.data()));
-    prim_.execute(stream, args);
-    stream.wait();
+  // x: rows×cols in `dt` with strides (s_r, s_c) → contiguous f32 in buf.
+  static const float* widen(const void* x, DType dt, int64_t rows, int64_t cols, int64_t s_r, int64_t s_c, std::vector<float>& buf) {
+    buf.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) buf[static_cast<size_t>(r * cols + c)] = ld(x, dt, r * s_r + c * s_c);
+    return buf.data();
   }
 
- private:
+  int64_t M_, N_, K_, sa_m_, sa_k_, sb_k_, sb_n_, ldc_;
+  DType ta_, tb_, tc_;
+  bool widen_a_ = false, widen_b_ = false, widen_c_ = false;
   dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;
   dnnl::matmul prim_;
   bool has_bias_ = false;
