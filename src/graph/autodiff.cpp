@@ -90,6 +90,12 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(1), d[1]);
         break;
       }
+      case Op::Entropy: {
+        const auto d = b.entropy_backward(in(0), in(1), g, "d." + nm);
+        accumulate(in(0), d[0]);
+        accumulate(in(1), d[1]);
+        break;
+      }
       case Op::WeightedSum:
         accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
         if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));

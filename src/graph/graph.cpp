@@ -33,6 +33,8 @@ const char* op_name(Op op) {
     case Op::SwiGLUBackward: return "swiglu_backward";
     case Op::AttentionBackward: return "attention_backward";
     case Op::TokenLogprobsBackward: return "token_logprobs_backward";
+    case Op::Entropy: return "entropy";
+    case Op::EntropyBackward: return "entropy_backward";
     case Op::View: return "view";
   }
   return "?";
@@ -316,6 +318,15 @@ ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std
   return push(make_node(Op::TokenLogprobs, {h, w, targets}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
 }
 
+ValueId Builder::entropy(ValueId h, ValueId w, const std::string& name) {
+  check(h, "entropy h");
+  check(w, "entropy w");
+  const Shape& hs = shape(h);
+  if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back())
+    fail("entropy {}: h {} w {} do not fit (h:[...,C], w:[V,C])", name, shape_str(hs), shape_str(shape(w)));
+  return push(make_node(Op::Entropy, {h, w}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+}
+
 ValueId Builder::weighted_sum(ValueId x, ValueId weights, const std::string& name) {
   check(x, "weighted_sum x");
   check(weights, "weighted_sum weights");
@@ -414,6 +425,13 @@ std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, Valu
   const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
   const DType dt = node(dlogp).dtype;
   const ValueId packed = push(make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp}, {nh + nw}, dt, name));
+  return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
+}
+
+std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name) {
+  const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
+  const DType dt = node(dent).dtype;
+  const ValueId packed = push(make_node(Op::EntropyBackward, {h, w, dent}, {nh + nw}, dt, name));
   return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
 }
 

@@ -43,6 +43,8 @@ enum class Op : uint8_t {
   SwiGLUBackward,         // gate, up, dy:[...,F] -> packed [dgate | dup]
   AttentionBackward,      // q, k, v, key_mask|none, dy -> packed [dq | dk | dv]
   TokenLogprobsBackward,  // h, w, targets, dlogp -> packed [dh | dw]
+  Entropy,                // h:[...,C], w:[V,C] -> [...] f32                      entropy of softmax(h·wᵀ), chunked over V
+  EntropyBackward,        // h, w, dH -> packed [dh | dw]
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
 };
 
@@ -99,6 +101,7 @@ class Builder {
   ValueId cast(ValueId x, DType out, const std::string& name = "");
   ValueId reshape(ValueId x, Shape shape, const std::string& name = "");
   ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
+  ValueId entropy(ValueId h, ValueId w, const std::string& name = "");
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
   // Backward-pass ops (used by autodiff; see Op for shapes).
@@ -115,6 +118,7 @@ class Builder {
   std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId key_mask, ValueId dy, double scale, bool causal,
                                           const std::string& name = "");
   std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "");
+  std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "");
   ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
   void output(ValueId v);

@@ -106,6 +106,7 @@ TEST_P(CpuOps, TokenLogprobsOverManyChunks) {
   // A vocabulary of 9001: two full 4096-column chunks and a tail.
   compare({{"h", {n, 16}}, {"w", {9001, 16}}, {"t", {n}, DType::I32, 9001}},
           [](Builder& b, const std::vector<ValueId>& v) { return b.token_logprobs(v[0], v[1], v[2]); }, 1e-4);
+  compare({{"h", {n, 16}}, {"w", {9001, 16}}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); }, 1e-4);
 }
 
 TEST_P(CpuOps, Bf16Inputs) {
@@ -214,6 +215,48 @@ TEST(CpuBackend, GradientCheckpointingIsBitIdenticalAndSmaller) {
     const auto got = remat->run(in);
     ASSERT_EQ(want.size(), got.size());
     for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(want[k], got[k].to_f32_vector()) << "output " << k << " (" << dtype_name(dt) << ")";
+  }
+}
+
+}  // namespace
+}  // namespace trl
+
+namespace trl {
+namespace {
+
+// Packing: two sequences packed into one row (segment ids, positions reset) give the same loss and gradients as
+// the same sequences in two padded rows.
+TEST(CpuBackend, PackedTrainingStepEqualsPadded) {
+  ModelConfig cfg = preset_config("tiny", DType::F32);
+  const CausalLM model = CausalLM::from_weights(cfg, init_weights(cfg, DType::F32, 9, 0.1, true), "tiny");
+  const std::vector<std::vector<int32_t>> seqs = {{11, 12, 13, 14, 15}, {21, 22, 23, 24}};
+  const float items = 4 + 3;
+  auto run = [&](int64_t B, int64_t T, bool packed) {
+    Tensor ids = Tensor::zeros(DType::I32, {B, T}), mask = Tensor::zeros(DType::I32, {B, T}), labels = Tensor::zeros(DType::I32, {B, T});
+    Tensor w = Tensor::zeros(DType::F32, {B, T});
+    int64_t row = 0, col = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      if (!packed) row = static_cast<int64_t>(s), col = 0;
+      for (size_t t = 0; t < seqs[s].size(); ++t, ++col) {
+        const int64_t i = row * T + col;
+        ids.mutable_data_as<int32_t>()[i] = seqs[s][t];
+        mask.mutable_data_as<int32_t>()[i] = packed ? static_cast<int32_t>(s + 1) : 1;
+        if (t + 1 < seqs[s].size()) labels.mutable_data_as<int32_t>()[i] = seqs[s][t + 1], w.mutable_data_as<float>()[i] = -1.0f / items;
+      }
+    }
+    TensorMap in = model.weights();
+    in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : make_cpu_backend()->compile(model.training_graph(B, T))->run(in)) out.push_back(t.to_f32_vector());
+    return out;
+  };
+  const auto padded = run(2, 5, false), packed = run(1, 9, true);
+  ASSERT_EQ(padded.size(), packed.size());
+  for (size_t k = 0; k < padded.size(); ++k) {
+    double scale = 1e-6, worst = 0;
+    for (float x : padded[k]) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+    for (size_t i = 0; i < padded[k].size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(padded[k][i]) - packed[k][i]));
+    EXPECT_LE(worst / scale, 1e-5) << "output " << k;
   }
 }
 

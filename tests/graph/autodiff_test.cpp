@@ -120,6 +120,10 @@ TEST(Autodiff, TokenLogprobs) {
             [](Builder& b, const std::vector<ValueId>& v) { return b.token_logprobs(v[0], v[1], v[2]); });
 }
 
+TEST(Autodiff, Entropy) {
+  check_vjp({{"h", {2, 3, 4}}, {"w", {9, 4}}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); });
+}
+
 TEST(Autodiff, ValueUsedTwiceAccumulates) {
   // w is both a matmul weight and a token_logprobs head (like tied embeddings).
   check_vjp({{"x", {2, 4}}, {"w", {4, 4}}, {"t", {2}, DType::I32, 4}}, [](Builder& b, const std::vector<ValueId>& v) {

@@ -654,7 +654,9 @@ class CpuProgram final : public Program {
       case Op::RmsNormBackX:
       case Op::RmsNormBackW: return lower_rms_norm_backward(n, id);
       case Op::TokenLogprobs:
-      case Op::TokenLogprobsBackward: return lower_token_logprobs(n, id);
+      case Op::TokenLogprobsBackward:
+      case Op::Entropy:
+      case Op::EntropyBackward: return lower_token_logprobs(n, id);
     }
     fail("cpu backend: op {} is not implemented", graph::op_name(n.op));
   }
@@ -964,14 +966,25 @@ class CpuProgram final : public Program {
     };
   }
 
-  // token_logprobs over vocabulary chunks: logits [R, 4096] at a time through oneDNN, never [R, V].
+  // token_logprobs and entropy over vocabulary chunks: logits [R, 4096] at a time through oneDNN, never [R, V].
+  // Pass 1 keeps per row a running max m, s = Σ e^(z-m) and (entropy) t = Σ e^(z-m)·z, rescaled when m grows:
+  // lse = m + log s, H = lse - t/s. The backward node of the same (h, w[, targets]) reuses these statistics
+  // from its forward node instead of recomputing the logits once more, then forms dz per chunk:
+  //   token_logprobs: dz = dlogp·(onehot(target) - p);   entropy: dz = -dH·p·(log p + H),
+  // in the GEMM type (bf16 for a bf16 model, as autocast rounds the logits' gradient), and accumulates
+  // dh += dz·w_chunk and dw_chunk = dzᵀ·h in f32.
+  struct RowStats {
+    std::vector<float> lse, ent;
+  };
   std::function<void()> lower_token_logprobs(const Node& n, graph::ValueId id) {
-    const bool backward = n.op == Op::TokenLogprobsBackward;
-    const graph::ValueId h = n.inputs[0], w = n.inputs[1], tg = n.inputs[2], dl = backward ? n.inputs[3] : kNone;
+    const bool entropy = n.op == Op::Entropy || n.op == Op::EntropyBackward;
+    const bool backward = n.op == Op::TokenLogprobsBackward || n.op == Op::EntropyBackward;
+    const graph::ValueId h = n.inputs[0], w = n.inputs[1], tg = entropy ? kNone : n.inputs[2];
+    const graph::ValueId dl = backward ? n.inputs[entropy ? 2 : 3] : kNone;
     const int64_t C = nd(h).shape.back(), R = shape_numel(nd(h).shape) / C, V = nd(w).shape[0];
     const DType dh = nd(h).dtype, dw = nd(w).dtype, od = n.dtype, dd = backward ? nd(dl).dtype : DType::F32;
     const int64_t chunk = std::min(kVocabChunk, V);
-    if (backward && od != DType::F32) fail("cpu backend: token_logprobs_backward produces f32 gradients, not {}", dtype_name(od));
+    if (backward && od != DType::F32) fail("cpu backend: {} produces f32 gradients, not {}", graph::op_name(n.op), dtype_name(od));
     // logits chunk = h[R,C] · w[j0:j0+c, C]ᵀ ; the last chunk may be shorter.
     const DType hw = dh == dw ? dh : DType::F32;
     auto full = std::make_shared<Gemm>(R, chunk, C, hw, C, 1, hw, 1, C, DType::F32, false, false);
@@ -980,16 +993,20 @@ class CpuProgram final : public Program {
     auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(R * chunk));
     auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
     auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
-    auto lse = std::make_shared<std::vector<float>>(static_cast<size_t>(R));
-    const std::array<graph::ValueId, 3> key = {h, w, tg};
-    std::shared_ptr<std::vector<float>> shared_lse;
+    const std::array<graph::ValueId, 3> key = {h, w, entropy ? graph::ValueId{-2} : tg};
+    std::shared_ptr<RowStats> stats;
+    bool shared = false;
     if (!backward) {
-      saved_lse_[key] = lse;
-    } else if (auto it = saved_lse_.find(key); it != saved_lse_.end()) {
-      shared_lse = it->second;  // the forward node runs earlier in the same program
+      stats = std::make_shared<RowStats>();
+      saved_stats_[key] = stats;
+    } else if (auto it = saved_stats_.find(key); it != saved_stats_.end()) {
+      stats = it->second;  // the forward node runs earlier in the same program
+      shared = true;
+    } else {
+      stats = std::make_shared<RowStats>();
     }
-    // Backward: dz = dlogp·(onehot - softmax) per chunk, in the GEMM type (bf16 for a bf16 model, as autocast
-    // rounds the logits' gradient); dh += dz·w_chunk and dw_chunk = dzᵀ·h, both accumulated in f32.
+    stats->lse.resize(static_cast<size_t>(R));
+    stats->ent.resize(static_cast<size_t>(R));
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
     auto dz16 = std::make_shared<std::vector<uint16_t>>();
     if (backward) {
@@ -1001,16 +1018,17 @@ class CpuProgram final : public Program {
       }
       if (hw == DType::BF16) dz16->resize(static_cast<size_t>(R * chunk));
     }
+    const char* what = graph::op_name(n.op);
     return [=, this] {
-      const int32_t* t = static_cast<const int32_t*>(p(tg));
-      for (int64_t r = 0; r < R; ++r)
-        if (t[r] < 0 || t[r] >= V) fail("token_logprobs: target {} at row {} is outside the vocabulary [0, {})", t[r], r, V);
+      const int32_t* t = tg != kNone ? static_cast<const int32_t*>(p(tg)) : nullptr;
+      if (t)
+        for (int64_t r = 0; r < R; ++r)
+          if (t[r] < 0 || t[r] >= V) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, V);
       const char* hp = static_cast<const char*>(p(h));
       if (!hbuf->empty()) {
         for (int64_t i = 0; i < R * C; ++i) (*hbuf)[static_cast<size_t>(i)] = ld(hp, dh, i);
         hp = reinterpret_cast<const char*>(hbuf->data());
       }
-      const size_t wsize = dtype_size(hw);
       auto chunk_logits = [&](int64_t j0, int64_t c) {
         const char* wp = static_cast<const char*>(p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
         if (!wbuf->empty()) {
@@ -1018,43 +1036,49 @@ class CpuProgram final : public Program {
           wp = reinterpret_cast<const char*>(wbuf->data());
         }
         (c == chunk ? full : last)->run(hp, wp, logits->data());
-        (void)wsize;
       };
       // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
       auto round_row = [dh](float* z, int64_t c) {
         if (dh != DType::F32)
           for (int64_t j = 0; j < c; ++j) z[j] = rnd(dh, z[j]);
       };
-      // Pass 1: running max and sum of exp per row, and the target logit. The backward node of the same
-      // (h, w, targets) reuses the forward's logsumexp instead of recomputing the logits once more.
-      if (backward && shared_lse) {
-        std::copy(shared_lse->begin(), shared_lse->end(), lse->begin());
-      } else {
-      std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), target(static_cast<size_t>(R), 0.0f);
-      for (int64_t j0 = 0; j0 < V; j0 += chunk) {
-        const int64_t c = std::min(chunk, V - j0);
-        chunk_logits(j0, c);
+      float* lse = stats->lse.data();
+      float* ent = stats->ent.data();
+      if (!(backward && shared)) {
+        // Pass 1: running max, Σ e^(z-m) (and Σ e^(z-m)·z) per row, and the target logit.
+        std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), tz(static_cast<size_t>(R), 0.0f),
+            target(static_cast<size_t>(R), 0.0f);
+        for (int64_t j0 = 0; j0 < V; j0 += chunk) {
+          const int64_t c = std::min(chunk, V - j0);
+          chunk_logits(j0, c);
 #pragma omp parallel for schedule(static)
+          for (int64_t r = 0; r < R; ++r) {
+            float* z = logits->data() + r * c;
+            round_row(z, c);
+            if (t && t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
+            float m = mx[static_cast<size_t>(r)];
+            for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
+            const float rescale = mx[static_cast<size_t>(r)] == -INFINITY ? 0.0f : std::exp(mx[static_cast<size_t>(r)] - m);
+            float s = sum[static_cast<size_t>(r)] * rescale;
+            thread_local std::vector<float> zc;
+            if (entropy) zc.assign(z, z + c);
+            kernels::exp_shift(z, c, m);  // the chunk is recomputed when needed again
+            s += kernels::sum(z, c);
+            if (entropy) tz[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)] * rescale + kernels::dot(z, zc.data(), c);
+            mx[static_cast<size_t>(r)] = m;
+            sum[static_cast<size_t>(r)] = s;
+          }
+        }
         for (int64_t r = 0; r < R; ++r) {
-          float* z = logits->data() + r * c;
-          round_row(z, c);
-          if (t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
-          float m = mx[static_cast<size_t>(r)];
-          for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
-          float s = mx[static_cast<size_t>(r)] == -INFINITY ? 0.0f : sum[static_cast<size_t>(r)] * std::exp(mx[static_cast<size_t>(r)] - m);
-          kernels::exp_shift(z, c, m);  // the chunk is recomputed when needed again
-          s += kernels::sum(z, c);
-          mx[static_cast<size_t>(r)] = m;
-          sum[static_cast<size_t>(r)] = s;
+          lse[r] = mx[static_cast<size_t>(r)] + std::log(sum[static_cast<size_t>(r)]);
+          ent[r] = lse[r] - tz[static_cast<size_t>(r)] / sum[static_cast<size_t>(r)];
+        }
+        if (!backward) {
+          for (int64_t r = 0; r < R; ++r) st(p(id), od, r, entropy ? ent[r] : target[static_cast<size_t>(r)] - lse[r]);
+          return;
         }
       }
-      for (int64_t r = 0; r < R; ++r) (*lse)[static_cast<size_t>(r)] = mx[static_cast<size_t>(r)] + std::log(sum[static_cast<size_t>(r)]);
-      if (!backward) {
-        for (int64_t r = 0; r < R; ++r) st(p(id), od, r, target[static_cast<size_t>(r)] - (*lse)[static_cast<size_t>(r)]);
-        return;
-      }
-      }
-      // Pass 2: dz = dlogp·(onehot - softmax); dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
+      // Pass 2: dz per chunk; dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
       float* out = static_cast<float*>(p(id));  // packed [dh | dw], f32
       std::fill(out, out + R * C, 0.0f);
       for (int64_t j0 = 0; j0 < V; j0 += chunk) {
@@ -1067,7 +1091,18 @@ class CpuProgram final : public Program {
           float* z = logits->data() + r * c;
           uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
           round_row(z, c);
-          kernels::exp_shift(z, c, (*lse)[static_cast<size_t>(r)]);  // softmax of the chunk
+          if (entropy) {
+            // dz = -g·p·(z - lse + H)
+            const float shift = ent[r] - lse[r];
+            for (int64_t j = 0; j < c; ++j) {
+              const float pj = std::exp(z[j] - lse[r]);
+              z[j] = -g * pj * (z[j] + shift);
+            }
+            if (to16)
+              for (int64_t j = 0; j < c; ++j) z16[j] = f32_to_bf16(z[j]);
+            continue;
+          }
+          kernels::exp_shift(z, c, lse[r]);  // softmax of the chunk
           const bool hit = t[r] >= j0 && t[r] < j0 + c;
           if (to16) {
             for (int64_t j = 0; j < c; ++j) z16[j] = f32_to_bf16(-g * z[j]);
@@ -1085,12 +1120,11 @@ class CpuProgram final : public Program {
         (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
         (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
       }
-      (void)od;
     };
   }
 
   Graph g_;
-  std::map<std::array<graph::ValueId, 3>, std::shared_ptr<std::vector<float>>> saved_lse_;  // token_logprobs (h, w, targets)
+  std::map<std::array<graph::ValueId, 3>, std::shared_ptr<RowStats>> saved_stats_;  // token_logprobs/entropy (h, w, targets|-2)
   std::vector<void*> ptr_;
   std::vector<bool> inplace_;  // nodes whose output is an input's buffer, updated in place
   std::vector<size_t> offsets_;

@@ -238,6 +238,44 @@ void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& tar
   for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
 }
 
+// h:[R,C], w:[V,C] -> out:[R].  H = -Σ p log p = lse - Σ p·z.
+void entropy(const Tensor& h, const Tensor& w, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V));
+  for (int64_t r = 0; r < R; ++r) {
+    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
+    double pz = 0;
+    for (int64_t v = 0; v < V; ++v) pz += std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
+    store_element(out.mutable_data(), out.dtype(), r, lse - pz);
+  }
+}
+
+// dH:[R] -> packed [dh | dw].  dz_v = -dH·p_v·(log p_v + H); dh = dz·w; dw = dzᵀ·h.
+void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const double g = load_element(dent.data(), dent.dtype(), r);
+    if (g == 0) continue;
+    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
+    double H = lse;
+    for (int64_t v = 0; v < V; ++v) H -= std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
+    for (int64_t v = 0; v < V; ++v) {
+      const double logp = z[static_cast<size_t>(v)] - lse;
+      const double dz = -g * std::exp(logp) * (logp + H);
+      for (int64_t c = 0; c < C; ++c) {
+        dh[static_cast<size_t>(r * C + c)] += dz * wf[static_cast<size_t>(v * C + c)];
+        dw[static_cast<size_t>(v * C + c)] += dz * hf[static_cast<size_t>(r * C + c)];
+      }
+    }
+  }
+  void* o = out.mutable_data();
+  for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+}
+
 // out[r,k] = Σ_n dy[r,n]·w[n,k]
 void matmul_nn(const Tensor& dy, const Tensor& w, Tensor& out) {
   const int64_t N = w.size(0), K = w.size(1), R = dy.numel() / std::max<int64_t>(N, 1);
@@ -432,6 +470,7 @@ class ReferenceProgram final : public Program {
           case Op::SwiGLU: swiglu(in(n, 0), in(n, 1), out); break;
           case Op::Add: add(in(n, 0), in(n, 1), out); break;
           case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::Entropy: entropy(in(n, 0), in(n, 1), out); break;
           case Op::WeightedSum: {
             double acc = 0;
             for (int64_t i = 0; i < in(n, 0).numel(); ++i) {
@@ -457,6 +496,7 @@ class ReferenceProgram final : public Program {
           case Op::SwiGLUBackward: swiglu_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
           case Op::AttentionBackward: attention_backward(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), in(n, 4), n.attrs, out); break;
           case Op::TokenLogprobsBackward: token_logprobs_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), out); break;
+          case Op::EntropyBackward: entropy_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
           default: fail("reference backend: op {} is not implemented", graph::op_name(n.op));
         }
       } catch (const Error& e) {
