@@ -18,6 +18,7 @@ for preset in tiny small; do
     fi
     if [ $dtype = bf16 ]; then
       /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}_emulated.json" --emulate
+      /usr/bin/python3 "$root/tests/reference/qwen3_train_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_train_bf16.json"
     fi
   done
 done

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Golden training step for the C++ autodiff and AdamW: loss and every parameter gradient of the Qwen3 SFT loss on a
 padded batch, then the losses of 5 AdamW steps. Uses the independent forward pass of qwen3_reference.py and
-PyTorch's autograd and torch.optim.AdamW.
+PyTorch's autograd and torch.optim.AdamW. For a bf16 checkpoint the model runs in bf16 (as a bf16 Transformers
+model trains: bf16 activations and bf16 gradients) and only the loss and gradients are written.
 
     /usr/bin/python3 tests/reference/qwen3_train_reference.py MODEL_DIR OUT.json
 """
@@ -55,7 +56,9 @@ def main():
     model_dir, out_path = sys.argv[1], sys.argv[2]
     torch.set_num_threads(2)
     cfg = json.load(open(f"{model_dir}/config.json"))
-    W = {k: v.float().clone().requires_grad_(True) for k, v in load_safetensors(f"{model_dir}/model.safetensors").items()}
+    raw = load_safetensors(f"{model_dir}/model.safetensors")
+    bf16 = raw["model.embed_tokens.weight"].dtype == torch.bfloat16
+    W = {k: (v.clone() if bf16 else v.float().clone()).requires_grad_(True) for k, v in raw.items()}
     ids, mask, pos, labels, weights = batch()
     loss = loss_fn(cfg, W, ids, mask, pos, labels, weights)
     loss.backward()
@@ -64,6 +67,11 @@ def main():
     for name, p in W.items():
         g = p.grad.double()
         grads[name] = {"sum": g.sum().item(), "sumsq": (g * g).sum().item(), "samples": samples(name, p.grad, used)}
+    if bf16:
+        out = {"rows": ROWS, "dtype": "bf16", "loss": loss.item(), "grads": grads, "torch_version": torch.__version__}
+        json.dump(out, open(out_path, "w"))
+        print(f"wrote {out_path}: bf16 loss {loss.item():.6f}")
+        return
     # 5 AdamW steps on the same batch; weight decay on matrices only (norm weights are excluded, as in Transformers).
     for p in W.values():
         p.grad = None
