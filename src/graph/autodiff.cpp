@@ -64,6 +64,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.rope_inverse(g, nd, "d." + nm));
         break;
       case Op::Attention: {
+        if (nd.inputs.size() > 4 && nd.inputs[4] != kNone) fail("autodiff: attention {} places its queries in a KV cache (q_pos): inference only", nm);
         const auto d = b.attention_backward(in(0), in(1), in(2), in(3), g, nd.attrs.scale, nd.attrs.causal, "d." + nm);
         for (size_t k = 0; k < 3; ++k) accumulate(in(k), d[k]);
         break;
@@ -100,6 +101,9 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
         if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));
         break;
+      case Op::Slice:
+      case Op::KvCacheWrite:
+        fail("autodiff: op {} ({}) is inference only (the static KV cache): it has no VJP rule", op_name(nd.op), nm);
       default:
         fail("autodiff: op {} ({}) has no VJP rule (it is a backward op)", op_name(nd.op), nm);
     }

@@ -20,6 +20,8 @@ const char* op_name(Op op) {
     case Op::Add: return "add";
     case Op::Cast: return "cast";
     case Op::Reshape: return "reshape";
+    case Op::Slice: return "slice";
+    case Op::KvCacheWrite: return "kv_cache_write";
     case Op::TokenLogprobs: return "token_logprobs";
     case Op::WeightedSum: return "weighted_sum";
     case Op::Fill: return "fill";
@@ -204,7 +206,8 @@ ValueId Builder::rope(ValueId x, ValueId positions, std::vector<float> inv_freq,
   return push(std::move(n));
 }
 
-ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name) {
+ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name,
+                           ValueId q_pos) {
   check(q, "attention q");
   check(k, "attention k");
   check(v, "attention v");
@@ -215,7 +218,13 @@ ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, do
     fail("attention {}: q {} and k/v {} / {} must be [B,T,H,D] and [B,S,Hkv,D] with H a multiple of Hkv", name, shape_str(qs),
          shape_str(ks), shape_str(vs));
   }
-  if (causal && qs[1] > ks[1]) fail("attention {}: causal attention needs T ({}) <= S ({})", name, qs[1], ks[1]);
+  if (causal && q_pos == kNone && qs[1] > ks[1]) fail("attention {}: causal attention needs T ({}) <= S ({})", name, qs[1], ks[1]);
+  if (q_pos != kNone) {
+    check(q_pos, "attention q_pos");
+    const Node& m = node(q_pos);
+    if (m.dtype != DType::I32 || m.shape != Shape{qs[0], qs[1]})
+      fail("attention {}: q_pos must be i32 [B,T] = [{}, {}], got {} {}", name, qs[0], qs[1], dtype_name(m.dtype), shape_str(m.shape));
+  }
   if (key_mask != kNone) {
     check(key_mask, "attention key_mask");
     const Node& m = node(key_mask);
@@ -226,6 +235,7 @@ ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, do
   Node n;
   n.op = Op::Attention;
   n.inputs = {q, k, v, key_mask};
+  if (q_pos != kNone) n.inputs.push_back(q_pos);
   n.shape = qs;
   n.dtype = node(q).dtype;
   n.name = name;
@@ -305,6 +315,31 @@ Node make_node(Op op, std::vector<ValueId> inputs, Shape shape, DType dtype, con
 }
 Shape leading(const Shape& s) { return Shape(s.begin(), s.end() - 1); }
 }  // namespace
+
+ValueId Builder::slice(ValueId x, int64_t start, int64_t length, const std::string& name) {
+  check(x, "slice x");
+  Shape s = node(x).shape;
+  if (s.size() < 2 || start < 0 || length <= 0 || start + length > s[1])
+    fail("slice {}: rows [{}, {}) of dimension 1 do not fit {}", name, start, start + length, shape_str(s));
+  s[1] = length;
+  Node n = make_node(Op::Slice, {x}, s, node(x).dtype, name);
+  n.attrs.offset = start;
+  n.attrs.rows = length;
+  return push(std::move(n));
+}
+
+ValueId Builder::kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name) {
+  check(cache, "kv_cache_write cache");
+  check(x, "kv_cache_write x");
+  check(pos, "kv_cache_write pos");
+  const Shape& cs = node(cache).shape;
+  const Shape& xs = node(x).shape;
+  if (cs.size() != 4 || xs.size() != 4 || cs[0] != xs[0] || cs[2] != xs[2] || cs[3] != xs[3] || xs[1] > cs[1] || node(pos).dtype != DType::I32 ||
+      node(pos).shape != Shape{1})
+    fail("kv_cache_write {}: cache {} and x {} must be [B,S,Hkv,D] and [B,T,Hkv,D] with T <= S, pos i32 [1] (got {})", name, shape_str(cs),
+         shape_str(xs), shape_str(node(pos).shape));
+  return push(make_node(Op::KvCacheWrite, {cache, x, pos}, cs, node(cache).dtype, name));
+}
 
 ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name) {
   check(h, "token_logprobs h");

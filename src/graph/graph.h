@@ -21,13 +21,18 @@ enum class Op : uint8_t {
   MatMul,     // x:[...,K], w:[N,K] (nn.Linear layout), optional bias:[N] -> [...,N]   y = x·wᵀ + b
   RmsNorm,    // x:[...,C], w:[C] -> [...,C]   (Transformers' order: normalise in f32, cast, then scale)
   Rope,       // x:[B,T,H,D], positions:[B,T] i32 -> [B,T,H,D]   rotate-half (GPT-NeoX) layout
-  Attention,  // q:[B,T,H,D], k,v:[B,S,Hkv,D], optional key_mask:[B,S] i32 -> [B,T,H,D]
-              //   key_mask holds segment ids: 0 = padding; a query (at key index t + S - T) sees only keys of its
-              //   own segment, so packed sequences stay isolated; a 0/1 padding mask is the one-segment case
+  Attention,  // q:[B,T,H,D], k,v:[B,S,Hkv,D], optional key_mask:[B,S] i32, optional q_pos:[B,T] i32 -> [B,T,H,D]
+              //   key_mask holds segment ids: 0 = padding; a query (at key index q_pos, default t + S - T) sees
+              //   only keys of its own segment, so packed sequences stay isolated; a 0/1 padding mask is the
+              //   one-segment case. q_pos (inference only) places queries in a static KV cache.
   SwiGLU,     // gate,up:[...,F] -> silu(gate)·up
   Add,        // a,b: same shape
   Cast,       // x -> x in another dtype
   Reshape,    // same elements, new shape
+  // Inference: the static KV cache (DESIGN.md §2). No VJP (autodiff rejects them by name).
+  Slice,         // x:[B,T,...] -> x[:, attrs.offset : attrs.offset + attrs.rows, ...]
+  KvCacheWrite,  // cache:[B,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] i32 -> cache with x written at rows [pos, pos + T);
+                 //   backends update the bound cache tensor in place (the CPU backend does) or return a copy
   // Training: the loss and the backward pass (DESIGN.md §1). Ops with several results write one packed buffer
   // that View nodes slice (zero-copy).
   TokenLogprobs,          // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   log softmax(h·wᵀ)[target], chunked over V
@@ -95,7 +100,10 @@ class Builder {
   ValueId matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name = "");
   ValueId rms_norm(ValueId x, ValueId w, double eps, const std::string& name = "");
   ValueId rope(ValueId x, ValueId positions, std::vector<float> inv_freq, float scaling, const std::string& name = "");
-  ValueId attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name = "");
+  ValueId attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name = "",
+                    ValueId q_pos = kNone);
+  ValueId slice(ValueId x, int64_t start, int64_t length, const std::string& name = "");
+  ValueId kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name = "");
   ValueId swiglu(ValueId gate, ValueId up, const std::string& name = "");
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId cast(ValueId x, DType out, const std::string& name = "");

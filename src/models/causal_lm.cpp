@@ -161,7 +161,7 @@ ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
   return b.matmul(h, head, kNone, dtype_, "lm_head");
 }
 
-ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out) const {
+ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
   const ModelConfig& c = config_;
   const DType dt = dtype_;
   const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
@@ -172,7 +172,11 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   auto opt_W = [&](const std::string& name) -> ValueId { return weights_.count(name) ? W(name) : kNone; };
   const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
   const ValueId pos = b.input("position_ids", {B, T}, DType::I32);
-  const ValueId mask = b.input("attention_mask", {B, T}, DType::I32);
+  const bool decode = cache != nullptr && cache->decode;
+  const int64_t S = cache != nullptr ? cache->length : T;
+  const ValueId mask = b.input("attention_mask", {B, decode ? S : T}, DType::I32);
+  const ValueId cache_pos = cache != nullptr ? b.input("cache_position", {1}, DType::I32) : kNone;
+  const ValueId query_pos = decode ? b.input("query_positions", {B, T}, DType::I32) : kNone;
   const std::vector<float> inv_freq = rope_inv_freq(c);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
@@ -195,7 +199,18 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
     }
     q = b.rope(q, pos, inv_freq, 1.0f, tag + "attn_q_rope");
     k = b.rope(k, pos, inv_freq, 1.0f, tag + "attn_k_rope");
-    ValueId a = b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+    ValueId a;
+    if (cache != nullptr) {
+      const std::string kv = "past_key_values." + std::to_string(i) + ".";
+      const ValueId kc = b.kv_cache_write(b.input(kv + "key", {B, S, Hkv, D}, dt), k, cache_pos, tag + "k_cache");
+      const ValueId vc = b.kv_cache_write(b.input(kv + "value", {B, S, Hkv, D}, dt), v, cache_pos, tag + "v_cache");
+      cache_out->push_back(kc);
+      cache_out->push_back(vc);
+      a = decode ? b.attention(q, kc, vc, mask, scale, /*causal=*/true, tag + "attn", query_pos)
+                 : b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+    } else {
+      a = b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+    }
     a = b.reshape(a, {B, T, H * D});
     ValueId o = b.matmul(a, W(l + "self_attn.o_proj.weight"), opt_W(l + "self_attn.o_proj.bias"), dt, tag + "attn_out");
     h = b.add(h, o, tag + "attn_residual");
@@ -230,6 +245,25 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
+
+namespace {
+graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode) {
+  if (B <= 0 || T <= 0 || T > S) fail("generation graph: batch {} and {} new tokens do not fit a cache of {}", B, T, S);
+  Builder b;
+  ValueId head = kNone;
+  const CausalLM::CacheSpec spec{S, decode};
+  std::vector<ValueId> caches;
+  ValueId h = m.build_hidden(b, B, T, &head, &spec, &caches);
+  if (T > 1) h = b.slice(h, T - 1, 1, "last_position");
+  const ValueId logits = b.matmul(h, head, kNone, m.dtype(), "lm_head");
+  b.output(b.reshape(logits, {B, m.config().vocab_size}));
+  for (ValueId c : caches) b.output(c);
+  return b.finish();
+}
+}  // namespace
+
+graph::Graph CausalLM::prefill_graph(int64_t B, int64_t T, int64_t S) const { return cached_graph(*this, B, T, S, false); }
+graph::Graph CausalLM::decode_graph(int64_t B, int64_t S) const { return cached_graph(*this, B, 1, S, true); }
 
 graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {
   Builder b;

@@ -60,8 +60,24 @@ class CausalLM {
   // model's dtype.
   graph::ValueId build_forward(graph::Builder& b, int64_t batch, int64_t tokens) const;
   graph::Graph forward_graph(int64_t batch, int64_t tokens) const;
-  // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value.
-  graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head) const;
+  // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
+  // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
+  struct CacheSpec {
+    int64_t length = 0;   // max_cache_len S
+    bool decode = false;  // false: prefill (attend within the T new tokens); true: attend over the cache
+  };
+  graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache = nullptr,
+                              std::vector<graph::ValueId>* cache_out = nullptr) const;
+
+  // Generation with a static KV cache (DESIGN.md §2): one prefill program per (batch, prompt bucket) and one
+  // decode program per (batch, cache length), whatever the number of tokens generated.
+  // Inputs: input_ids, position_ids [B,T] i32; attention_mask [B,T] (prefill) or [B,S] (decode: 1 where a cache
+  // slot holds a real token, 0 for padding and empty slots); cache_position [1] i32 (the slot of the first new
+  // token); decode also query_positions [B,T] i32 (each new token's slot); and the cache itself,
+  // past_key_values.{layer}.key/value [B,S,Hkv,D] in the model's dtype, updated in place.
+  // Outputs: logits of the last position [B,V] (model dtype), then the updated key and value caches per layer.
+  graph::Graph prefill_graph(int64_t batch, int64_t tokens, int64_t cache_len) const;
+  graph::Graph decode_graph(int64_t batch, int64_t cache_len) const;
 
   // Training: loss = Σ log p(labels)·loss_weights over [B,T], computed without materialising [B,T,V] logits
   // (token_logprobs), and the gradient of every parameter. Trainers choose the weights (SFT: -mask/num_items).

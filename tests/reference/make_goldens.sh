@@ -15,6 +15,7 @@ for preset in tiny small; do
     /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}.json"
     if [ $dtype = f32 ]; then
       /usr/bin/python3 "$root/tests/reference/qwen3_train_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_train.json"
+      /usr/bin/python3 "$root/tests/reference/generate_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_generate.json"
     fi
     if [ $dtype = bf16 ]; then
       /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/$preset-$dtype" "$out/qwen3_${preset}_${dtype}_emulated.json" --emulate

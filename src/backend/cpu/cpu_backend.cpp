@@ -242,6 +242,20 @@ TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
     x[i] = v < -87.0f ? 0.0f : poly * scale;
   }
 }
+TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * bf16_to_f32(b[i + k]);
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
+  return s;
+}
+// y += a·x for bf16 x.
+TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
+}
 TRL_MULTIVERSION float sum(const float* x, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
@@ -280,6 +294,8 @@ class CpuProgram final : public Program {
         ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
       } else if (inplace_[i]) {
         ptr_[i] = ptr_[static_cast<size_t>(n.inputs[2])];
+      } else if (n.op == Op::KvCacheWrite) {  // the static cache is updated in the bound tensor itself
+        ptr_[i] = ptr_[static_cast<size_t>(n.inputs[0])];
       }
       if (kernels_[i]) {
         if (check_guards_) fill_guard(i);
@@ -318,7 +334,7 @@ class CpuProgram final : public Program {
     auto liveness = [&] {
       for (size_t i = 0; i < n; ++i) {
         const Node& nd = g_.nodes[i];
-        const bool alias = nd.op == Op::Reshape || nd.op == Op::View || inplace_[i];
+        const bool alias = nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || inplace_[i];
         root[i] = alias ? root[static_cast<size_t>(nd.op == Op::EmbeddingBackward ? nd.inputs[2] : nd.inputs[0])] : i;
       }
       std::fill(last.begin(), last.end(), 0);
@@ -401,7 +417,7 @@ class CpuProgram final : public Program {
       int ip = 0;
       if (!(in >> off >> ip) || (ip != 0 && ip != 1)) return false;
       const Node& nd = g_.nodes[i];
-      const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || ip == 1;
+      const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || ip == 1;
       if (ip == 1 && (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone)) return false;
       if (off == "-") {
         if (!alias) return false;
@@ -527,7 +543,38 @@ class CpuProgram final : public Program {
       }
       case Op::RmsNorm: return lower_rms_norm(n, id);
       case Op::Rope: return lower_rope(n, id);
-      case Op::Attention: return lower_attention(n, id, false);
+      case Op::Attention:
+        if (n.inputs.size() > 4 && n.inputs[4] != kNone) return lower_attention_at_positions(n, id);
+        return lower_attention(n, id, false);
+      case Op::Slice: {
+        const graph::ValueId x = in(0);
+        const int64_t B = nd(x).shape[0], T = nd(x).shape[1], inner = shape_numel(nd(x).shape) / (B * T);
+        const int64_t es = static_cast<int64_t>(dtype_size(od)), start = n.attrs.offset, rows = n.attrs.rows;
+        return [this, id, x, B, T, inner, es, start, rows] {
+          for (int64_t b = 0; b < B; ++b)
+            std::memcpy(static_cast<char*>(p(id)) + b * rows * inner * es, static_cast<const char*>(p(x)) + (b * T + start) * inner * es,
+                        static_cast<size_t>(rows * inner * es));
+        };
+      }
+      case Op::KvCacheWrite: {
+        const graph::ValueId x = in(1), pos = in(2);
+        const int64_t B = n.shape[0], S = n.shape[1], row = n.shape[2] * n.shape[3], T = nd(x).shape[1];
+        const DType dx = nd(x).dtype;
+        const std::string name = n.name;
+        return [this, id, x, pos, B, S, row, T, dx, od, name] {
+          const int64_t p0 = static_cast<const int32_t*>(p(pos))[0];
+          if (p0 < 0 || p0 + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {} positions", name, p0, p0 + T, S);
+          for (int64_t b = 0; b < B; ++b) {
+            if (dx == od) {
+              const size_t es = dtype_size(od);
+              std::memcpy(static_cast<char*>(p(id)) + static_cast<size_t>((b * S + p0) * row) * es,
+                          static_cast<const char*>(p(x)) + static_cast<size_t>(b * T * row) * es, static_cast<size_t>(T * row) * es);
+            } else {
+              for (int64_t i = 0; i < T * row; ++i) st(p(id), od, (b * S + p0) * row + i, ld(p(x), dx, b * T * row + i));
+            }
+          }
+        };
+      }
       case Op::AttentionBackward: return lower_attention(n, id, true);
       case Op::SwiGLU: {
         const graph::ValueId a = in(0), b = in(1);
@@ -961,6 +1008,71 @@ class CpuProgram final : public Program {
               st(out, od, nq + nk + kb + d, dV[static_cast<size_t>(j * D + d)]);
             }
           }
+        }
+      }
+    };
+  }
+
+  // Attention of queries placed at given key positions (q_pos: a static KV cache's cache positions), for decoding:
+  // a query at key index p sees keys 0..p (causal) of its own segment. One task per (batch, head); scores are dot
+  // products against the cached keys in their dtype, the softmax is f32 with the forward rounding of a bf16 model,
+  // and the output is the probability-weighted sum of the cached values. Keys after p are never read.
+  std::function<void()> lower_attention_at_positions(const Node& n, graph::ValueId id) {
+    const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], qpos = n.inputs[4];
+    const Shape& qs = nd(q).shape;
+    const Shape& ks = nd(k).shape;
+    const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], S = ks[1], Hkv = ks[2];
+    const DType dq = nd(q).dtype, dk = nd(k).dtype, dv = nd(v).dtype, od = n.dtype;
+    const float scale = static_cast<float>(n.attrs.scale);
+    const bool causal = n.attrs.causal;
+    const std::string name = n.name;
+    return [this, id, q, k, v, mask, qpos, B, T, H, D, S, Hkv, dq, dk, dv, od, scale, causal, name] {
+      const int32_t* qp = static_cast<const int32_t*>(p(qpos));
+      const int32_t* m = mask != kNone ? static_cast<const int32_t*>(p(mask)) : nullptr;
+      for (int64_t i = 0; i < B * T; ++i)
+        if (qp[i] < 0 || qp[i] >= S) fail("attention {}: query position {} (row {}, token {}) is outside the {} cached keys", name, qp[i], i / T, i % T, S);
+      const int64_t rep = H / Hkv;
+#pragma omp parallel for schedule(static)
+      for (int64_t bh = 0; bh < B * H; ++bh) {
+        const int64_t b = bh / H, h = bh % H, hk = h / rep;
+        thread_local std::vector<float> sc, qv, kv, acc;
+        sc.resize(static_cast<size_t>(S)), qv.resize(static_cast<size_t>(D)), kv.resize(static_cast<size_t>(D)), acc.resize(static_cast<size_t>(D));
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t pos = qp[b * T + t], qb = ((b * T + t) * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) qv[static_cast<size_t>(d)] = ld(p(q), dq, qb + d);
+          const int64_t limit = causal ? pos + 1 : S;
+          const int32_t seg = m ? m[b * S + pos] : 1;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < limit; ++j) {
+            if (m && (m[b * S + j] == 0 || m[b * S + j] != seg)) {
+              sc[static_cast<size_t>(j)] = -INFINITY;
+              continue;
+            }
+            const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+            float dot;
+            if (dk == DType::BF16) dot = kernels::dot_bf16(qv.data(), static_cast<const uint16_t*>(p(k)) + kb, D);
+            else if (dk == DType::F32) dot = kernels::dot(qv.data(), static_cast<const float*>(p(k)) + kb, D);
+            else {
+              for (int64_t d = 0; d < D; ++d) kv[static_cast<size_t>(d)] = ld(p(k), dk, kb + d);
+              dot = kernels::dot(qv.data(), kv.data(), D);
+            }
+            sc[static_cast<size_t>(j)] = rnd(dq, rnd(dq, dot) * scale);
+            mx = std::max(mx, sc[static_cast<size_t>(j)]);
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          if (mx != -INFINITY) {
+            kernels::exp_shift(sc.data(), limit, mx);
+            const float inv = 1.0f / kernels::sum(sc.data(), limit);
+            for (int64_t j = 0; j < limit; ++j) {
+              const float pj = rnd(dq, sc[static_cast<size_t>(j)] * inv);
+              if (pj == 0.0f) continue;
+              const int64_t vb = ((b * S + j) * Hkv + hk) * D;
+              if (dv == DType::BF16) kernels::axpy_bf16(acc.data(), pj, static_cast<const uint16_t*>(p(v)) + vb, D);
+              else
+                for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pj * ld(p(v), dv, vb + d);
+            }
+          }
+          for (int64_t d = 0; d < D; ++d) st(p(id), od, qb + d, acc[static_cast<size_t>(d)]);
         }
       }
     };

@@ -2,6 +2,7 @@
 // tested against, so it favours clarity over speed: f64 accumulation, and rounding to the value's dtype at the
 // points where Transformers' eager Qwen3 rounds (so a bf16 model is emulated faithfully).
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/backend.h"
@@ -122,7 +123,7 @@ bool visible(const Tensor* mask, int64_t b, int64_t S, int64_t query_pos, int64_
 // Query t sits at key index t + (S - T); with `causal` it sees keys 0..that index whose mask is 1. A query that
 // sees no key at all (a padding row) gets zeros. As in Transformers' eager attention, the scores q·kᵀ, the scaled
 // scores and the probabilities are stored in the activation dtype (softmax itself runs in higher precision).
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const graph::Attrs& a, Tensor& out) {
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const Tensor* q_pos, const graph::Attrs& a, Tensor& out) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), Hkv = k.size(2);
   const int64_t rep = H / Hkv, offset = S - T;
   const std::vector<double> qf = as_f64(q), kf = as_f64(k), vf = as_f64(v);
@@ -132,9 +133,12 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
       const int64_t hk = h / rep;
       for (int64_t t = 0; t < T; ++t) {
         const double* qr = qf.data() + ((b * T + t) * H + h) * D;
+        // The query's key index: given (a static KV cache's cache position) or t + S - T.
+        const int64_t qp = q_pos ? q_pos->data_as<int32_t>()[b * T + t] : t + offset;
+        if (qp < 0 || qp >= S) fail("attention: query position {} (row {}, token {}) is outside the {} keys", qp, b, t, S);
         double mx = -INFINITY;
         for (int64_t s = 0; s < S; ++s) {
-          bool allowed = (!a.causal || s <= t + offset) && visible(mask, b, S, t + offset, s);
+          bool allowed = (!a.causal || s <= qp) && visible(mask, b, S, qp, s);
           if (!allowed) {
             p[static_cast<size_t>(s)] = -INFINITY;
             continue;
@@ -466,7 +470,27 @@ class ReferenceProgram final : public Program {
           case Op::MatMul: matmul(in(n, 0), in(n, 1), opt(n, 2), out); break;
           case Op::RmsNorm: rms_norm(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::Rope: rope(in(n, 0), in(n, 1), n.attrs, out); break;
-          case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), n.attrs, out); break;
+          case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), opt(n, 4), n.attrs, out); break;
+          case Op::Slice: {
+            const Tensor& x = in(n, 0);
+            const int64_t T = x.size(1), inner = x.numel() / (x.size(0) * T), es = static_cast<int64_t>(dtype_size(x.dtype()));
+            for (int64_t b = 0; b < x.size(0); ++b)
+              std::memcpy(static_cast<char*>(out.mutable_data()) + b * n.attrs.rows * inner * es,
+                          static_cast<const char*>(x.data()) + (b * T + n.attrs.offset) * inner * es, static_cast<size_t>(n.attrs.rows * inner * es));
+            break;
+          }
+          case Op::KvCacheWrite: {  // functional here: a new cache value (hosts copy it back when it is not the same memory)
+            const Tensor& cache = in(n, 0);
+            const Tensor& x = in(n, 1);
+            const int64_t pos = in(n, 2).data_as<int32_t>()[0], S = cache.size(1), T = x.size(1), row = cache.size(2) * cache.size(3);
+            if (pos < 0 || pos + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {}", n.name, pos, pos + T, S);
+            out.copy_from(cache);
+            for (int64_t b = 0; b < x.size(0); ++b)
+              for (int64_t t = 0; t < T; ++t)
+                for (int64_t i = 0; i < row; ++i)
+                  store_element(out.mutable_data(), out.dtype(), ((b * S + pos + t) * row) + i, load_element(x.data(), x.dtype(), (b * T + t) * row + i));
+            break;
+          }
           case Op::SwiGLU: swiglu(in(n, 0), in(n, 1), out); break;
           case Op::Add: add(in(n, 0), in(n, 1), out); break;
           case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;

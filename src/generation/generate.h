@@ -1,0 +1,93 @@
+// generate(): Transformers' generation loop (facts: trl_spec.md §3) on compiled programs with a static KV cache.
+// Prompts are left-padded to a bucket (pad_to_multiple_of), so a run compiles one prefill program per (batch,
+// prompt bucket) and one decode program per (batch, cache length), however many tokens it generates. The growing
+// sequences, masks and sampling stay on the host; only fixed-shape inputs enter the programs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/program_cache.h"
+#include "models/causal_lm.h"
+
+namespace trl {
+
+class Tokenizer;
+
+// Every unset field comes from the model's generation_config.json when it has one, else Transformers' default.
+struct GenerationConfig {
+  std::optional<int64_t> max_new_tokens;           // default: max_length - prompt length
+  std::optional<int64_t> max_length;               // default 20 (prompt included), used when max_new_tokens is unset
+  std::optional<bool> do_sample;                   // default false (greedy)
+  std::optional<float> temperature;                // default 1.0
+  std::optional<int64_t> top_k;                    // default 50; 0 = off
+  std::optional<float> top_p;                      // default 1.0 = off
+  std::optional<float> min_p;                      // default off
+  std::optional<float> repetition_penalty;         // default 1.0 = off
+  std::optional<uint64_t> seed;                    // sampling seed (default 0): same seed, same output
+  std::optional<std::vector<int32_t>> eos_token_id;
+  std::optional<int32_t> pad_token_id;             // default: the first eos id
+  std::vector<std::string> stop_strings;           // needs a tokenizer
+  int64_t num_return_sequences = 1;
+  std::string cache_implementation = "static";     // "static" | "dynamic" (no cache: the whole sequence every step)
+  bool disable_compile = false;                    // run on the reference backend (the oracle), as Transformers' flag
+  std::optional<int64_t> pad_to_multiple_of;       // prompt and cache bucket; default the backend's "auto"; 0 = none
+  bool output_logits = false;                      // keep each step's raw f32 logits (GenerationOutput::logits)
+  // Called for every new token of a row that has not finished, as it is produced.
+  std::function<void(int64_t row, int32_t token)> streamer;
+
+  // The generation_config.json of a model folder (missing file: nothing set).
+  static GenerationConfig from_model_dir(const std::string& dir);
+};
+
+struct GenerationOutput {
+  // Per row (num_return_sequences rows per prompt, consecutive): the left-padded prompt and the generated tokens,
+  // finished rows right-filled with pad — Transformers' `sequences`.
+  std::vector<std::vector<int32_t>> sequences;
+  std::vector<std::vector<int32_t>> generated;      // only the new tokens of each row, without padding
+  std::vector<std::string> finish_reasons;          // "eos", "stop_string" or "length"
+  int64_t prompt_length = 0;                        // the padded prompt length (bucket)
+  int64_t cache_length = 0;                         // the static cache's max_cache_len
+  std::vector<std::vector<std::vector<float>>> logits;  // with output_logits: [step][row][vocab], before processing
+};
+
+class Generator {
+ public:
+  // Generation programs are compiled for `model` on the CPU backend (reference backend with disable_compile).
+  // The model must outlive the generator.
+  explicit Generator(const CausalLM& model);
+  ~Generator();
+  GenerationOutput generate(const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& config, const Tokenizer* tokenizer = nullptr);
+  // Program counters of the compiled (CPU) path: compilations and hits.
+  const ProgramCacheStats& stats() const;
+  // The defaults this generator starts from (the model folder's generation_config.json).
+  const GenerationConfig& defaults() const { return defaults_; }
+
+ private:
+  struct State;
+  const CausalLM& model_;
+  GenerationConfig defaults_;
+  std::unique_ptr<State> state_;
+};
+
+// Logit processing and sampling, exposed for tests. Transformers' order: repetition penalty (greedy and sampling),
+// then, when sampling, temperature, top-k, top-p, min-p. `context` is the row's ids so far (prompt with its pads,
+// then generated).
+struct SamplingParams {
+  bool do_sample = false;
+  float temperature = 1.0f;
+  int64_t top_k = 50;
+  float top_p = 1.0f;
+  std::optional<float> min_p;
+  float repetition_penalty = 1.0f;
+};
+void process_logits(std::vector<float>& scores, const std::vector<int32_t>& context, const SamplingParams& p);
+// Greedy: the first maximum. Sampling: a draw from softmax(scores) with `u` uniform in [0, 1).
+int32_t pick_token(const std::vector<float>& scores, bool do_sample, double u);
+
+}  // namespace trl
