@@ -19,5 +19,6 @@ void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compile(CLI::App& app);
+void register_generate(CLI::App& app);
 
 }  // namespace trl::cli

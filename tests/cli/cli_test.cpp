@@ -1,5 +1,7 @@
 // End-to-end checks of the `trl` binary: output formats, option spellings and error messages.
+#include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -122,6 +124,59 @@ TEST(Cli, Demo) {
   ASSERT_EQ(test::run_command(trl_cmd("demo --out " + dir.file("m")), &out), 0) << out;
   EXPECT_NE(out.find("top 5 next tokens"), std::string::npos) << out;
   EXPECT_NE(out.find("perplexity"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace trl
+
+namespace trl {
+namespace {
+
+TEST(Cli, GenerateStreamsBatchesAndChats) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run_command(std::string(TRL_BINARY) + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  const std::string trl = std::string(TRL_BINARY);
+  // Greedy: the same text twice, and the counters say two programs.
+  std::string a, b;
+  ASSERT_EQ(test::run_command(trl + " generate --model " + dir.file("m") + " --prompt 'Hello there' --max_new_tokens 6 --do_sample false --verbose 2>&1", &a), 0) << a;
+  ASSERT_EQ(test::run_command(trl + " generate --model " + dir.file("m") + " --prompt 'Hello there' --max-new-tokens 6 --do-sample false", &b), 0) << b;
+  EXPECT_NE(a.find("programs compiled 2"), std::string::npos) << a;
+  EXPECT_NE(a.find(b.substr(0, b.size() - 1)), std::string::npos) << a << "\n---\n" << b;
+  // A file of prompts in, one JSON line per completion out (written atomically).
+  test::write_file(dir.file("p.jsonl"), "{\"prompt\": \"one\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"two\"}]}\n{\"ids\": [1, 2, 3]}\n");
+  ASSERT_EQ(test::run_command(trl + " generate --model " + dir.file("m") + " --input " + dir.file("p.jsonl") + " --output " + dir.file("o.jsonl") +
+                                  " --max_new_tokens 4 --num_return_sequences 2 --seed 5",
+                              &out),
+            0)
+      << out;
+  std::istringstream lines(test::read_file(dir.file("o.jsonl")));
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["completion_ids"].size(), 4u) << line;
+    EXPECT_EQ(j["finish_reason"], "length") << line;
+  }
+  EXPECT_EQ(n, 6);
+  // Chat: commands and turns from a pipe.
+  ASSERT_EQ(test::run_command("printf 'hi\\n/system Be brief.\\nhello again\\n/clear\\n/exit\\nnot read\\n' | " + trl + " chat --model " + dir.file("m") +
+                                  " --max_new_tokens 3 --verbose 2>&1",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("[system message set"), std::string::npos) << out;
+  EXPECT_NE(out.find("[conversation cleared]"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n') >= 4, true) << out;
+  // Errors name what is wrong.
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"generate --model " + dir.file("m") + " --prompt hi --bogus 1", "--bogus"},
+           {"generate --model " + dir.file("m") + " --prompt ''", "--prompt"},
+           {"generate --model " + dir.file("m") + " --prompt hi --max_new_tokens 50000", "max_position_embeddings"},
+           {"generate --model " + dir.file("m") + " --prompt hi --cache_implementation paged", "cache_implementation"},
+           {"generate --model " + dir.file("nothing") + " --prompt hi", "nothing"}}) {
+    EXPECT_NE(test::run_command(trl + " " + args + " 2>&1", &out), 0) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
 }
 
 }  // namespace
