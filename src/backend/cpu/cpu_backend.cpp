@@ -252,6 +252,23 @@ TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
   for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
   return s;
 }
+// out[m] = x[m, :]·w for M <= 8 rows of x and one bf16 row w, reading w once.
+TRL_MULTIVERSION void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  float acc[8][16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= K; i += 16) {
+    float wf[16];
+    for (int k = 0; k < 16; ++k) wf[k] = bf16_to_f32(w[i + k]);
+    for (int64_t m = 0; m < M; ++m)
+      for (int k = 0; k < 16; ++k) acc[m][k] += x[m * K + i + k] * wf[k];
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float s = 0;
+    for (int k = 0; k < 16; ++k) s += acc[m][k];
+    for (int64_t j = i; j < K; ++j) s += x[m * K + j] * bf16_to_f32(w[j]);
+    out[m] = s;
+  }
+}
 // y += a·x for bf16 x.
 TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
@@ -710,10 +727,38 @@ class CpuProgram final : public Program {
 
   // GEMM with operands of mixed dtypes: oneDNN takes (bf16|f32)x(bf16|f32) when both match; otherwise the
   // lower-precision operand is widened to f32 into a scratch buffer first.
+  static constexpr int64_t kGemvRows = 8;
+  // y[m, n] = x[m, :]·w[n, :] (+ bias[n]) for M <= kGemvRows: one pass over w, split by rows of w across threads.
+  std::function<void()> gemv_node(graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K) {
+    const DType ta = nd(a).dtype, tb = nd(b).dtype, tc = g_.node(id).dtype, tbias = bias != kNone ? nd(bias).dtype : DType::F32;
+    auto xf = std::make_shared<std::vector<float>>(static_cast<size_t>(M * K));
+    return [this, id, a, b, bias, M, N, K, ta, tb, tc, tbias, xf] {
+      for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(p(a), ta, i);
+      const float* x = xf->data();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+          const float bv = bias != kNone ? ld(p(bias), tbias, n) : 0.0f;
+          float dots[kGemvRows];
+          if (tb == DType::BF16 && M == 1) {
+            dots[0] = kernels::dot_bf16(x, static_cast<const uint16_t*>(p(b)) + n * K, K);
+          } else if (tb == DType::BF16) {
+            kernels::dots_bf16(x, M, K, static_cast<const uint16_t*>(p(b)) + n * K, dots);
+          } else {
+            for (int64_t m = 0; m < M; ++m) dots[m] = kernels::dot(x + m * K, static_cast<const float*>(p(b)) + n * K, K);
+          }
+          for (int64_t m = 0; m < M; ++m) st(p(id), tc, m * N + n, dots[m] + bv);
+        }
+    };
+  }
+
   std::function<void()> gemm_node(graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K,
                                   int64_t sa_m, int64_t sa_k, int64_t sb_k, int64_t sb_n) {
     DType ta = nd(a).dtype, tb = nd(b).dtype;
     const DType tc = g_.node(id).dtype;
+    // A few rows against a weight in nn.Linear layout (decoding) is memory-bound: read each weight row once for
+    // all rows (dots_bf16 widens it in registers).
+    if (M <= kGemvRows && sa_m == K && sa_k == 1 && sb_k == 1 && sb_n == K && (tb == DType::BF16 || tb == DType::F32))
+      return gemv_node(id, a, b, bias, M, N, K);
     const bool widen_a = ta != tb && ta != DType::F32, widen_b = ta != tb && tb != DType::F32;
     if (widen_a) ta = DType::F32;
     if (widen_b) tb = DType::F32;
