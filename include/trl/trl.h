@@ -7,6 +7,9 @@
 //   trl::Batch batch{.input_ids = enc.input_ids_tensor(), .attention_mask = enc.attention_mask_tensor()};
 //   auto backend = trl::make_reference_backend();
 //   trl::Tensor logits = model.forward(batch, *backend);   // [1, n, vocab] f32
+//   trl::GenerationConfig cfg;
+//   cfg.max_new_tokens = 50;
+//   auto out = trl::generate(model, {tok.encode("The French Bread Law states")}, cfg);   // static KV cache
 //
 // Model ids resolve only in the local Hugging Face cache; nothing is downloaded.
 #pragma once
@@ -15,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "generation/generate.h"
 #include "io/hub.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
@@ -37,6 +41,14 @@ struct AutoModelForCausalLM {
     return CausalLM::from_pretrained(name_or_path, options);
   }
 };
+
+// Transformers' model.generate(): prompts of token ids in, sequences out (see src/generation/generate.h). For
+// repeated calls keep a trl::Generator, which keeps the compiled programs and the KV cache between calls.
+inline GenerationOutput generate(const CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& config = {},
+                                 const Tokenizer* tokenizer = nullptr) {
+  Generator gen(model);
+  return gen.generate(prompts, config, tokenizer);
+}
 
 struct AutoTokenizer {
   static Tokenizer from_pretrained(const std::string& name_or_path, const std::string& revision = "main") {

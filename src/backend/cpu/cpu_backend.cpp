@@ -3,6 +3,9 @@
 // accumulation), and whose other ops are f32 loops parallelised with OpenMP — the runtime oneDNN itself uses, so
 // the two never oversubscribe the cores. Running a program allocates nothing.
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -24,6 +27,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/elementwise.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "graph/passes.h"
 #include "runtime/runtime.h"
@@ -252,23 +256,81 @@ TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
   for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
   return s;
 }
-// out[m] = x[m, :]·w for M <= 8 rows of x and one bf16 row w, reading w once.
-TRL_MULTIVERSION void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
-  float acc[8][16] = {};
+// out[m] = x[m, :]·w for M <= 8 rows of x and one bf16 row w, reading w once. One instantiation per M, so the
+// M x 16 accumulators stay in registers.
+template <int M>
+__attribute__((always_inline)) inline void dots_bf16_impl(const float* x, int64_t K, const uint16_t* w, float* out) {
+  float acc[M][16] = {};
   int64_t i = 0;
   for (; i + 16 <= K; i += 16) {
     float wf[16];
     for (int k = 0; k < 16; ++k) wf[k] = bf16_to_f32(w[i + k]);
-    for (int64_t m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m)
       for (int k = 0; k < 16; ++k) acc[m][k] += x[m * K + i + k] * wf[k];
   }
-  for (int64_t m = 0; m < M; ++m) {
+  for (int m = 0; m < M; ++m) {
     float s = 0;
     for (int k = 0; k < 16; ++k) s += acc[m][k];
     for (int64_t j = i; j < K; ++j) s += x[m * K + j] * bf16_to_f32(w[j]);
     out[m] = s;
   }
 }
+#define TRL_DOTS(M) \
+  TRL_MULTIVERSION void dots_bf16_##M(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M>(x, K, w, out); }
+TRL_DOTS(2)
+TRL_DOTS(3)
+TRL_DOTS(4)
+TRL_DOTS(5)
+TRL_DOTS(6)
+TRL_DOTS(7)
+TRL_DOTS(8)
+#undef TRL_DOTS
+void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  switch (M) {
+    case 1: out[0] = dot_bf16(x, w, K); return;
+    case 2: return dots_bf16_2(x, K, w, out);
+    case 3: return dots_bf16_3(x, K, w, out);
+    case 4: return dots_bf16_4(x, K, w, out);
+    case 5: return dots_bf16_5(x, K, w, out);
+    case 6: return dots_bf16_6(x, K, w, out);
+    case 7: return dots_bf16_7(x, K, w, out);
+    default: return dots_bf16_8(x, K, w, out);
+  }
+}
+#if defined(__x86_64__)
+// The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in f32). Selected at run
+// time when the CPU has it and the activations are bf16.
+template <int M>
+__attribute__((target("avx512f,avx512bf16"))) void dots_bf16bf16_impl(const uint16_t* x, int64_t K, const uint16_t* w, float* out) {
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= K; i += 32) {
+    const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + i));
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_dpbf16_ps(acc[m], reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + i)), wv);
+  }
+  for (int m = 0; m < M; ++m) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[m]);
+    float s = 0;
+    for (float l : lanes) s += l;
+    for (int64_t j = i; j < K; ++j) s += bf16_to_f32(x[m * K + j]) * bf16_to_f32(w[j]);
+    out[m] = s;
+  }
+}
+__attribute__((target("avx512f,avx512bf16"))) void dots_bf16bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  switch (M) {
+    case 1: return dots_bf16bf16_impl<1>(x, K, w, out);
+    case 2: return dots_bf16bf16_impl<2>(x, K, w, out);
+    case 3: return dots_bf16bf16_impl<3>(x, K, w, out);
+    case 4: return dots_bf16bf16_impl<4>(x, K, w, out);
+    case 5: return dots_bf16bf16_impl<5>(x, K, w, out);
+    case 6: return dots_bf16bf16_impl<6>(x, K, w, out);
+    case 7: return dots_bf16bf16_impl<7>(x, K, w, out);
+    default: return dots_bf16bf16_impl<8>(x, K, w, out);
+  }
+}
+#endif
 // y += a·x for bf16 x.
 TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
@@ -732,13 +794,24 @@ class CpuProgram final : public Program {
   std::function<void()> gemv_node(graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K) {
     const DType ta = nd(a).dtype, tb = nd(b).dtype, tc = g_.node(id).dtype, tbias = bias != kNone ? nd(bias).dtype : DType::F32;
     auto xf = std::make_shared<std::vector<float>>(static_cast<size_t>(M * K));
-    return [this, id, a, b, bias, M, N, K, ta, tb, tc, tbias, xf] {
-      for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(p(a), ta, i);
+#if defined(__x86_64__)
+    const bool bf16dot = ta == DType::BF16 && tb == DType::BF16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
+#else
+    const bool bf16dot = false;
+#endif
+    return [this, id, a, b, bias, M, N, K, ta, tb, tc, tbias, xf, bf16dot] {
+      if (!bf16dot)
+        for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(p(a), ta, i);
       const float* x = xf->data();
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
           const float bv = bias != kNone ? ld(p(bias), tbias, n) : 0.0f;
           float dots[kGemvRows];
+#if defined(__x86_64__)
+          if (bf16dot) {
+            kernels::dots_bf16bf16(static_cast<const uint16_t*>(p(a)), M, K, static_cast<const uint16_t*>(p(b)) + n * K, dots);
+          } else
+#endif
           if (tb == DType::BF16 && M == 1) {
             dots[0] = kernels::dot_bf16(x, static_cast<const uint16_t*>(p(b)) + n * K, K);
           } else if (tb == DType::BF16) {
