@@ -133,6 +133,7 @@ struct Generator::State {
   ProgramCache compiled{*cpu, 32};
   ProgramCache oracle{*reference, 8};
   std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> caches;  // (batch, cache length) -> k0, v0, k1, ...
+  std::map<std::pair<int64_t, int64_t>, graph::Graph> decode_graphs;   // traced once per (batch, cache length)
 };
 
 Generator::Generator(const CausalLM& model)
@@ -335,7 +336,9 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     in["attention_mask"] = Tensor::from_i32(mask, {B, S});
     in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{static_cast<int32_t>(slot)}, {1});
     bind_cache(in);
-    const auto res = programs.get(model_.decode_graph(B, S)).run(in);
+    auto g = state_->decode_graphs.find({B, S});
+    if (g == state_->decode_graphs.end()) g = state_->decode_graphs.emplace(std::make_pair(B, S), model_.decode_graph(B, S)).first;
+    const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
     take_logits(res[0], 1, 0);
     keep_cache(res);
   }
