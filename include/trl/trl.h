@@ -15,6 +15,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
