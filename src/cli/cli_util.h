@@ -20,5 +20,6 @@ void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compile(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_sft(CLI::App& app);
 
 }  // namespace trl::cli

@@ -351,6 +351,17 @@ __attribute__((target("avx512f,avx512bf16"))) void dots_bf16bf16(const uint16_t*
   }
 }
 #endif
+// x[i] = round_bf16(x[i]) (round to nearest even; NaN stays NaN), vectorised.
+TRL_MULTIVERSION void round_to_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    __builtin_memcpy(&b, &x[i], 4);
+    const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = ((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+    const uint32_t out = nan ? (b | 0x00400000u) & 0xffff0000u : r;
+    __builtin_memcpy(&x[i], &out, 4);
+  }
+}
 // y += a·x for bf16 x.
 TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
@@ -1289,7 +1300,8 @@ class CpuProgram final : public Program {
       };
       // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
       auto round_row = [dh](float* z, int64_t c) {
-        if (dh != DType::F32)
+        if (dh == DType::BF16) kernels::round_to_bf16(z, c);
+        else if (dh != DType::F32)
           for (int64_t j = 0; j < c; ++j) z[j] = rnd(dh, z[j]);
       };
       float* lse = stats->lse.data();

@@ -31,6 +31,12 @@ class AdamW {
   // same pass over memory.
   void step(TensorMap& params, const TensorMap& grads, double lr, TensorMap* compute);
   int64_t steps() const { return steps_; }
+  // Restores the moments and the step count (resuming from a checkpoint).
+  void set_state(TensorMap exp_avg, TensorMap exp_avg_sq, int64_t steps) {
+    m_ = std::move(exp_avg);
+    v_ = std::move(exp_avg_sq);
+    steps_ = steps;
+  }
   const TensorMap& exp_avg() const { return m_; }
   const TensorMap& exp_avg_sq() const { return v_; }
 

@@ -1,0 +1,96 @@
+// The Trainer loop and SFT (trl_spec.md §4-5): seeded shuffling, collation under the padding policy, gradient
+// accumulation with token-level normalisation over the whole accumulated batch, global-norm clipping, AdamW (no
+// decay on norms and biases), schedules, evaluation, logging, checkpoints with exact resume, and Ctrl-C saving a
+// checkpoint. Option names and defaults are TRL's (SFTConfig over TrainingArguments).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/program_cache.h"
+#include "data/dataset.h"
+#include "data/sft.h"
+#include "models/causal_lm.h"
+#include "tokenizer/tokenizer.h"
+
+namespace trl {
+
+struct SFTConfig {
+  // TrainingArguments (TRL's overrides applied: logging_steps 10, bf16 true, SFT learning rate 2e-5).
+  std::string output_dir = "trainer_output";
+  double learning_rate = 2e-5;
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double num_train_epochs = 3;
+  int64_t max_steps = -1;
+  std::string lr_scheduler_type = "linear";  // linear | cosine | constant | constant_with_warmup
+  double warmup_ratio = 0;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  int64_t logging_steps = 10;
+  int64_t save_steps = 500;
+  std::optional<int64_t> save_total_limit;
+  std::string eval_strategy = "no";  // no | steps | epoch
+  std::optional<int64_t> eval_steps;  // default: logging_steps
+  uint64_t seed = 42;
+  bool bf16 = true;
+  bool torch_compile = true;  // the compiled CPU backend; false: the reference backend (the oracle; slow)
+  bool gradient_checkpointing = false;
+  bool dataloader_drop_last = false;
+  std::string resume_from_checkpoint;  // a checkpoint folder, or "last" / "true" for the newest in output_dir
+  // SFT.
+  int64_t max_length = 1024;
+  bool packing = false;
+  bool padding_free = false;
+  std::optional<bool> completion_only_loss;
+  bool assistant_only_loss = false;
+  std::string pad_to_multiple_of;  // "" (None) | "auto" | an integer
+  std::string dataset_text_field = "text";
+  std::string eos_token;
+  bool report = true;        // write training_report.html in output_dir
+  bool progress = true;      // progress bar on a terminal, plain lines otherwise
+};
+
+struct TrainOutput {
+  int64_t global_step = 0;
+  double training_loss = 0;  // mean of the logged step losses
+  std::vector<nlohmann::ordered_json> log_history;
+  ProgramCacheStats programs;
+  bool interrupted = false;
+};
+
+class SFTTrainer {
+ public:
+  // `model` supplies the architecture and the starting weights (trained in f32 masters; computed in bf16 when
+  // config.bf16). `model_dir` (optional) is where tokenizer and generation files are copied from into checkpoints.
+  SFTTrainer(const CausalLM& model, const Tokenizer& tokenizer, Dataset train, SFTConfig config, std::optional<Dataset> eval = std::nullopt);
+  ~SFTTrainer();
+  TrainOutput train();
+  // The mean token loss over the eval dataset with the current weights.
+  double evaluate();
+  // Writes the model (in the dtype it was loaded with), its config, generation config and tokenizer to `dir`.
+  void save_model(const std::string& dir) const;
+  const TensorMap& master_weights() const;
+  const ProgramCacheStats& program_stats() const;
+  // Called after every optimizer step with the log entry of that step (tests, progress displays).
+  std::function<void(const nlohmann::ordered_json&)> on_step;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// The learning rate at `step` (0-based) of `total` steps with `warmup` warm-up steps.
+double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup);
+
+}  // namespace trl

@@ -1,0 +1,252 @@
+// SFT: loss masks per dataset format, collation, gradient accumulation, resume, program counts, saving, learning.
+#include "train/sft_trainer.h"
+
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "generation/generate.h"
+#include "models/init.h"
+#include "test_util.h"
+#include "tokenizer/chat_template.h"
+
+namespace trl {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Dataset rows(const std::vector<std::string>& lines) {
+  Dataset d;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    d.rows.push_back(ojson::parse(lines[i]));
+    d.where.push_back("test:" + std::to_string(i + 1));
+  }
+  return d;
+}
+
+// The training tests run real steps over the 151936-word vocabulary; under the sanitizers (10-20x slower) the
+// longest ones are skipped: the sanitizer pass still runs the data, collation and resume tests.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+TEST(SFTData, LossMasksPerFormat) {
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  SFTDataOptions o;
+  // Language modelling: every token is a label; the eos string is appended.
+  auto ex = prepare_sft_dataset(rows({R"({"text": "Hello world"})"}), tok, o);
+  EXPECT_EQ(ex[0].input_ids, tok.encode("Hello world<|im_end|>"));
+  EXPECT_EQ(ex[0].labels_mask, std::vector<uint8_t>(ex[0].input_ids.size(), 1));
+  // Prompt-completion: the prompt's tokens are masked (completion_only_loss defaults to true here).
+  ex = prepare_sft_dataset(rows({R"({"prompt": "The sky is", "completion": " blue"})"}), tok, o);
+  const auto prompt = tok.encode("The sky is");
+  EXPECT_EQ(ex[0].input_ids, tok.encode("The sky is blue<|im_end|>"));
+  for (size_t t = 0; t < ex[0].labels_mask.size(); ++t) EXPECT_EQ(ex[0].labels_mask[t], t >= prompt.size() ? 1 : 0) << t;
+  o.completion_only_loss = false;
+  ex = prepare_sft_dataset(rows({R"({"prompt": "The sky is", "completion": " blue"})"}), tok, o);
+  EXPECT_EQ(ex[0].labels_mask, std::vector<uint8_t>(ex[0].input_ids.size(), 1));
+  o.completion_only_loss.reset();
+  // Conversational: the chat template renders it; every token is a label by default.
+  const ojson msgs = ojson::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])");
+  ex = prepare_sft_dataset(rows({ojson{{"messages", msgs}}.dump()}), tok, o);
+  EXPECT_EQ(ex[0].input_ids, apply_chat_template_ids(tok, msgs).input_ids);
+  EXPECT_EQ(ex[0].labels_mask, std::vector<uint8_t>(ex[0].input_ids.size(), 1));
+  // Conversational prompt-completion: the prompt with its generation prompt is masked.
+  const ojson p = ojson::parse(R"([{"role": "user", "content": "Hi"}])"), c = ojson::parse(R"([{"role": "assistant", "content": "Hello!"}])");
+  ex = prepare_sft_dataset(rows({ojson{{"prompt", p}, {"completion", c}}.dump()}), tok, o);
+  ChatTemplateOptions gen;
+  gen.add_generation_prompt = true;
+  const size_t plen = apply_chat_template_ids(tok, p, gen).input_ids.size();
+  EXPECT_EQ(ex[0].input_ids, apply_chat_template_ids(tok, msgs).input_ids);
+  for (size_t t = 0; t < ex[0].labels_mask.size(); ++t) EXPECT_EQ(ex[0].labels_mask[t], t >= plen ? 1 : 0) << t;
+  // assistant_only_loss needs {% generation %} in the template: Qwen3's has none, a clear error.
+  o.assistant_only_loss = true;
+  try {
+    prepare_sft_dataset(rows({ojson{{"messages", msgs}}.dump()}), tok, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("{% generation %}"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test:1"), std::string::npos) << e.what();
+  }
+  // Truncation keeps the start; a row with no label left is dropped.
+  o = SFTDataOptions{};
+  o.max_length = 3;
+  int64_t dropped = 0;
+  ex = prepare_sft_dataset(rows({R"({"text": "one two three four five"})", R"({"prompt": "one two three four five", "completion": " six"})"}), tok, o, &dropped);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex[0].input_ids.size(), 3u);
+  EXPECT_EQ(dropped, 1);
+  // A row in no known format names its place.
+  try {
+    prepare_sft_dataset(rows({R"({"question": "x"})"}), tok, SFTDataOptions{});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("test:1: no SFT field"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SFTData, CollationAndPacking) {
+  SFTExample a{{10, 11, 12}, {0, 1, 1}, ""}, b{{20, 21, 22, 23, 24}, {1, 1, 1, 1, 1}, ""};
+  SFTBatch p = collate_padded({&a, &b}, 0, 4, 100);
+  ASSERT_EQ(p.input_ids.shape(), (Shape{2, 8}));  // longest 5, rounded up to a multiple of 4
+  EXPECT_EQ(p.num_items, 2 + 4);
+  EXPECT_EQ(p.num_tokens, 8);
+  const float* w = p.weights.data_as<float>();
+  EXPECT_EQ(std::vector<float>(w, w + 8), (std::vector<float>{1, 1, 0, 0, 0, 0, 0, 0}));  // position t predicts token t+1
+  EXPECT_EQ(p.labels.data_as<int32_t>()[0], 11);
+  SFTBatch k = collate_packed({{&a, &b}}, 0, 10);
+  EXPECT_EQ(k.attention_mask.to_i64_vector(), (std::vector<int64_t>{1, 1, 1, 2, 2, 2, 2, 2, 0, 0}));
+  EXPECT_EQ(k.position_ids.to_i64_vector(), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 1, 1}));
+  const float* kw = k.weights.data_as<float>();
+  EXPECT_EQ(kw[2], 0.0f);  // the last token of a never predicts the first of b
+  const auto bins = pack_best_fit_decreasing({5, 3, 4, 2, 6, 1}, 8);
+  std::set<size_t> seen;
+  for (const auto& bin : bins) {
+    int64_t total = 0;
+    for (size_t i : bin) total += std::vector<int64_t>{5, 3, 4, 2, 6, 1}[i], seen.insert(i);
+    EXPECT_LE(total, 8);
+  }
+  EXPECT_EQ(seen.size(), 6u);
+  EXPECT_EQ(bins.size(), 3u);  // 21 tokens in bins of 8: 6+2, 5+3, 4+1
+}
+
+struct TinySetup {
+  test::TempDir dir;
+  CausalLM model;
+  TinySetup() : model(make()) {}
+  CausalLM make() {
+    InitOptions o;
+    o.preset = "tiny";
+    o.seed = 3;
+    o.initializer_range = 0.1;
+    init_model(o, dir.file("model"));
+    return CausalLM::from_pretrained(dir.file("model"));
+  }
+};
+
+Dataset uneven_data() {
+  std::vector<std::string> lines;
+  const char* texts[] = {"a", "the cat sat on the mat", "one two", "a much longer sentence with quite a few more tokens in it", "x y z",
+                         "hello there", "short", "what is this"};
+  for (const char* t : texts) lines.push_back(ojson{{"text", t}}.dump());
+  return rows(lines);
+}
+
+SFTConfig base_config(const std::string& out) {
+  SFTConfig c;
+  c.output_dir = out;
+  c.bf16 = false;
+  c.learning_rate = 1e-3;
+  c.logging_steps = 1;
+  c.save_steps = 1000;
+  c.report = false;
+  c.progress = false;
+  c.max_grad_norm = 0;  // compare raw updates
+  return c;
+}
+
+// 4 micro-batches of 1 == 1 batch of 4: the loss is normalised by the labels of the whole accumulated batch.
+TEST(SFTTrainer, GradientAccumulationEqualsOneLargeBatch) {
+  TinySetup t;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  SFTConfig a = base_config(t.dir.file("a"));
+  a.adam_epsilon = 1.0;  // with a large epsilon the first Adam update is ~lr·g: it compares the gradients themselves
+  a.per_device_train_batch_size = 4;
+  a.max_steps = 1;
+  SFTConfig b = base_config(t.dir.file("b"));
+  b.adam_epsilon = 1.0;
+  b.per_device_train_batch_size = 1;
+  b.gradient_accumulation_steps = 4;
+  b.max_steps = 1;
+  SFTTrainer ta(t.model, tok, uneven_data(), a), tb(t.model, tok, uneven_data(), b);
+  const TrainOutput oa = ta.train(), ob = tb.train();
+  EXPECT_NEAR(oa.log_history[0]["loss"].get<double>(), ob.log_history[0]["loss"].get<double>(), 1e-5);
+  double worst = 0, scale = 0;
+  for (const auto& [name, w] : ta.master_weights()) {
+    const auto x = w.to_f32_vector(), y = tb.master_weights().at(name).to_f32_vector(), w0 = t.model.weights().at(name).to_f32_vector();
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i]))), scale = std::max(scale, static_cast<double>(std::fabs(x[i] - w0[i])));
+  }
+  EXPECT_GT(scale, 1e-7);          // the step moved the weights
+  EXPECT_LE(worst, 1e-3 * scale);  // by the same update
+}
+
+// Train 6 steps; or train 3, stop, resume from the checkpoint and train 3 more: the same losses and weights.
+TEST(SFTTrainer, ResumeIsExact) {
+  TinySetup t;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  SFTConfig c = base_config(t.dir.file("full"));
+  c.per_device_train_batch_size = 2;
+  c.max_steps = 6;
+  c.bf16 = true;
+  SFTTrainer full(t.model, tok, uneven_data(), c);
+  const TrainOutput of = full.train();
+  SFTConfig first = c;
+  first.output_dir = t.dir.file("split");
+  first.save_steps = 3;
+  first.max_steps = 6;
+  {
+    SFTTrainer tr(t.model, tok, uneven_data(), first);
+    int steps = 0;
+    tr.on_step = [&](const ojson&) {
+      if (++steps == 3) ::raise(SIGINT);  // Ctrl-C after step 3: a checkpoint is saved, training stops
+    };
+    const TrainOutput o = tr.train();
+    EXPECT_TRUE(o.interrupted);
+    EXPECT_EQ(o.global_step, 3);
+  }
+  ASSERT_TRUE(std::filesystem::exists(t.dir.file("split/checkpoint-3/optimizer.safetensors")));
+  SFTConfig second = first;
+  second.resume_from_checkpoint = "last";
+  SFTTrainer tr(t.model, tok, uneven_data(), second);
+  const TrainOutput os = tr.train();
+  ASSERT_EQ(os.global_step, 6);
+  ASSERT_EQ(of.log_history.size(), os.log_history.size());
+  for (size_t i = 0; i < of.log_history.size(); ++i) EXPECT_EQ(of.log_history[i]["loss"], os.log_history[i]["loss"]) << i;
+  for (const auto& [name, w] : full.master_weights()) EXPECT_EQ(w.to_f32_vector(), tr.master_weights().at(name).to_f32_vector()) << name;
+  // The final folder is a Hugging Face model that loads back with the trained weights' logits.
+  const CausalLM back = CausalLM::from_pretrained(t.dir.file("split"));
+  EXPECT_EQ(back.weights().at("model.norm.weight").to_f32_vector(), full.master_weights().at("model.norm.weight").to_f32_vector());
+  const ojson state = ojson::parse(read_text_file(t.dir.file("split/trainer_state.json")));
+  EXPECT_EQ(state["global_step"], 6);
+}
+
+// pad_to_multiple_of 128 with max_length 512: at most 4 programs over varied lengths; None: one per distinct length.
+TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
+  if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
+  TinySetup t;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  std::vector<std::string> lines;
+  std::string text;
+  std::set<size_t> lengths;
+  // 8 rows from a few tokens to past max_length, in every 128-bucket.
+  for (int words : {5, 40, 70, 110, 150, 190, 230, 400}) {
+    text.clear();
+    for (int k = 0; k < words; ++k) text += " w" + std::to_string(k);
+    lines.push_back(ojson{{"text", text}}.dump());
+  }
+  SFTConfig c = base_config(t.dir.file("o"));
+  c.per_device_train_batch_size = 1;
+  c.num_train_epochs = 1;
+  c.max_length = 512;
+  c.pad_to_multiple_of = "128";
+  SFTTrainer a(t.model, tok, rows(lines), c);
+  const TrainOutput oa = a.train();
+  EXPECT_EQ(oa.global_step, 8);
+  EXPECT_EQ(oa.programs.compilations, 4);  // every bucket 128..512 occurs once or more
+  c.pad_to_multiple_of = "";
+  SFTTrainer b(t.model, tok, rows(lines), c);
+  const TrainOutput ob = b.train();
+  for (const auto& l : lines) lengths.insert(std::min<size_t>(512, tok.encode(ojson::parse(l)["text"].get<std::string>() + "<|im_end|>").size()));
+  EXPECT_EQ(ob.programs.compilations, static_cast<int64_t>(lengths.size()));
+}
+
+}  // namespace
+}  // namespace trl
