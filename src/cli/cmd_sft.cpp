@@ -99,7 +99,7 @@ void register_sft(CLI::App& app) {
   cmd->add_flag(flag("padding_free"), c.padding_free, "One row per micro-batch, no padding between examples")->capture_default_str();
   cmd->add_option(flag("completion_only_loss"), a->completion_only_loss, "None | true | false")->capture_default_str();
   cmd->add_flag(flag("assistant_only_loss"), c.assistant_only_loss, "Loss on assistant turns only")->capture_default_str();
-  cmd->add_option(flag("pad_to_multiple_of"), c.pad_to_multiple_of, "None | auto | N (auto = 64 on the CPU backend)");
+  cmd->add_option(flag("pad_to_multiple_of"), c.pad_to_multiple_of, "None | auto | N (auto = 64 on the CPU backend)")->capture_default_str();
   cmd->add_option(flag("dataset_text_field"), c.dataset_text_field, "Field of language-modelling rows")->capture_default_str();
   cmd->add_option(flag("eos_token"), c.eos_token, "Appended to non-chat text (default: the tokenizer's)");
   cmd->add_flag(flag("report"), c.report, "Write training_report.html")->capture_default_str();

@@ -54,7 +54,7 @@ struct SFTConfig {
   bool padding_free = false;
   std::optional<bool> completion_only_loss;
   bool assistant_only_loss = false;
-  std::string pad_to_multiple_of;  // "" (None) | "auto" | an integer
+  std::string pad_to_multiple_of = "auto";  // "None" | "auto" (the backend's bucket: 64 on the CPU) | an integer
   std::string dataset_text_field = "text";
   std::string eos_token;
   bool report = true;        // write training_report.html in output_dir

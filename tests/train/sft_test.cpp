@@ -242,7 +242,7 @@ TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
   const TrainOutput oa = a.train();
   EXPECT_EQ(oa.global_step, 8);
   EXPECT_EQ(oa.programs.compilations, 4);  // every bucket 128..512 occurs once or more
-  c.pad_to_multiple_of = "";
+  c.pad_to_multiple_of = "None";
   SFTTrainer b(t.model, tok, rows(lines), c);
   const TrainOutput ob = b.train();
   for (const auto& l : lines) lengths.insert(std::min<size_t>(512, tok.encode(ojson::parse(l)["text"].get<std::string>() + "<|im_end|>").size()));
