@@ -219,27 +219,35 @@ void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, Ten
   }
 }
 
-// dlogp:[R] -> packed [dh:[R,C] | dw:[V,C]].  dz = dlogp·(onehot(target) - softmax(z)); dh = dz·w; dw = dzᵀ·h.
-void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& targets, const Tensor& dlogp, Tensor& out) {
+// The backward pass of a loss on the logits z = h·wᵀ, given per row: dz_v = dz(r, g, z, lse, v), with g the
+// incoming gradient of row r (rows with g = 0 are skipped). Writes packed [dh:[R,C] | dw:[V,C]]: dh = dz·w, dw = dzᵀ·h.
+template <class DzFn>
+void logits_backward(const Tensor& h, const Tensor& w, const Tensor& grad, Tensor& out, DzFn dz_of) {
   const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
   const std::vector<double> hf = as_f64(h), wf = as_f64(w);
-  std::vector<double> z(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
+  std::vector<double> z(static_cast<size_t>(V)), dz(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
   for (int64_t r = 0; r < R; ++r) {
-    const double g = load_element(dlogp.data(), dlogp.dtype(), r);
+    const double g = load_element(grad.data(), grad.dtype(), r);
     if (g == 0) continue;
-    const int32_t t = targets.data_as<int32_t>()[r];
     const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
-    for (int64_t v = 0; v < V; ++v) {
-      const double dz = g * ((v == t ? 1.0 : 0.0) - std::exp(z[static_cast<size_t>(v)] - lse));
+    dz_of(r, g, z, lse, dz);
+    for (int64_t v = 0; v < V; ++v)
       for (int64_t c = 0; c < C; ++c) {
-        dh[static_cast<size_t>(r * C + c)] += dz * wf[static_cast<size_t>(v * C + c)];
-        dw[static_cast<size_t>(v * C + c)] += dz * hf[static_cast<size_t>(r * C + c)];
+        dh[static_cast<size_t>(r * C + c)] += dz[static_cast<size_t>(v)] * wf[static_cast<size_t>(v * C + c)];
+        dw[static_cast<size_t>(v * C + c)] += dz[static_cast<size_t>(v)] * hf[static_cast<size_t>(r * C + c)];
       }
-    }
   }
   void* o = out.mutable_data();
   for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
   for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+}
+
+// dlogp:[R] -> packed [dh | dw].  dz = dlogp·(onehot(target) - softmax(z)).
+void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& targets, const Tensor& dlogp, Tensor& out) {
+  logits_backward(h, w, dlogp, out, [&](int64_t r, double g, const std::vector<double>& z, double lse, std::vector<double>& dz) {
+    const int32_t t = targets.data_as<int32_t>()[r];
+    for (size_t v = 0; v < z.size(); ++v) dz[v] = g * ((static_cast<int32_t>(v) == t ? 1.0 : 0.0) - std::exp(z[v] - lse));
+  });
 }
 
 // h:[R,C], w:[V,C] -> out:[R].  H = -Σ p log p = lse - Σ p·z.
@@ -255,29 +263,13 @@ void entropy(const Tensor& h, const Tensor& w, Tensor& out) {
   }
 }
 
-// dH:[R] -> packed [dh | dw].  dz_v = -dH·p_v·(log p_v + H); dh = dz·w; dw = dzᵀ·h.
+// dH:[R] -> packed [dh | dw].  dz_v = -dH·p_v·(log p_v + H).
 void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, Tensor& out) {
-  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
-  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
-  std::vector<double> z(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
-  for (int64_t r = 0; r < R; ++r) {
-    const double g = load_element(dent.data(), dent.dtype(), r);
-    if (g == 0) continue;
-    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
+  logits_backward(h, w, dent, out, [](int64_t, double g, const std::vector<double>& z, double lse, std::vector<double>& dz) {
     double H = lse;
-    for (int64_t v = 0; v < V; ++v) H -= std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
-    for (int64_t v = 0; v < V; ++v) {
-      const double logp = z[static_cast<size_t>(v)] - lse;
-      const double dz = -g * std::exp(logp) * (logp + H);
-      for (int64_t c = 0; c < C; ++c) {
-        dh[static_cast<size_t>(r * C + c)] += dz * wf[static_cast<size_t>(v * C + c)];
-        dw[static_cast<size_t>(v * C + c)] += dz * hf[static_cast<size_t>(r * C + c)];
-      }
-    }
-  }
-  void* o = out.mutable_data();
-  for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
-  for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+    for (double zv : z) H -= std::exp(zv - lse) * zv;
+    for (size_t v = 0; v < z.size(); ++v) dz[v] = -g * std::exp(z[v] - lse) * (z[v] - lse + H);
+  });
 }
 
 // out[r,k] = Σ_n dy[r,n]·w[n,k]
