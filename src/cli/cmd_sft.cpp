@@ -18,34 +18,37 @@ namespace trl::cli {
 
 namespace {
 
-// CLI11 reads config files through this: a YAML mapping of option names to scalars (or lists).
-class YamlConfig : public CLI::Config {
- public:
-  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return {}; }
-  std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
-    YAML::Node root;
-    try {
-      root = YAML::Load(in);
-    } catch (const YAML::Exception& e) {
-      throw CLI::ConversionError(fmt::format("--config: not valid YAML (line {}, column {}): {}", e.mark.line + 1, e.mark.column + 1, e.msg));
-    }
-    std::vector<CLI::ConfigItem> items;
-    if (root.IsNull()) return items;
-    if (!root.IsMap()) throw CLI::ConversionError("--config: the YAML file must be a mapping of option: value");
-    for (const auto& kv : root) {
-      CLI::ConfigItem it;
-      it.name = kv.first.as<std::string>();
-      const YAML::Node& v = kv.second;
-      if (v.IsNull()) continue;  // null: keep the default (None)
-      if (v.IsScalar()) it.inputs = {v.as<std::string>()};
-      else if (v.IsSequence())
-        for (const auto& x : v) it.inputs.push_back(x.as<std::string>());
-      else throw CLI::ConversionError(fmt::format("--config: '{}' must be a scalar or a list", it.name));
-      items.push_back(std::move(it));
-    }
-    return items;
+// Applies a YAML config file to the options of `cmd`: every key must be an option; a key also given on the command
+// line keeps the command line's value; null keeps the default (None).
+void apply_yaml_config(CLI::App* cmd, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    fail("--config {}: cannot open", path);
+  } catch (const YAML::Exception& e) {
+    fail("--config {}: not valid YAML (line {}, column {}): {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
-};
+  if (root.IsNull()) return;
+  if (!root.IsMap()) fail("--config {}: the file must be a mapping of option: value", path);
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    CLI::Option* opt = cmd->get_option_no_throw("--" + key);
+    if (opt == nullptr || key == "config") fail("--config {}: unknown option '{}' (see trl {} --help)", path, key, cmd->get_name());
+    if (opt->count() > 0 || kv.second.IsNull()) continue;  // the command line wins; null = the default
+    std::vector<std::string> values;
+    if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
+    else if (kv.second.IsSequence())
+      for (const auto& x : kv.second) values.push_back(x.as<std::string>());
+    else fail("--config {}: '{}' must be a value or a list", path, key);
+    try {
+      for (const auto& v : values) opt->add_result(v);
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      fail("--config {}: '{}': {}", path, key, e.what());
+    }
+  }
+}
 
 }  // namespace
 
@@ -53,15 +56,13 @@ void register_sft(CLI::App& app) {
   auto* cmd = app.add_subcommand("sft", "Supervised fine-tuning (TRL's SFTTrainer): trl sft --model_name_or_path M --dataset_name data.jsonl");
   struct Args {
     SFTConfig c;
-    std::string model, dataset, train_split = "train", test_split = "test", dtype, revision = "main", completion_only_loss = "None";
+    std::string config, model, dataset, train_split = "train", test_split = "test", dtype, revision = "main", completion_only_loss = "None";
   };
   auto a = std::make_shared<Args>();
   SFTConfig& c = a->c;
-  cmd->config_formatter(std::make_shared<YamlConfig>());
-  cmd->set_config("--config", "", "A YAML file of options (keys as the flags)");
-  cmd->allow_config_extras(CLI::config_extras_mode::error);
-  cmd->add_option(flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only)")->required();
-  cmd->add_option(flag("dataset_name"), a->dataset, "A .jsonl/.json file or a folder with <split>.jsonl")->required();
+  cmd->add_option("--config", a->config, "A YAML file of options (keys as the flags; flags on the command line win)");
+  cmd->add_option(flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only; required)");
+  cmd->add_option(flag("dataset_name"), a->dataset, "A .jsonl/.json file or a folder with <split>.jsonl (required)");
   cmd->add_option(flag("dataset_train_split"), a->train_split, "Training split")->capture_default_str();
   cmd->add_option(flag("dataset_test_split"), a->test_split, "Evaluation split (used when eval_strategy is not no)")->capture_default_str();
   cmd->add_option(flag("torch_dtype") + "," + flag("dtype"), a->dtype, "Load the weights as f32 | bf16 (default: the checkpoint's)");
@@ -103,7 +104,10 @@ void register_sft(CLI::App& app) {
   cmd->add_option(flag("dataset_text_field"), c.dataset_text_field, "Field of language-modelling rows")->capture_default_str();
   cmd->add_option(flag("eos_token"), c.eos_token, "Appended to non-chat text (default: the tokenizer's)");
   cmd->add_flag(flag("report"), c.report, "Write training_report.html")->capture_default_str();
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
+    if (!a->config.empty()) apply_yaml_config(cmd, a->config);
+    if (a->model.empty()) fail("trl sft: --model_name_or_path is required (on the command line or in --config)");
+    if (a->dataset.empty()) fail("trl sft: --dataset_name is required (on the command line or in --config)");
     SFTConfig cfg = a->c;
     const std::string col = a->completion_only_loss;
     if (col == "true" || col == "True") cfg.completion_only_loss = true;

@@ -385,6 +385,7 @@ TrainOutput SFTTrainer::train() {
     const int64_t epoch = s.global_step / spe, within = s.global_step % spe;
     if (epoch != order_epoch) order = s.order(epoch), order_epoch = epoch;
     // This step's micro-batches, collated first: num_items_in_batch counts the labels of all of them.
+    const auto t_step = Clock::now();
     std::vector<SFTBatch> micro;
     int64_t items = 0;
     for (int64_t k = within * ga; k < std::min(nmicro, (within + 1) * ga); ++k) {
@@ -393,6 +394,7 @@ TrainOutput SFTTrainer::train() {
       micro.push_back(s.collate(chosen, s.train, c.max_length));
       items += micro.back().num_items;
     }
+    const double data_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
     double step_loss = 0;
     for (size_t k = 0; k < micro.size(); ++k) {
       const SFTBatch& b = micro[k];
@@ -438,7 +440,9 @@ TrainOutput SFTTrainer::train() {
     loss_since_log += step_loss;
     ++steps_since_log;
     last_grad_norm = norm;
-    ojson entry{{"loss", step_loss}, {"grad_norm", norm}, {"learning_rate", lr}, {"num_tokens", s.tokens_seen}};
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
+    ojson entry{{"loss", step_loss}, {"grad_norm", norm}, {"learning_rate", lr}, {"num_tokens", s.tokens_seen}, {"step_seconds", step_seconds},
+                {"data_seconds", data_seconds}};
     if (on_step) on_step(entry);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
     const double tps = static_cast<double>(s.tokens_seen - tokens_at_start) / std::max(elapsed, 1e-9);
@@ -456,7 +460,9 @@ TrainOutput SFTTrainer::train() {
                       {"grad_norm", last_grad_norm},
                       {"learning_rate", lr},
                       {"num_tokens", s.tokens_seen},
-                      {"train_tokens_per_s", tps}});
+                      {"train_tokens_per_s", tps},
+                      {"step_seconds", step_seconds},
+                      {"data_seconds", data_seconds}});
       loss_since_log = 0, steps_since_log = 0;
     }
     const bool epoch_end = s.global_step % spe == 0;

@@ -187,3 +187,40 @@ TEST(Cli, GenerateStreamsBatchesAndChats) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+TEST(Cli, SftFromFlagsAndYaml) {
+  test::TempDir dir;
+  std::string out;
+  const std::string trl = std::string(TRL_BINARY);
+  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  test::write_file(dir.file("d.jsonl"), "{\"text\": \"one two three\"}\n{\"prompt\": \"a\", \"completion\": \" b c\"}\n");
+  test::write_file(dir.file("sft.yaml"), "model_name_or_path: " + dir.file("m") + "\ndataset_name: " + dir.file("d.jsonl") + "\noutput_dir: " +
+                                             dir.file("o") + "\nmax_steps: 3\nlearning_rate: 1.0e-3\nlr_scheduler_type: constant\n"
+                                             "save_total_limit: null\nbf16: false\n");
+  // The YAML gives everything; the command line overrides max_steps.
+  ASSERT_EQ(test::run_command(trl + " sft --config " + dir.file("sft.yaml") + " --max_steps 2 --logging_steps 1 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
+  const auto state = nlohmann::json::parse(test::read_file(dir.file("o/trainer_state.json")));
+  EXPECT_EQ(state["log_history"].size(), 2u);
+  EXPECT_DOUBLE_EQ(state["log_history"][0]["learning_rate"].get<double>(), 1e-3);
+  for (const char* f : {"o/model.safetensors", "o/config.json", "o/tokenizer.json", "o/generation_config.json", "o/log.jsonl", "o/training_report.html"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file(f))) << f;
+  // Errors name the option, the file and the line.
+  test::write_file(dir.file("bad.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \n");
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"sft --config " + dir.file("sft.yaml") + " --learning_rat 1", "--learning_rat"},
+           {"sft --config " + dir.file("sft.yaml") + " --lr_scheduler_type wavy", "lr_scheduler_type"},
+           {"sft --config " + dir.file("sft.yaml") + " --pad_to_multiple_of twelve", "pad_to_multiple_of"},
+           {"sft --config " + dir.file("sft.yaml") + " --dataset_name " + dir.file("bad.jsonl"), "bad.jsonl:2"},
+           {"sft --config " + dir.file("nope.yaml"), "nope.yaml"},
+           {"sft --dataset_name " + dir.file("d.jsonl"), "--model_name_or_path is required"}}) {
+    EXPECT_NE(test::run_command(trl + " " + args + " 2>&1", &out), 0) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
+}
+
+}  // namespace
+}  // namespace trl

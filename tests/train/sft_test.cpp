@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "generation/generate.h"
@@ -215,6 +216,11 @@ TEST(SFTTrainer, ResumeIsExact) {
   // The final folder is a Hugging Face model that loads back with the trained weights' logits.
   const CausalLM back = CausalLM::from_pretrained(t.dir.file("split"));
   EXPECT_EQ(back.weights().at("model.norm.weight").to_f32_vector(), full.master_weights().at("model.norm.weight").to_f32_vector());
+  const CausalLM in_memory = CausalLM::from_weights(t.model.config(), full.master_weights(), "trainer");
+  Batch batch;
+  batch.input_ids = Tensor::from_i32(std::vector<int32_t>{785, 8585, 49041, 7506, 5302}, {1, 5});
+  auto backend = make_cpu_backend();
+  EXPECT_EQ(back.forward(batch, *backend).to_f32_vector(), in_memory.forward(batch, *backend).to_f32_vector());
   const ojson state = ojson::parse(read_text_file(t.dir.file("split/trainer_state.json")));
   EXPECT_EQ(state["global_step"], 6);
 }
