@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
-#include <regex>
 
 #include <fmt/format.h>
 
@@ -53,6 +52,14 @@ void check_config(const SFTConfig& c) {
     bad("eval_strategy", fmt::format("'{}' is not no, steps or epoch", c.eval_strategy));
   if (c.max_length < 2) bad("max_length", "must be >= 2");
   if (c.packing && c.padding_free) bad("packing", "and padding_free: packing already gives one fixed-length shape; choose one");
+}
+
+// "checkpoint-<digits>" (not the ".tmp" folder of a save in progress).
+bool is_checkpoint_name(const std::string& n) {
+  if (n.rfind("checkpoint-", 0) != 0 || n.size() == 11) return false;
+  for (size_t i = 11; i < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return false;
+  return true;
 }
 
 std::string fmt_duration(double s) {
@@ -284,7 +291,7 @@ TrainOutput SFTTrainer::train() {
       int64_t best = -1;
       for (const auto& e : stdfs::directory_iterator(c.output_dir)) {
         const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) {
+        if (e.is_directory() && is_checkpoint_name(n)) {
           const int64_t k = std::atoll(n.c_str() + 11);
           if (k > best) best = k, dir = e.path().string();
         }
@@ -360,7 +367,7 @@ TrainOutput SFTTrainer::train() {
       std::vector<std::pair<int64_t, stdfs::path>> all;
       for (const auto& e : stdfs::directory_iterator(c.output_dir)) {
         const std::string n = e.path().filename().string();
-        if (e.is_directory() && std::regex_match(n, std::regex("checkpoint-[0-9]+"))) all.emplace_back(std::atoll(n.c_str() + 11), e.path());
+        if (e.is_directory() && is_checkpoint_name(n)) all.emplace_back(std::atoll(n.c_str() + 11), e.path());
       }
       std::sort(all.begin(), all.end());
       for (size_t i = 0; i + static_cast<size_t>(*c.save_total_limit) < all.size(); ++i) stdfs::remove_all(all[i].second, ec);
