@@ -25,7 +25,7 @@ with open(sys.argv[1], "w") as f:
         q = " ".join(random.choice(words) for _ in range(n))
         f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "An answer of a few words."}]}) + "\n")
 PY
-for pad in auto 128 None; do
+for pad in ${PADS:-auto 128 None}; do
   out="$work/out-$pad"
   /usr/bin/time -v "$build/trl" sft --model_name_or_path "$work/model" --dataset_name "$work/data.jsonl" --output_dir "$out" \
     --max_steps "$steps" --per_device_train_batch_size "$batch" --max_length "$maxlen" --pad_to_multiple_of "$pad" \

@@ -195,7 +195,10 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   State& s = *s_;
   check_config(s.cfg);
   s.backend = s.cfg.torch_compile ? make_cpu_backend() : make_reference_backend();
-  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{16, ""});
+  // Each cached program holds its own planned arena (about 3 GB for Qwen3-0.6B at 2 x 512, most of it the
+  // gradients), so only the most recent few are kept: a bucketed run needs a handful, an unbucketed one recompiles
+  // (about 0.1 s) instead of holding one arena per length.
+  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{3, ""});
   s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->name());
   const auto pad = tok.pad_token_id();
   if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
