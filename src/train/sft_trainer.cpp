@@ -195,11 +195,12 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   State& s = *s_;
   check_config(s.cfg);
   s.backend = s.cfg.torch_compile ? make_cpu_backend() : make_reference_backend();
-  // Each cached program holds its own planned arena (about 3 GB for Qwen3-0.6B at 2 x 512, most of it the
-  // gradients), so only the most recent few are kept: a bucketed run needs a handful, an unbucketed one recompiles
-  // (about 0.1 s) instead of holding one arena per length.
-  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{3, ""});
   s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->name());
+  // Each cached program holds its own planned arena (about 3.6 GB for Qwen3-0.6B at 2 x 512, most of it the
+  // gradients). Bucketed runs keep one program per bucket; an unbucketed run keeps the 3 most recent and
+  // recompiles (about 0.1 s) rather than holding one arena per length.
+  const size_t buckets = s.multiple > 0 ? static_cast<size_t>(s.cfg.max_length / s.multiple + 2) : 3;
+  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{std::max<size_t>(3, buckets), ""});
   const auto pad = tok.pad_token_id();
   if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
   s.pad = *pad;

