@@ -194,13 +194,11 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
     : s_(std::make_unique<State>(model, tok, std::move(config))) {
   State& s = *s_;
   check_config(s.cfg);
-  s.backend = s.cfg.torch_compile ? make_cpu_backend() : make_reference_backend();
+  // The trainer consumes each program's outputs before it runs the next, so its programs share one arena (the
+  // largest one's): keeping a program per length costs its plan and kernels, not another ~3.6 GB of buffers.
+  s.backend = s.cfg.torch_compile ? make_cpu_backend(CpuBackendOptions{.share_arena = true}) : make_reference_backend();
   s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->name());
-  // Each cached program holds its own planned arena (about 3.6 GB for Qwen3-0.6B at 2 x 512, most of it the
-  // gradients). Bucketed runs keep one program per bucket; an unbucketed run keeps the 3 most recent and
-  // recompiles (about 0.1 s) rather than holding one arena per length.
-  const size_t buckets = s.multiple > 0 ? static_cast<size_t>(s.cfg.max_length / s.multiple + 2) : 3;
-  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{std::max<size_t>(3, buckets), ""});
+  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{1024, ""});
   const auto pad = tok.pad_token_id();
   if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
   s.pad = *pad;

@@ -262,3 +262,49 @@ TEST(CpuBackend, PackedTrainingStepEqualsPadded) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+// share_arena: programs of three shapes planned into one arena give the same bits as programs with arenas of their
+// own, also when a smaller program runs after a larger one grew the arena (its buffers are rebound), and an output
+// kept from before the arena grew still reads its values (the old buffer lives while a view holds it).
+TEST(CpuBackend, SharedArenaGivesTheSameResultsAndKeepsHeldOutputs) {
+  ModelConfig cfg = preset_config("small", DType::F32);
+  const CausalLM model = CausalLM::from_weights(cfg, init_weights(cfg, DType::F32, 4, 0.05, true), "small");
+  auto inputs = [&](int64_t T) {
+    Tensor ids = Tensor::zeros(DType::I32, {1, T}), mask = Tensor::zeros(DType::I32, {1, T}), labels = Tensor::zeros(DType::I32, {1, T});
+    Tensor w = Tensor::zeros(DType::F32, {1, T});
+    for (int64_t t = 0; t < T; ++t) {
+      ids.mutable_data_as<int32_t>()[t] = static_cast<int32_t>((t * 7919 + T) % cfg.vocab_size);
+      labels.mutable_data_as<int32_t>()[t] = static_cast<int32_t>((t * 104729 + 3) % cfg.vocab_size);
+      mask.mutable_data_as<int32_t>()[t] = 1;
+      w.mutable_data_as<float>()[t] = -1.0f / static_cast<float>(T);
+    }
+    TensorMap in = model.weights();
+    in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+    return in;
+  };
+  auto values = [](const std::vector<Tensor>& out) {
+    std::vector<std::vector<float>> v;
+    for (const Tensor& t : out) v.push_back(t.to_f32_vector());
+    return v;
+  };
+  auto own = make_cpu_backend();
+  auto shared = make_cpu_backend(CpuBackendOptions{.share_arena = true});
+  std::vector<std::vector<std::vector<float>>> want;
+  for (int64_t T : {9, 40, 17}) want.push_back(values(own->compile(model.training_graph(1, T))->run(inputs(T))));
+  auto p9 = shared->compile(model.training_graph(1, 9));
+  const std::vector<Tensor> held = p9->run(inputs(9));
+  auto p40 = shared->compile(model.training_graph(1, 40));  // grows the arena
+  EXPECT_GT(p40->arena_bytes(), p9->arena_bytes());
+  EXPECT_EQ(values(held), want[0]);  // still the first run's values
+  auto p17 = shared->compile(model.training_graph(1, 17));
+  EXPECT_EQ(values(p40->run(inputs(40))), want[1]);
+  EXPECT_EQ(values(p9->run(inputs(9))), want[0]);
+  EXPECT_EQ(values(p17->run(inputs(17))), want[2]);
+  EXPECT_EQ(values(p40->run(inputs(40))), want[1]);
+}
+
+}  // namespace
+}  // namespace trl

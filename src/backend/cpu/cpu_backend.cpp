@@ -380,9 +380,28 @@ TRL_MULTIVERSION float sum(const float* x, int64_t n) {
 
 constexpr int64_t kVocabChunk = 4096;  // token_logprobs works on [rows, 4096] logits at a time
 
+// The memory a program's planned buffers live in: owned by one program, or shared by all programs of a backend
+// (CpuBackendOptions::share_arena) and grown to the largest. A program rebinds its buffers when `version` moved.
+struct Arena {
+  Tensor buffer;
+  std::shared_ptr<const void> keepalive;  // held by output views, so a replaced buffer outlives the views into it
+  size_t bytes = 0;
+  uint64_t version = 0;
+  void reserve(size_t need) {
+    if (keepalive && bytes >= need) return;
+    buffer = Tensor();
+    keepalive.reset();  // the old buffer goes as soon as no output view holds it
+    buffer = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((need + 3) / 4 + 16)});
+    keepalive = std::make_shared<Tensor>(buffer);
+    bytes = need;
+    ++version;
+  }
+};
+
 class CpuProgram final : public Program {
  public:
-  CpuProgram(const Graph& g, ProgramStats* stats, const std::string* cached_plan = nullptr, bool* used = nullptr) : g_(g) {
+  CpuProgram(const Graph& g, ProgramStats* stats, std::shared_ptr<Arena> arena, const std::string* cached_plan = nullptr, bool* used = nullptr)
+      : g_(g), arena_(arena ? std::move(arena) : std::make_shared<Arena>()) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool reused = cached_plan != nullptr && load_plan(*cached_plan);
     if (used) *used = reused;
@@ -397,6 +416,7 @@ class CpuProgram final : public Program {
 
   std::vector<Tensor> run(const TensorMap& inputs) override {
     const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+    if (bound_version_ != arena_->version) bind_arena();
     for (size_t i = 0; i < g_.inputs.size(); ++i) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const Node& n = g_.nodes[i];
@@ -429,7 +449,7 @@ class CpuProgram final : public Program {
         out.push_back(bound[static_cast<size_t>(std::find(g_.inputs.begin(), g_.inputs.end(), v) - g_.inputs.begin())]);
         continue;
       }
-      out.push_back(Tensor::view(ptr_[static_cast<size_t>(v)], n.dtype, n.shape, arena_keepalive_, StorageKind::View));
+      out.push_back(Tensor::view(ptr_[static_cast<size_t>(v)], n.dtype, n.shape, arena_->keepalive, StorageKind::View));
     }
     return out;
   }
@@ -546,15 +566,17 @@ class CpuProgram final : public Program {
     return true;
   }
 
-  void allocate() {
-    const size_t n = g_.nodes.size();
-    ptr_.assign(n, nullptr);
-    const size_t top = arena_bytes_;
-    arena_ = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((top + 3) / 4 + 16)});
-    arena_keepalive_ = std::make_shared<Tensor>(arena_);
-    char* base = static_cast<char*>(arena_.mutable_data());
-    for (size_t i = 0; i < n; ++i)
+  void bind_arena() {
+    char* base = static_cast<char*>(arena_->buffer.mutable_data());
+    for (size_t i = 0; i < ptr_.size(); ++i)
       if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];
+    bound_version_ = arena_->version;
+  }
+
+  void allocate() {
+    ptr_.assign(g_.nodes.size(), nullptr);
+    arena_->reserve(arena_bytes_);
+    bind_arena();
     const char* env = std::getenv("TRL_CHECK_GUARDS");
     check_guards_ = env != nullptr && std::string(env) == "1";
     const char* prof = std::getenv("TRL_PROFILE");
@@ -1391,8 +1413,8 @@ class CpuProgram final : public Program {
   std::vector<bool> inplace_;  // nodes whose output is an input's buffer, updated in place
   std::vector<size_t> offsets_;
   std::vector<std::function<void()>> kernels_;
-  Tensor arena_;
-  std::shared_ptr<const void> arena_keepalive_;
+  std::shared_ptr<Arena> arena_;
+  uint64_t bound_version_ = 0;
   size_t arena_bytes_ = 0;
   bool check_guards_ = false;
   bool profile_ = false;
@@ -1401,26 +1423,29 @@ class CpuProgram final : public Program {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const CpuBackendOptions& o) : shared_(o.share_arena ? std::make_shared<Arena>() : nullptr) {}
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Program> compile(const Graph& graph) override {
     omp_set_num_threads(num_threads());
     ProgramStats stats;
-    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats);
+    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats, shared_);
     last_stats_ = stats;
     return p;
   }
   std::unique_ptr<Program> compile_with_plan(const Graph& graph, const std::string& plan, bool* used) override {
     omp_set_num_threads(num_threads());
     ProgramStats stats;
-    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats, &plan, used);
+    auto p = std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), &stats, shared_, &plan, used);
     last_stats_ = stats;
     return p;
   }
   ProgramStats last_stats_;
+  std::shared_ptr<Arena> shared_;  // null: each program owns its arena
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(CpuBackendOptions{}); }
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) { return std::make_unique<CpuBackend>(options); }
 
 }  // namespace trl
