@@ -101,6 +101,8 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
         if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));
         break;
+      case Op::TokenArgmaxMatch:
+        fail("autodiff: {} ({}) is a metric (an argmax): it has no gradient", op_name(nd.op), nm);
       case Op::Slice:
       case Op::KvCacheWrite:
         fail("autodiff: op {} ({}) is inference only (the static KV cache): it has no VJP rule", op_name(nd.op), nm);

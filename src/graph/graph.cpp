@@ -37,6 +37,7 @@ const char* op_name(Op op) {
     case Op::TokenLogprobsBackward: return "token_logprobs_backward";
     case Op::Entropy: return "entropy";
     case Op::EntropyBackward: return "entropy_backward";
+    case Op::TokenArgmaxMatch: return "token_argmax_match";
     case Op::View: return "view";
   }
   return "?";
@@ -351,6 +352,18 @@ ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std
          shape_str(shape(targets)));
   }
   return push(make_node(Op::TokenLogprobs, {h, w, targets}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+}
+
+ValueId Builder::token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name) {
+  check(h, "token_argmax_match h");
+  check(w, "token_argmax_match w");
+  check(targets, "token_argmax_match targets");
+  const Shape& hs = shape(h);
+  if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back() || shape(targets) != leading(hs) || node(targets).dtype != DType::I32) {
+    fail("token_argmax_match {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", name, shape_str(hs), shape_str(shape(w)),
+         shape_str(shape(targets)));
+  }
+  return push(make_node(Op::TokenArgmaxMatch, {h, w, targets}, leading(hs), DType::F32, name));
 }
 
 ValueId Builder::entropy(ValueId h, ValueId w, const std::string& name) {

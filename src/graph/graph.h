@@ -50,6 +50,8 @@ enum class Op : uint8_t {
   TokenLogprobsBackward,  // h, w, targets, dlogp -> packed [dh | dw]
   Entropy,                // h:[...,C], w:[V,C] -> [...] f32                      entropy of softmax(h·wᵀ), chunked over V
   EntropyBackward,        // h, w, dH -> packed [dh | dw]
+  TokenArgmaxMatch,       // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   1 where target = argmax(h·wᵀ) (first of ties), else 0
+                          //   (a metric: no VJP; backends compute it in the same pass over V as token_logprobs/entropy)
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
 };
 
@@ -110,6 +112,7 @@ class Builder {
   ValueId reshape(ValueId x, Shape shape, const std::string& name = "");
   ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
   ValueId entropy(ValueId h, ValueId w, const std::string& name = "");
+  ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
   // Backward-pass ops (used by autodiff; see Op for shapes).

@@ -228,7 +228,7 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   return h;
 }
 
-graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing) const {
+graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics) const {
   Builder b;
   ValueId head = kNone;
   const ValueId h = build_hidden(b, B, T, &head);
@@ -236,12 +236,18 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
+  ValueId entropy = kNone, match = kNone;
+  if (metrics) {  // computed in the loss's pass over the vocabulary on the CPU backend
+    entropy = b.entropy(h, head, "entropy");
+    match = b.token_argmax_match(h, head, labels, "token_accuracy");
+  }
   const size_t forward_nodes = b.size();
   std::vector<std::string> names;
   for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
   const auto grads = graph::add_backward(b, loss, names, grad_dtype);
   b.output(loss);
   for (const std::string& name : names) b.output(grads.at(name));
+  if (metrics) b.output(entropy), b.output(match);
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }

@@ -86,7 +86,10 @@ class CausalLM {
   // Outputs: loss (f32 scalar), then the gradient of each parameter in parameter_shapes() order (f32).
   // gradient_checkpointing: keep only each layer's input and recompute the layer in the backward pass
   // (graph::rematerialize); same results bit for bit, about one layer's activations alive instead of all.
-  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false) const;
+  // metrics: two more outputs after the gradients, per token [B,T] f32: the entropy of the predicted distribution
+  // and 1 where the label is the argmax prediction (TRL's `entropy` and `mean_token_accuracy` come from them).
+  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
+                              bool metrics = false) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

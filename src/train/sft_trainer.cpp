@@ -104,7 +104,28 @@ std::string report_html(const std::vector<ojson>& log, const std::string& title)
   html += chart("loss", {{series("loss"), "#1f77b4"}, {series("eval_loss"), "#ff7f0e"}});
   html += chart("learning rate", {{series("learning_rate"), "#2ca02c"}});
   html += chart("gradient norm (before clipping)", {{series("grad_norm"), "#d62728"}});
+  html += chart("mean token accuracy (label = argmax)", {{series("mean_token_accuracy"), "#1f77b4"}, {series("eval_mean_token_accuracy"), "#ff7f0e"}});
   return html + "</body></html>\n";
+}
+
+
+// TRL's per-batch metrics from the per-token outputs: entropy averaged over the real tokens (attention_mask != 0),
+// accuracy (label = argmax) over the tokens in the loss (weight != 0).
+struct TokenMetrics {
+  double entropy = 0, accuracy = 0;
+};
+TokenMetrics token_metrics(const SFTBatch& b, const Tensor& entropy, const Tensor& match) {
+  const int32_t* mask = b.attention_mask.data_as<int32_t>();
+  const float* w = b.weights.data_as<float>();
+  const float* e = entropy.data_as<float>();
+  const float* m = match.data_as<float>();
+  double es = 0, ms = 0;
+  int64_t en = 0, mn = 0;
+  for (int64_t i = 0; i < b.attention_mask.numel(); ++i) {
+    if (mask[i] != 0) es += e[i], ++en;
+    if (w[i] != 0) ms += m[i], ++mn;
+  }
+  return {en ? es / static_cast<double>(en) : 0.0, mn ? ms / static_cast<double>(mn) : 0.0};
 }
 
 }  // namespace
@@ -258,11 +279,13 @@ void SFTTrainer::save_model(const std::string& dir) const {
   if (!tokenizer_copied) write_tokenizer_files(dir);
 }
 
-double SFTTrainer::evaluate() {
+double SFTTrainer::evaluate() { return evaluate_metrics().at("eval_loss").get<double>(); }
+
+nlohmann::ordered_json SFTTrainer::evaluate_metrics() {
   State& s = *s_;
   if (s.eval.empty()) fail("evaluate: no eval dataset");
-  double nll = 0;
-  int64_t items = 0;
+  double nll = 0, entropy = 0, accuracy = 0;
+  int64_t items = 0, batches = 0;
   for (size_t i = 0; i < s.eval.size(); i += static_cast<size_t>(s.cfg.per_device_eval_batch_size)) {
     std::vector<const SFTExample*> ex;
     for (size_t k = i; k < std::min(s.eval.size(), i + static_cast<size_t>(s.cfg.per_device_eval_batch_size)); ++k) ex.push_back(&s.eval[k]);
@@ -271,13 +294,21 @@ double SFTTrainer::evaluate() {
     graph::Builder g;
     graph::ValueId head = graph::kNone;
     const graph::ValueId h = s.model.build_hidden(g, B, T, &head);
-    const graph::ValueId logp = g.token_logprobs(h, head, g.input("labels", {B, T}, DType::I32), "token_logprobs");
+    const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
+    const graph::ValueId logp = g.token_logprobs(h, head, labels, "token_logprobs");
     g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"));
+    g.output(g.entropy(h, head, "entropy"));
+    g.output(g.token_argmax_match(h, head, labels, "token_accuracy"));
     const auto out = s.programs->get(g.finish()).run(s.inputs(b, -1.0f));
     nll += out[0].data_as<float>()[0];
+    const TokenMetrics m = token_metrics(b, out[1], out[2]);
+    entropy += m.entropy, accuracy += m.accuracy;
     items += b.num_items;
+    ++batches;
   }
-  return nll / static_cast<double>(std::max<int64_t>(1, items));
+  return ojson{{"eval_loss", nll / static_cast<double>(std::max<int64_t>(1, items))},
+               {"eval_entropy", entropy / static_cast<double>(batches)},
+               {"eval_mean_token_accuracy", accuracy / static_cast<double>(batches)}};
 }
 
 TrainOutput SFTTrainer::train() {
@@ -329,7 +360,8 @@ TrainOutput SFTTrainer::train() {
   const bool tty = c.progress && isatty(2);
   const auto t_start = Clock::now();
   const int64_t start_step = s.global_step;
-  double loss_since_log = 0, last_grad_norm = 0;
+  double loss_since_log = 0, last_grad_norm = 0, entropy_since_log = 0, accuracy_since_log = 0;
+  int64_t batches_since_log = 0;  // micro-batches: TRL averages its per-batch metrics over the logging window
   int64_t steps_since_log = 0, tokens_at_start = s.tokens_seen;
   auto write_state = [&](const std::string& dir) {
     ojson st;
@@ -408,10 +440,12 @@ TrainOutput SFTTrainer::train() {
     for (size_t k = 0; k < micro.size(); ++k) {
       const SFTBatch& b = micro[k];
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-      Program& prog = s.programs->get(s.model.training_graph(B, T, DType::F32, c.gradient_checkpointing));
+      Program& prog = s.programs->get(s.model.training_graph(B, T, DType::F32, c.gradient_checkpointing, true));
       const auto out = prog.run(s.inputs(b, -1.0f / static_cast<float>(std::max<int64_t>(1, items))));
       step_loss += out[0].data_as<float>()[0];
       const auto shapes = parameter_shapes(s.model.config());
+      const TokenMetrics m = token_metrics(b, out[shapes.size() + 1], out[shapes.size() + 2]);
+      entropy_since_log += m.entropy, accuracy_since_log += m.accuracy, ++batches_since_log;
       for (size_t p = 0; p < shapes.size(); ++p) {
         float* acc = s.grads.at(shapes[p].first).mutable_data_as<float>();
         const float* g = out[p + 1].data_as<float>();
@@ -465,18 +499,21 @@ TrainOutput SFTTrainer::train() {
       std::fflush(stderr);
     }
     if (s.global_step % c.logging_steps == 0 || s.global_step == total) {
+      const double nb = static_cast<double>(std::max<int64_t>(1, batches_since_log));
       log_entry(ojson{{"loss", loss_since_log / static_cast<double>(steps_since_log)},
                       {"grad_norm", last_grad_norm},
                       {"learning_rate", lr},
+                      {"entropy", entropy_since_log / nb},
+                      {"mean_token_accuracy", accuracy_since_log / nb},
                       {"num_tokens", s.tokens_seen},
                       {"train_tokens_per_s", tps},
                       {"step_seconds", step_seconds},
                       {"data_seconds", data_seconds}});
-      loss_since_log = 0, steps_since_log = 0;
+      loss_since_log = 0, steps_since_log = 0, entropy_since_log = 0, accuracy_since_log = 0, batches_since_log = 0;
     }
     const bool epoch_end = s.global_step % spe == 0;
     if ((c.eval_strategy == "steps" && s.global_step % c.eval_steps.value_or(c.logging_steps) == 0) || (c.eval_strategy == "epoch" && epoch_end))
-      log_entry(ojson{{"eval_loss", evaluate()}});
+      log_entry(evaluate_metrics());
     if (s.global_step % c.save_steps == 0 && s.global_step < total) save_checkpoint_dir();
     if (g_interrupted) {
       const std::string dir = save_checkpoint_dir();

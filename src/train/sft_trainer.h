@@ -78,6 +78,8 @@ class SFTTrainer {
   TrainOutput train();
   // The mean token loss over the eval dataset with the current weights.
   double evaluate();
+  // eval_loss, eval_entropy and eval_mean_token_accuracy over the eval dataset (as logged at eval time).
+  nlohmann::ordered_json evaluate_metrics();
   // Writes the model (in the dtype it was loaded with), its config, generation config and tokenizer to `dir`.
   void save_model(const std::string& dir) const;
   const TensorMap& master_weights() const;

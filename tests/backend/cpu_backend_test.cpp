@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -107,6 +108,55 @@ TEST_P(CpuOps, TokenLogprobsOverManyChunks) {
   compare({{"h", {n, 16}}, {"w", {9001, 16}}, {"t", {n}, DType::I32, 9001}},
           [](Builder& b, const std::vector<ValueId>& v) { return b.token_logprobs(v[0], v[1], v[2]); }, 1e-4);
   compare({{"h", {n, 16}}, {"w", {9001, 16}}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); }, 1e-4);
+}
+
+// token_logprobs, entropy and token_argmax_match on the same (h, w, targets) share one pass over the vocabulary on
+// the CPU (whichever comes first computes it): all three, and the loss's gradient that reuses the pass, must match
+// the reference, with targets that are the argmax for every other row and in either node order.
+TEST_P(CpuOps, LossMetricsShareOnePass) {
+  const int64_t n = GetParam(), V = 9001, C = 16;
+  SplitMix64 rng(11);
+  Tensor h = Tensor::zeros(DType::F32, {n, C}), w = Tensor::zeros(DType::F32, {V, C}), t = Tensor::zeros(DType::I32, {n});
+  Tensor r = Tensor::zeros(DType::F32, {n});
+  for (int64_t i = 0; i < h.numel(); ++i) h.mutable_data_as<float>()[i] = static_cast<float>(rng.normal());
+  for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data_as<float>()[i] = static_cast<float>(rng.normal());
+  int64_t argmax_rows = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t best = 0;
+    double best_z = -1e300;
+    for (int32_t v = 0; v < V; ++v) {
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += static_cast<double>(h.data_as<float>()[i * C + c]) * w.data_as<float>()[v * C + c];
+      if (z > best_z) best_z = z, best = v;
+    }
+    t.mutable_data_as<int32_t>()[i] = i % 2 == 0 ? best : static_cast<int32_t>(rng.next() % V);
+    argmax_rows += i % 2 == 0;
+    r.mutable_data_as<float>()[i] = static_cast<float>(rng.normal());
+  }
+  const TensorMap in{{"h", h}, {"w", w}, {"t", t}, {"r", r}};
+  for (bool entropy_first : {false, true}) {
+    Builder b;
+    const ValueId hv = b.input("h", {n, C}, DType::F32), wv = b.input("w", {V, C}, DType::F32), tv = b.input("t", {n}, DType::I32);
+    ValueId ent = kNone, logp = kNone;
+    if (entropy_first) ent = b.entropy(hv, wv);
+    const ValueId match = b.token_argmax_match(hv, wv, tv);
+    logp = b.token_logprobs(hv, wv, tv);
+    if (!entropy_first) ent = b.entropy(hv, wv);
+    const ValueId loss = b.weighted_sum(logp, b.input("r", {n}, DType::F32));
+    const auto grads = graph::add_backward(b, loss, {"h", "w"});
+    for (ValueId o : {logp, ent, match, grads.at("h"), grads.at("w")}) b.output(o);
+    const graph::Graph g = b.finish();
+    const auto want = make_reference_backend()->compile(g)->run(in);
+    const auto got = make_cpu_backend()->compile(g)->run(in);
+    for (size_t k = 0; k < want.size(); ++k) {
+      const auto a = want[k].to_f32_vector(), c = got[k].to_f32_vector();
+      double scale = 1, worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a[i]))), worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
+      EXPECT_LE(worst, 1e-4 * scale) << "output " << k << " entropy_first " << entropy_first;
+    }
+    const auto m = got[2].to_f32_vector();
+    EXPECT_EQ(std::accumulate(m.begin(), m.end(), 0.0), static_cast<double>(argmax_rows));  // random targets all miss
+  }
 }
 
 TEST_P(CpuOps, Bf16Inputs) {

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cmath>
 #include <filesystem>
+#include <algorithm>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -225,6 +226,67 @@ TEST(SFTTrainer, ResumeIsExact) {
   EXPECT_EQ(state["global_step"], 6);
 }
 
+// entropy and mean_token_accuracy (TRL's metrics) equal what the model's full logits give: entropy averaged over
+// the real tokens, accuracy over the predicted labels, per batch; here after a few steps, so that accuracy is
+// neither 0 nor 1, on the eval set (one batch of 8 rows padded to a bucket) and on the first logged training step.
+TEST(SFTTrainer, EntropyAndAccuracyMetricsMatchTheLogits) {
+  TinySetup t;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  SFTConfig c = base_config(t.dir.file("m"));
+  c.per_device_train_batch_size = 8;  // the whole dataset: step k's metrics are those of the weights before it
+  int calls = 0;
+  c.per_device_eval_batch_size = 8;
+  c.learning_rate = 1e-2;
+  c.max_steps = 3;
+  SFTTrainer tr(t.model, tok, uneven_data(), c, uneven_data());
+  TensorMap after_two;  // the weights step 3 computes its metrics with
+  tr.on_step = [&](const ojson&) {
+    if (after_two.empty() && tr.master_weights().size() > 0 && ++calls == 2)
+      for (const auto& [name, w] : tr.master_weights()) after_two[name] = w.clone();
+  };
+  const TrainOutput out = tr.train();
+  // {entropy, accuracy, number of labels} from the full [1, L, V] logits of each example.
+  auto direct = [&](const CausalLM& model) {
+    auto backend = make_cpu_backend();
+    double ent = 0, right = 0;
+    int64_t tokens = 0, labels = 0;
+    for (const SFTExample& e : prepare_sft_dataset(uneven_data(), tok, SFTDataOptions{})) {
+      const int64_t L = static_cast<int64_t>(e.input_ids.size());
+      Batch b;
+      b.input_ids = Tensor::from_i32(e.input_ids, {1, L});
+      const std::vector<float> z = model.forward(b, *backend).to_f32_vector();
+      const int64_t V = static_cast<int64_t>(z.size()) / L;
+      for (int64_t i = 0; i < L; ++i) {
+        const float* row = z.data() + i * V;
+        const double mx = *std::max_element(row, row + V);
+        double s = 0, sz = 0;
+        for (int64_t v = 0; v < V; ++v) s += std::exp(row[v] - mx), sz += std::exp(row[v] - mx) * row[v];
+        ent += mx + std::log(s) - sz / s;
+        ++tokens;
+        if (i + 1 < L && e.labels_mask[static_cast<size_t>(i + 1)]) {
+          right += (std::max_element(row, row + V) - row) == e.input_ids[static_cast<size_t>(i + 1)];
+          ++labels;
+        }
+      }
+    }
+    return std::array<double, 3>{ent / static_cast<double>(tokens), right / static_cast<double>(labels), static_cast<double>(labels)};
+  };
+  ASSERT_EQ(out.log_history.size(), 3u);
+  ASSERT_FALSE(after_two.empty());
+  const auto before = direct(CausalLM::from_weights(t.model.config(), after_two, "two"));
+  ASSERT_TRUE(out.log_history[2].contains("mean_token_accuracy"));
+  EXPECT_NEAR(out.log_history[2]["entropy"].get<double>(), before[0], 1e-3);
+  EXPECT_NEAR(out.log_history[2]["mean_token_accuracy"].get<double>(), before[1], 1.0 / before[2]);  // one near-tie at most
+  const auto after = direct(CausalLM::from_weights(t.model.config(), tr.master_weights(), "tuned"));
+  EXPECT_GT(after[1], 0.05);  // partly learned: a wrong mask or shift would not match by chance
+  EXPECT_LT(after[1], 0.95);
+  const ojson m = tr.evaluate_metrics();
+  EXPECT_NEAR(m["eval_mean_token_accuracy"].get<double>(), after[1], 1.0 / after[2]);
+  EXPECT_NEAR(m["eval_entropy"].get<double>(), after[0], 1e-3);
+  EXPECT_NEAR(m["eval_loss"].get<double>(), tr.evaluate(), 1e-9);
+  std::printf("[ metrics  ] accuracy %.3f -> %.3f, entropy %.3f -> %.3f\n", before[1], after[1], before[0], after[0]);
+}
+
 // pad_to_multiple_of 128 with max_length 512: 4 programs over lengths in 4 buckets; None: one per distinct length,
 // reused when a length comes back.
 TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
@@ -298,6 +360,7 @@ TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
     EXPECT_EQ(out.programs.compilations, 1) << "packing " << packing;  // one shape for the whole run
     const double first = out.log_history.front()["loss"].get<double>(), last = out.log_history.back()["loss"].get<double>();
     EXPECT_LT(last, 0.1 * first) << "packing " << packing;
+    EXPECT_GT(out.log_history.back()["mean_token_accuracy"].get<double>(), 0.9) << "packing " << packing;
     const CausalLM tuned = CausalLM::from_pretrained(c.output_dir);
     Generator gen(tuned);
     GenerationConfig g;

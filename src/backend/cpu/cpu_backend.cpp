@@ -835,7 +835,8 @@ class CpuProgram final : public Program {
       case Op::TokenLogprobs:
       case Op::TokenLogprobsBackward:
       case Op::Entropy:
-      case Op::EntropyBackward: return lower_token_logprobs(n, id);
+      case Op::EntropyBackward:
+      case Op::TokenArgmaxMatch: return lower_token_logprobs(n, id);
     }
     fail("cpu backend: op {} is not implemented", graph::op_name(n.op));
   }
@@ -1249,15 +1250,23 @@ class CpuProgram final : public Program {
     };
   }
 
-  // token_logprobs and entropy over vocabulary chunks: logits [R, 4096] at a time through oneDNN, never [R, V].
-  // Pass 1 keeps per row a running max m, s = Σ e^(z-m) and (entropy) t = Σ e^(z-m)·z, rescaled when m grows:
-  // lse = m + log s, H = lse - t/s. The backward node of the same (h, w[, targets]) reuses these statistics
-  // from its forward node instead of recomputing the logits once more, then forms dz per chunk:
+  // token_logprobs, entropy and token_argmax_match over vocabulary chunks: logits [R, 4096] at a time through
+  // oneDNN, never [R, V]. Pass 1 keeps per row a running max m (and where it first occurs), s = Σ e^(z-m) and
+  // (entropy) t = Σ e^(z-m)·z, rescaled when m grows: lse = m + log s, H = lse - t/s. The forward nodes on the same
+  // (h, w) (and targets) share that one pass: the first of them in program order computes what all of them need,
+  // the others copy their values out (a trainer's entropy and accuracy metrics cost no second lm_head GEMM).
+  // The backward node of the same (h, w[, targets]) reuses these statistics instead of recomputing the logits
+  // once more, then forms dz per chunk:
   //   token_logprobs: dz = dlogp·(onehot(target) - p);   entropy: dz = -dH·p·(log p + H),
   // in the GEMM type (bf16 for a bf16 model, as autocast rounds the logits' gradient), and accumulates
   // dh += dz·w_chunk and dw_chunk = dzᵀ·h in f32.
   struct RowStats {
-    std::vector<float> lse, ent;
+    std::vector<float> lse, ent, target;
+    std::vector<int32_t> arg;
+  };
+  struct PassGroup {
+    graph::ValueId targets;
+    std::shared_ptr<RowStats> stats;
   };
   std::function<void()> lower_token_logprobs(const Node& n, graph::ValueId id) {
     const bool entropy = n.op == Op::Entropy || n.op == Op::EntropyBackward;
@@ -1268,6 +1277,47 @@ class CpuProgram final : public Program {
     const DType dh = nd(h).dtype, dw = nd(w).dtype, od = n.dtype, dd = backward ? nd(dl).dtype : DType::F32;
     const int64_t chunk = std::min(kVocabChunk, V);
     if (backward && od != DType::F32) fail("cpu backend: {} produces f32 gradients, not {}", graph::op_name(n.op), dtype_name(od));
+    const char* what = graph::op_name(n.op);
+    const Op op = n.op;
+    auto check_targets = [what, R, V](const int32_t* t) {
+      if (t)
+        for (int64_t r = 0; r < R; ++r)
+          if (t[r] < 0 || t[r] >= V) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, V);
+    };
+    auto write_forward = [this, id, od, op, R](const RowStats& rs, const int32_t* t) {
+      for (int64_t r = 0; r < R; ++r) {
+        const float v = op == Op::Entropy ? rs.ent[static_cast<size_t>(r)]
+                        : op == Op::TokenLogprobs ? rs.target[static_cast<size_t>(r)] - rs.lse[static_cast<size_t>(r)]
+                                                  : (rs.arg[static_cast<size_t>(r)] == t[r] ? 1.0f : 0.0f);
+        st(p(id), od, r, v);
+      }
+    };
+    // A forward node whose pass an earlier sibling already makes: copy the values out.
+    if (!backward) {
+      const auto it = pass_groups_.find({h, w});
+      if (it != pass_groups_.end() && (tg == kNone || it->second.targets == tg)) {
+        auto stats = it->second.stats;
+        return [=, this] {
+          const int32_t* t = tg != kNone ? static_cast<const int32_t*>(p(tg)) : nullptr;
+          write_forward(*stats, t);
+        };
+      }
+    }
+    // What the pass computes: for a forward node, everything its later siblings on (h, w) read.
+    bool want_ent = entropy, want_arg = op == Op::TokenArgmaxMatch;
+    graph::ValueId group_tg = tg;
+    if (!backward) {
+      for (size_t j = static_cast<size_t>(id) + 1; j < g_.nodes.size(); ++j) {
+        const Node& s2 = g_.nodes[j];
+        if ((s2.op != Op::TokenLogprobs && s2.op != Op::Entropy && s2.op != Op::TokenArgmaxMatch) || s2.inputs[0] != h || s2.inputs[1] != w) continue;
+        const graph::ValueId t2 = s2.op == Op::Entropy ? kNone : s2.inputs[2];
+        // Other targets, or targets computed after this node: a pass of its own.
+        if (t2 != kNone && ((group_tg != kNone && t2 != group_tg) || t2 > id)) continue;
+        if (t2 != kNone) group_tg = t2;
+        want_ent = want_ent || s2.op == Op::Entropy;
+        want_arg = want_arg || s2.op == Op::TokenArgmaxMatch;
+      }
+    }
     // logits chunk = h[R,C] · w[j0:j0+c, C]ᵀ ; the last chunk may be shorter.
     const DType hw = dh == dw ? dh : DType::F32;
     auto full = std::make_shared<Gemm>(R, chunk, C, hw, C, 1, hw, 1, C, DType::F32, false, false);
@@ -1276,20 +1326,21 @@ class CpuProgram final : public Program {
     auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(R * chunk));
     auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
     auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
-    const std::array<graph::ValueId, 3> key = {h, w, entropy ? graph::ValueId{-2} : tg};
     std::shared_ptr<RowStats> stats;
     bool shared = false;
     if (!backward) {
       stats = std::make_shared<RowStats>();
-      saved_stats_[key] = stats;
-    } else if (auto it = saved_stats_.find(key); it != saved_stats_.end()) {
+      pass_groups_[{h, w}] = PassGroup{group_tg, stats};
+      if (group_tg != kNone) saved_stats_[{h, w, group_tg}] = stats;
+      if (want_ent) saved_stats_[{h, w, graph::ValueId{-2}}] = stats;
+    } else if (auto it = saved_stats_.find({h, w, entropy ? graph::ValueId{-2} : tg}); it != saved_stats_.end()) {
       stats = it->second;  // the forward node runs earlier in the same program
       shared = true;
     } else {
       stats = std::make_shared<RowStats>();
     }
-    stats->lse.resize(static_cast<size_t>(R));
-    stats->ent.resize(static_cast<size_t>(R));
+    for (auto* v : {&stats->lse, &stats->ent, &stats->target}) v->resize(static_cast<size_t>(R));
+    stats->arg.resize(static_cast<size_t>(R));
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
     auto dz16 = std::make_shared<std::vector<uint16_t>>();
     if (backward) {
@@ -1301,12 +1352,11 @@ class CpuProgram final : public Program {
       }
       if (hw == DType::BF16) dz16->resize(static_cast<size_t>(R * chunk));
     }
-    const char* what = graph::op_name(n.op);
     return [=, this] {
       const int32_t* t = tg != kNone ? static_cast<const int32_t*>(p(tg)) : nullptr;
-      if (t)
-        for (int64_t r = 0; r < R; ++r)
-          if (t[r] < 0 || t[r] >= V) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, V);
+      // The pass's targets: this node's, or (an entropy node leading the group) a later sibling's.
+      const int32_t* pt = group_tg != kNone ? static_cast<const int32_t*>(p(group_tg)) : nullptr;
+      check_targets(pt);
       const char* hp = static_cast<const char*>(p(h));
       if (!hbuf->empty()) {
         for (int64_t i = 0; i < R * C; ++i) (*hbuf)[static_cast<size_t>(i)] = ld(hp, dh, i);
@@ -1329,9 +1379,10 @@ class CpuProgram final : public Program {
       float* lse = stats->lse.data();
       float* ent = stats->ent.data();
       if (!(backward && shared)) {
-        // Pass 1: running max, Σ e^(z-m) (and Σ e^(z-m)·z) per row, and the target logit.
-        std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), tz(static_cast<size_t>(R), 0.0f),
-            target(static_cast<size_t>(R), 0.0f);
+        // Pass 1: running max (and its first index), Σ e^(z-m) (and Σ e^(z-m)·z) per row, and the target logit.
+        std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), tz(static_cast<size_t>(R), 0.0f);
+        float* target = stats->target.data();
+        int32_t* arg = stats->arg.data();
         for (int64_t j0 = 0; j0 < V; j0 += chunk) {
           const int64_t c = std::min(chunk, V - j0);
           chunk_logits(j0, c);
@@ -1339,16 +1390,18 @@ class CpuProgram final : public Program {
           for (int64_t r = 0; r < R; ++r) {
             float* z = logits->data() + r * c;
             round_row(z, c);
-            if (t && t[r] >= j0 && t[r] < j0 + c) target[static_cast<size_t>(r)] = z[t[r] - j0];
-            float m = mx[static_cast<size_t>(r)];
-            for (int64_t j = 0; j < c; ++j) m = std::max(m, z[j]);
-            const float rescale = mx[static_cast<size_t>(r)] == -INFINITY ? 0.0f : std::exp(mx[static_cast<size_t>(r)] - m);
+            if (pt && pt[r] >= j0 && pt[r] < j0 + c) target[r] = z[pt[r] - j0];
+            float cm = -INFINITY;
+            for (int64_t j = 0; j < c; ++j) cm = std::max(cm, z[j]);
+            const float old = mx[static_cast<size_t>(r)], m = std::max(old, cm);
+            if (want_arg && (cm > old || j0 == 0)) arg[r] = static_cast<int32_t>(j0 + (std::find(z, z + c, cm) - z));
+            const float rescale = old == -INFINITY ? 0.0f : std::exp(old - m);
             float s = sum[static_cast<size_t>(r)] * rescale;
             thread_local std::vector<float> zc;
-            if (entropy) zc.assign(z, z + c);
+            if (want_ent) zc.assign(z, z + c);
             kernels::exp_shift(z, c, m);  // the chunk is recomputed when needed again
             s += kernels::sum(z, c);
-            if (entropy) tz[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)] * rescale + kernels::dot(z, zc.data(), c);
+            if (want_ent) tz[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)] * rescale + kernels::dot(z, zc.data(), c);
             mx[static_cast<size_t>(r)] = m;
             sum[static_cast<size_t>(r)] = s;
           }
@@ -1358,7 +1411,7 @@ class CpuProgram final : public Program {
           ent[r] = lse[r] - tz[static_cast<size_t>(r)] / sum[static_cast<size_t>(r)];
         }
         if (!backward) {
-          for (int64_t r = 0; r < R; ++r) st(p(id), od, r, entropy ? ent[r] : target[static_cast<size_t>(r)] - lse[r]);
+          write_forward(*stats, t);
           return;
         }
       }
@@ -1409,6 +1462,7 @@ class CpuProgram final : public Program {
 
   Graph g_;
   std::map<std::array<graph::ValueId, 3>, std::shared_ptr<RowStats>> saved_stats_;  // token_logprobs/entropy (h, w, targets|-2)
+  std::map<std::pair<graph::ValueId, graph::ValueId>, PassGroup> pass_groups_;        // forward nodes sharing a pass, by (h, w)
   std::vector<void*> ptr_;
   std::vector<bool> inplace_;  // nodes whose output is an input's buffer, updated in place
   std::vector<size_t> offsets_;

@@ -1,6 +1,7 @@
 // The reference backend: obviously correct loops that run any graph. It is the oracle every optimised kernel is
 // tested against, so it favours clarity over speed: f64 accumulation, and rounding to the value's dtype at the
 // points where Transformers' eager Qwen3 rounds (so a bf16 model is emulated faithfully).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -250,6 +251,20 @@ void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& tar
   });
 }
 
+// out[r] = 1 where targets[r] is the first index of the largest logit of row r, else 0.
+void token_argmax_match(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V));
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t t = targets.data_as<int32_t>()[r];
+    if (t < 0 || t >= V) fail("token_argmax_match: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
+    row_logits(hf, wf, r, C, V, h.dtype(), z);
+    const auto best = std::max_element(z.begin(), z.end()) - z.begin();
+    store_element(out.mutable_data(), out.dtype(), r, best == t ? 1.0 : 0.0);
+  }
+}
+
 // h:[R,C], w:[V,C] -> out:[R].  H = -Σ p log p = lse - Σ p·z.
 void entropy(const Tensor& h, const Tensor& w, Tensor& out) {
   const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
@@ -487,6 +502,7 @@ class ReferenceProgram final : public Program {
           case Op::Add: add(in(n, 0), in(n, 1), out); break;
           case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;
           case Op::Entropy: entropy(in(n, 0), in(n, 1), out); break;
+          case Op::TokenArgmaxMatch: token_argmax_match(in(n, 0), in(n, 1), in(n, 2), out); break;
           case Op::WeightedSum: {
             double acc = 0;
             for (int64_t i = 0; i < in(n, 0).numel(); ++i) {
