@@ -23,3 +23,9 @@ for preset in tiny small; do
     fi
   done
 done
+# A folder saved by `trl sft` (tests/data/sft/golden_recipe.yaml on the tiny f32 model above and the demo chat data):
+# PyTorch checks it is a complete Hugging Face folder and computes its logits (tests/models/golden_test.cpp).
+"$build/trl" init-model --preset tiny --dtype f32 --seed 1234 --initializer_range 0.1 --randomize_norms --out "$tmp/sft-base" >/dev/null
+"$build/trl" sft --config "$root/tests/data/sft/golden_recipe.yaml" --model_name_or_path "$tmp/sft-base" \
+  --dataset_name "$root/assets/demo/chat.jsonl" --output_dir "$tmp/sft-out" >/dev/null 2>&1
+/usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/sft-out" "$out/qwen3_tiny_sft.json" --hf-folder

@@ -2,7 +2,10 @@
 """Independent Qwen3 forward pass in PyTorch, used to produce the golden logits that the C++ tests compare against.
 
 Run with Debian's PyTorch (apt-get install python3-torch), not a PyPI one:
-    /usr/bin/python3 tests/reference/qwen3_reference.py MODEL_DIR OUT.json [--emulate]
+    /usr/bin/python3 tests/reference/qwen3_reference.py MODEL_DIR OUT.json [--emulate | --hf-folder]
+
+--hf-folder first checks that MODEL_DIR is a complete Hugging Face model folder, as Transformers'
+AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained need it (used on the folder `trl sft` saves).
 
 The model follows Transformers' modeling_qwen3.py (eager attention path) as described in trl_spec.md §1:
 pre-norm decoder, q/k RMSNorm before RoPE (rotate-half layout), GQA by repeating KV heads, fp32 softmax cast to
@@ -228,13 +231,52 @@ def run_case(cfg, W, rows, pad_side, emulate):
     return out
 
 
+def check_hf_folder(model_dir, cfg, W):
+    """The files and fields Transformers reads for a tied Qwen3 checkpoint; raises on anything missing or extra."""
+    import os
+    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]:
+        if not os.path.isfile(os.path.join(model_dir, f)):
+            raise SystemExit(f"{model_dir}: no {f}")
+    if cfg.get("model_type") != "qwen3" or cfg.get("architectures") != ["Qwen3ForCausalLM"]:
+        raise SystemExit(f"{model_dir}/config.json: model_type {cfg.get('model_type')} architectures {cfg.get('architectures')}")
+    for key in ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings", "torch_dtype"]:
+        if key not in cfg:
+            raise SystemExit(f"{model_dir}/config.json: no {key}")
+    C, F, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    H, Hkv, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
+    want = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C]}
+    if not cfg["tie_word_embeddings"]:
+        want["lm_head.weight"] = [V, C]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        want.update({p + "input_layernorm.weight": [C], p + "post_attention_layernorm.weight": [C],
+                     p + "self_attn.q_proj.weight": [H * D, C], p + "self_attn.k_proj.weight": [Hkv * D, C],
+                     p + "self_attn.v_proj.weight": [Hkv * D, C], p + "self_attn.o_proj.weight": [C, H * D],
+                     p + "self_attn.q_norm.weight": [D], p + "self_attn.k_norm.weight": [D],
+                     p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C], p + "mlp.down_proj.weight": [C, F]})
+    got = {k: list(v.shape) for k, v in W.items()}
+    if got != want:
+        raise SystemExit(f"{model_dir}/model.safetensors: missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}, "
+                         f"wrong shapes {[k for k in want if k in got and got[k] != want[k]]}")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg["torch_dtype"]]
+    if any(v.dtype != dtype for v in W.values()):
+        raise SystemExit(f"{model_dir}: tensors are not all {cfg['torch_dtype']} as config.json says")
+    tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
+    if tok["model"]["type"] != "BPE" or len(tok["model"]["vocab"]) + len(tok["added_tokens"]) > V:
+        raise SystemExit(f"{model_dir}/tokenizer.json: not a BPE tokenizer that fits the vocabulary")
+    return sorted(os.listdir(model_dir))
+
+
 def main():
     model_dir, out_path = sys.argv[1], sys.argv[2]
     emulate = len(sys.argv) > 3 and sys.argv[3] == "--emulate"
+    hf_folder = len(sys.argv) > 3 and sys.argv[3] == "--hf-folder"
     torch.manual_seed(0)
     torch.set_num_threads(2)
     cfg = json.load(open(f"{model_dir}/config.json"))
     W = load_safetensors(f"{model_dir}/model.safetensors")
+    files = check_hf_folder(model_dir, cfg, W) if hf_folder else None
     cases = [run_case(cfg, W, [s], "right", emulate) for s in SEQUENCES]
     cases.append(run_case(cfg, W, SEQUENCES[:3], "left", emulate))
     cases.append(run_case(cfg, W, SEQUENCES, "right", emulate))
@@ -247,6 +289,8 @@ def main():
         "columns": COLUMNS,
         "cases": cases,
     }
+    if files is not None:
+        golden["hf_folder_files"] = files
     with open(out_path, "w") as f:
         json.dump(golden, f)
     print(f"wrote {out_path}: {sum(len(c['positions']) for c in cases)} positions")
