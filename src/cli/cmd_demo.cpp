@@ -68,21 +68,10 @@ void register_demo(CLI::App& app) {
     std::printf("3. the fine-tuned model answers (greedy, static KV cache):\n");
     const CausalLM tuned_model = CausalLM::from_pretrained(tuned);
     Generator gen(tuned_model);
-    GenerationConfig g;
-    g.do_sample = false;
-    g.max_new_tokens = 12;
-    ChatTemplateOptions co;
-    co.add_generation_prompt = true;
-    co.extra["enable_thinking"] = false;
     int right = 0;
-    for (const auto& row : ds.rows) {
-      nlohmann::ordered_json prompt = nlohmann::ordered_json::array({row["messages"][0]});
-      const std::string want = row["messages"][1]["content"].get<std::string>();
-      const auto res = gen.generate({apply_chat_template_ids(tok, prompt, co).input_ids}, g, &tok);
-      const std::string got = tok.decode(res.generated[0], true);
-      const bool ok = got == want;
-      right += ok;
-      std::printf("   %s %-46s -> %s\n", ok ? "ok" : "--", row["messages"][0]["content"].get<std::string>().c_str(), got.c_str());
+    for (const ChatAnswer& ans : greedy_chat_answers(gen, tok, ds.rows, 12)) {
+      right += ans.exact;
+      std::printf("   %s %-46s -> %s\n", ans.exact ? "ok" : "--", ans.question.c_str(), ans.answer.c_str());
     }
     std::printf("   %d of %zu answers exact. Chat with it: trl chat --model %s --do_sample false --enable_thinking false\n", right, ds.size(),
                 tuned.c_str());

@@ -13,6 +13,7 @@
 #include "core/fs.h"
 #include "core/rng.h"
 #include "runtime/shapes.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace trl {
@@ -341,6 +342,31 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
     take_logits(res[0], 1, 0);
     keep_cache(res);
+  }
+  return out;
+}
+
+std::vector<ChatAnswer> greedy_chat_answers(Generator& generator, const Tokenizer& tokenizer, const std::vector<nlohmann::ordered_json>& rows,
+                                            int64_t max_new_tokens) {
+  GenerationConfig g;
+  g.do_sample = false;
+  g.max_new_tokens = max_new_tokens;
+  ChatTemplateOptions co;
+  co.add_generation_prompt = true;
+  co.extra["enable_thinking"] = false;
+  std::vector<ChatAnswer> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    if (!row.contains("messages") || !row["messages"].is_array() || row["messages"].size() < 2)
+      fail("greedy_chat_answers: row {} is not a conversation with a user turn and an answer", i + 1);
+    const nlohmann::ordered_json prompt = nlohmann::ordered_json::array({row["messages"][0]});
+    ChatAnswer a;
+    a.question = row["messages"][0].value("content", "");
+    a.expected = row["messages"][1].value("content", "");
+    const auto res = generator.generate({apply_chat_template_ids(tokenizer, prompt, co).input_ids}, g, &tokenizer);
+    a.answer = tokenizer.decode(res.generated[0], true);
+    a.exact = a.answer == a.expected;
+    out.push_back(std::move(a));
   }
   return out;
 }

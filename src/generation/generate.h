@@ -75,6 +75,16 @@ class Generator {
   std::unique_ptr<State> state_;
 };
 
+// The greedy answer of `generator`'s model to the first user turn of each conversational row ({"messages": [user,
+// assistant, ...]}), rendered by the chat template with the generation prompt (thinking off), beside the row's first
+// assistant turn: how `trl demo` and the learning tests check what a fine-tuned model learned.
+struct ChatAnswer {
+  std::string question, expected, answer;
+  bool exact = false;
+};
+std::vector<ChatAnswer> greedy_chat_answers(Generator& generator, const Tokenizer& tokenizer, const std::vector<nlohmann::ordered_json>& rows,
+                                            int64_t max_new_tokens);
+
 // Logit processing and sampling, exposed for tests. Transformers' order: repetition penalty (greedy and sampling),
 // then, when sampling, temperature, top-k, top-p, min-p. `context` is the row's ids so far (prompt with its pads,
 // then generated).

@@ -146,7 +146,10 @@ struct SFTTrainer::State {
   std::string source_dir;  // the model folder: tokenizer and generation files are copied from it
   std::vector<SFTExample> train, eval;
   std::vector<std::vector<size_t>> items;  // a training item: one example, or a packed row of several
-  TensorMap master, compute, grads;
+  TensorMap master, compute;
+  // The step's gradients: the program's own outputs when a step is one micro-batch (views into its arena, used
+  // before the next program runs), else sums in `accumulated` (allocated at the first accumulating step).
+  TensorMap grads, accumulated;
   AdamW opt;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ProgramCache> programs;
@@ -246,7 +249,6 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   for (const auto& [name, w] : model.weights()) {
     s.master[name] = w.to(DType::F32).clone();
     s.compute[name] = s.cfg.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
-    s.grads[name] = Tensor::zeros(DType::F32, w.shape());
   }
   if (s.cfg.bf16 || s.model.dtype() != DType::F32) {
     ModelConfig mc = model.config();
@@ -447,7 +449,14 @@ TrainOutput SFTTrainer::train() {
       const TokenMetrics m = token_metrics(b, out[shapes.size() + 1], out[shapes.size() + 2]);
       entropy_since_log += m.entropy, accuracy_since_log += m.accuracy, ++batches_since_log;
       for (size_t p = 0; p < shapes.size(); ++p) {
-        float* acc = s.grads.at(shapes[p].first).mutable_data_as<float>();
+        const std::string& name = shapes[p].first;
+        if (micro.size() == 1) {
+          s.grads[name] = out[p + 1];
+          continue;
+        }
+        if (!s.accumulated.count(name)) s.accumulated[name] = Tensor::uninitialized(DType::F32, out[p + 1].shape());
+        Tensor& acc_t = s.accumulated.at(name);
+        float* acc = acc_t.mutable_data_as<float>();
         const float* g = out[p + 1].data_as<float>();
         const int64_t n = out[p + 1].numel();
         if (k == 0) std::memcpy(acc, g, static_cast<size_t>(n) * sizeof(float));
@@ -455,6 +464,7 @@ TrainOutput SFTTrainer::train() {
 #pragma omp parallel for schedule(static)
           for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
         }
+        s.grads[name] = acc_t;
       }
       s.tokens_seen += b.num_tokens;
     }
@@ -479,6 +489,7 @@ TrainOutput SFTTrainer::train() {
     }
     const double lr = scheduled_lr(c.lr_scheduler_type, c.learning_rate, s.global_step, total, warm);
     s.opt.step(s.master, s.grads, lr, c.bf16 ? &s.compute : nullptr);
+    s.grads.clear();  // views into the program's arena must not keep a replaced arena alive
     ++s.global_step;
     loss_since_log += step_loss;
     ++steps_since_log;

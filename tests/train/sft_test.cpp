@@ -363,18 +363,8 @@ TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
     EXPECT_GT(out.log_history.back()["mean_token_accuracy"].get<double>(), 0.9) << "packing " << packing;
     const CausalLM tuned = CausalLM::from_pretrained(c.output_dir);
     Generator gen(tuned);
-    GenerationConfig g;
-    g.do_sample = false;
-    g.max_new_tokens = 10;
-    ChatTemplateOptions co;
-    co.add_generation_prompt = true;
-    co.extra["enable_thinking"] = false;
     int right = 0;
-    for (const auto& row : ds.rows) {
-      const ojson prompt = ojson::array({row["messages"][0]});
-      const auto res = gen.generate({apply_chat_template_ids(tok, prompt, co).input_ids}, g, &tok);
-      right += tok.decode(res.generated[0], true) == row["messages"][1]["content"].get<std::string>();
-    }
+    for (const ChatAnswer& a : greedy_chat_answers(gen, tok, ds.rows, 10)) right += a.exact;
     EXPECT_GE(right, 7) << "packing " << packing << ": " << right << " of 8 answers exact";
     std::printf("[ learning ] packing %d: loss %.3f -> %.3f, %d of 8 answers exact\n", packing, first, last, right);
   }

@@ -246,6 +246,45 @@ TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
     x[i] = v < -87.0f ? 0.0f : poly * scale;
   }
 }
+// x ← e^(x - shift), and returns Σ e^(x-shift); with ey, also *ey = Σ e^(x-shift)·(x-shift) (entropy): one pass.
+template <bool kEy>
+__attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t n, float shift, float* ey) {
+  float acc[16] = {}, acc2[16] = {};
+  auto one = [shift](float xi, float* e_out) {
+    const float v = xi - shift;
+    const float vc = v < -87.0f ? -87.0f : v;
+    const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
+    const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+    const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, 4);
+    *e_out = v < -87.0f ? 0.0f : poly * scale;
+    return v;
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) {
+      float e;
+      const float v = one(x[i + k], &e);
+      x[i + k] = e;
+      acc[k] += e;
+      if (kEy) acc2[k] += e * v;
+    }
+  float s = 0, s2 = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k], s2 += acc2[k];
+  for (; i < n; ++i) {
+    float e;
+    const float v = one(x[i], &e);
+    x[i] = e;
+    s += e;
+    if (kEy) s2 += e * v;
+  }
+  if (kEy) *ey = s2;
+  return s;
+}
+TRL_MULTIVERSION float exp_shift_sum(float* x, int64_t n, float shift) { return exp_shift_sum_impl<false>(x, n, shift, nullptr); }
+TRL_MULTIVERSION float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) { return exp_shift_sum_impl<true>(x, n, shift, ey); }
 TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
@@ -1396,14 +1435,12 @@ class CpuProgram final : public Program {
             const float old = mx[static_cast<size_t>(r)], m = std::max(old, cm);
             if (want_arg && (cm > old || j0 == 0)) arg[r] = static_cast<int32_t>(j0 + (std::find(z, z + c, cm) - z));
             const float rescale = old == -INFINITY ? 0.0f : std::exp(old - m);
-            float s = sum[static_cast<size_t>(r)] * rescale;
-            thread_local std::vector<float> zc;
-            if (want_ent) zc.assign(z, z + c);
-            kernels::exp_shift(z, c, m);  // the chunk is recomputed when needed again
-            s += kernels::sum(z, c);
-            if (want_ent) tz[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)] * rescale + kernels::dot(z, zc.data(), c);
+            // z ← e^(z-m) in place (the chunk is recomputed when needed again); Σ e^(z-m)·z = ey + m·Σ e^(z-m).
+            float ey = 0;
+            const float se = want_ent ? kernels::exp_shift_sum_ey(z, c, m, &ey) : kernels::exp_shift_sum(z, c, m);
+            if (want_ent) tz[static_cast<size_t>(r)] = tz[static_cast<size_t>(r)] * rescale + ey + m * se;
             mx[static_cast<size_t>(r)] = m;
-            sum[static_cast<size_t>(r)] = s;
+            sum[static_cast<size_t>(r)] = sum[static_cast<size_t>(r)] * rescale + se;
           }
         }
         for (int64_t r = 0; r < R; ++r) {
