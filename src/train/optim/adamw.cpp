@@ -35,9 +35,12 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
       fail("AdamW: '{}' needs f32 weights and gradients of the same shape (got {} {} and {} {})", name, dtype_name(p.dtype()),
            shape_str(p.shape()), dtype_name(g.dtype()), shape_str(g.shape()));
     }
-    if (!m_.count(name)) {
-      m_[name] = Tensor::zeros(DType::F32, p.shape());
-      v_[name] = Tensor::zeros(DType::F32, p.shape());
+    // New moments start at zero; they are allocated uninitialised and written by the parallel loop below (its
+    // first touch of gigabytes of fresh pages is then split over the threads, and nothing is written twice).
+    const bool fresh = !m_.count(name);
+    if (fresh) {
+      m_[name] = Tensor::uninitialized(DType::F32, p.shape());
+      v_[name] = Tensor::uninitialized(DType::F32, p.shape());
     }
     float* w = p.mutable_data_as<float>();
     float* m = m_[name].mutable_data_as<float>();
@@ -59,8 +62,9 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float gi = gr[i];
-      const float mi = m[i] + (1.0f - b1) * (gi - m[i]);
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      const float m0 = fresh ? 0.0f : m[i], v0 = fresh ? 0.0f : v[i];
+      const float mi = m0 + (1.0f - b1) * (gi - m0);
+      const float vi = b2 * v0 + (1.0f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
       const float wi = w[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
