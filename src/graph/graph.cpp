@@ -342,28 +342,26 @@ ValueId Builder::kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std
   return push(make_node(Op::KvCacheWrite, {cache, x, pos}, cs, node(cache).dtype, name));
 }
 
-ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name) {
-  check(h, "token_logprobs h");
-  check(w, "token_logprobs w");
-  check(targets, "token_logprobs targets");
+// A per-token op on the logits h·wᵀ with one target per token: h:[...,C], w:[V,C], targets:[...] i32 -> [...].
+ValueId Builder::head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name) {
+  const std::string what = op_name(op);
+  check(h, (what + " h").c_str());
+  check(w, (what + " w").c_str());
+  check(targets, (what + " targets").c_str());
   const Shape& hs = shape(h);
   if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back() || shape(targets) != leading(hs) || node(targets).dtype != DType::I32) {
-    fail("token_logprobs {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", name, shape_str(hs), shape_str(shape(w)),
+    fail("{} {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", what, name, shape_str(hs), shape_str(shape(w)),
          shape_str(shape(targets)));
   }
-  return push(make_node(Op::TokenLogprobs, {h, w, targets}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+  return push(make_node(op, {h, w, targets}, leading(hs), out, name));
+}
+
+ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name) {
+  return head_target_op(Op::TokenLogprobs, h, w, targets, node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name);
 }
 
 ValueId Builder::token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name) {
-  check(h, "token_argmax_match h");
-  check(w, "token_argmax_match w");
-  check(targets, "token_argmax_match targets");
-  const Shape& hs = shape(h);
-  if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back() || shape(targets) != leading(hs) || node(targets).dtype != DType::I32) {
-    fail("token_argmax_match {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", name, shape_str(hs), shape_str(shape(w)),
-         shape_str(shape(targets)));
-  }
-  return push(make_node(Op::TokenArgmaxMatch, {h, w, targets}, leading(hs), DType::F32, name));
+  return head_target_op(Op::TokenArgmaxMatch, h, w, targets, DType::F32, name);
 }
 
 ValueId Builder::entropy(ValueId h, ValueId w, const std::string& name) {

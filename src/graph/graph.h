@@ -146,6 +146,7 @@ class Builder {
  private:
   ValueId push(Node node);
   void check(ValueId v, const char* what) const;
+  ValueId head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name);
   Graph graph_;
   int32_t segment_ = -1;
 };

@@ -230,43 +230,31 @@ TRL_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
-// x[i] = exp(x[i] - shift), written so that it vectorises: range reduction x = k·ln2 + r with |r| <= ln2/2, a
-// degree-6 polynomial for e^r (relative error < 2e-7) and 2^k built in the exponent bits. -inf (a masked score)
-// and anything below -87 give exactly 0.
+// e^v, written so that loops over it vectorise: range reduction v = k·ln2 + r with |r| <= ln2/2, a degree-6
+// polynomial for e^r (relative error < 2e-7) and 2^k built in the exponent bits. -inf (a masked score) and
+// anything below -87 give exactly 0. Used for v <= 0 (values minus their row maximum).
+__attribute__((always_inline)) inline float exp_nonpositive(float v) {
+  const float vc = v < -87.0f ? -87.0f : v;
+  const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
+  const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+  const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+  const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, 4);
+  return v < -87.0f ? 0.0f : poly * scale;
+}
+// x[i] = exp(x[i] - shift).
 TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] - shift;
-    const float vc = v < -87.0f ? -87.0f : v;
-    const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
-    const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
-    const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
-    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, 4);
-    x[i] = v < -87.0f ? 0.0f : poly * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i] - shift);
 }
 // x ← e^(x - shift), and returns Σ e^(x-shift); with ey, also *ey = Σ e^(x-shift)·(x-shift) (entropy): one pass.
 template <bool kEy>
 __attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t n, float shift, float* ey) {
   float acc[16] = {}, acc2[16] = {};
-  auto one = [shift](float xi, float* e_out) {
-    const float v = xi - shift;
-    const float vc = v < -87.0f ? -87.0f : v;
-    const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
-    const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
-    const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
-    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, 4);
-    *e_out = v < -87.0f ? 0.0f : poly * scale;
-    return v;
-  };
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     for (int k = 0; k < 16; ++k) {
-      float e;
-      const float v = one(x[i + k], &e);
+      const float v = x[i + k] - shift, e = exp_nonpositive(v);
       x[i + k] = e;
       acc[k] += e;
       if (kEy) acc2[k] += e * v;
@@ -274,8 +262,7 @@ __attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t
   float s = 0, s2 = 0;
   for (int k = 0; k < 16; ++k) s += acc[k], s2 += acc2[k];
   for (; i < n; ++i) {
-    float e;
-    const float v = one(x[i], &e);
+    const float v = x[i] - shift, e = exp_nonpositive(v);
     x[i] = e;
     s += e;
     if (kEy) s2 += e * v;
