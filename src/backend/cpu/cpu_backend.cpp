@@ -243,6 +243,14 @@ __attribute__((always_inline)) inline float exp_nonpositive(float v) {
   __builtin_memcpy(&scale, &bits, 4);
   return v < -87.0f ? 0.0f : poly * scale;
 }
+// The upper 16 bits of each f32 (exactly its bf16 value when x is already rounded to bf16).
+TRL_MULTIVERSION void bf16_bits(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    __builtin_memcpy(&b, x + i, 4);
+    out[i] = static_cast<uint16_t>(b >> 16);
+  }
+}
 // x[i] = exp(x[i] - shift).
 TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i] - shift);
@@ -434,8 +442,12 @@ class CpuProgram final : public Program {
     if (!reused) plan();
     allocate();
     for (size_t i = 0; i < g_.nodes.size(); ++i) kernels_.push_back(lower(static_cast<graph::ValueId>(i)));
+    if (scratch_bytes_ > 0) {  // lowering asked for scratch: the arena grows past the planned buffers
+      arena_->reserve(arena_bytes_ + scratch_bytes_);
+      bind_arena();
+    }
     if (stats) {
-      stats->arena_bytes = arena_bytes_;
+      stats->arena_bytes = arena_bytes_ + scratch_bytes_;
       stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   }
@@ -464,7 +476,7 @@ class CpuProgram final : public Program {
     // Outputs are views into the arena (no copy): valid until this program runs again (clone() to keep one).
     return outputs(bound);
   }
-  size_t arena_bytes() const override { return arena_bytes_; }
+  size_t arena_bytes() const override { return arena_bytes_ + scratch_bytes_; }
 
  private:
   std::vector<Tensor> outputs(const std::vector<Tensor>& bound) {
@@ -632,6 +644,7 @@ class CpuProgram final : public Program {
   }
 
   void* p(graph::ValueId v) { return ptr_[static_cast<size_t>(v)]; }
+  char* scratch(size_t offset) { return static_cast<char*>(arena_->buffer.mutable_data()) + arena_bytes_ + offset; }
   const Node& nd(graph::ValueId v) const { return g_.node(v); }
 
   // ---- lowering: one closure per node, with shapes and primitives fixed now ----
@@ -1289,6 +1302,7 @@ class CpuProgram final : public Program {
   struct RowStats {
     std::vector<float> lse, ent, target;
     std::vector<int32_t> arg;
+    int64_t saved = -1;  // scratch offset of the bf16 logits [chunks][R][c] kept for the backward node, or -1
   };
   struct PassGroup {
     graph::ValueId targets;
@@ -1367,6 +1381,20 @@ class CpuProgram final : public Program {
     }
     for (auto* v : {&stats->lse, &stats->ent, &stats->target}) v->resize(static_cast<size_t>(R));
     stats->arg.resize(static_cast<size_t>(R));
+    // A bf16 model's logits are rounded to bf16 before the loss, so keeping them in bf16 is exact: when a backward
+    // node of this pass follows, the forward keeps every chunk in the arena's scratch and the backward reads it
+    // back instead of recomputing the lm_head GEMM (R·V·2 bytes, e.g. 311 MB for 1024 rows of Qwen3).
+    if (!backward && dh == DType::BF16 && dw == DType::BF16) {
+      for (size_t j = static_cast<size_t>(id) + 1; j < g_.nodes.size() && stats->saved < 0; ++j) {
+        const Node& s2 = g_.nodes[j];
+        const bool match = s2.inputs.size() >= 3 && s2.inputs[0] == h && s2.inputs[1] == w &&
+                           ((s2.op == Op::TokenLogprobsBackward && group_tg != kNone && s2.inputs[2] == group_tg) || (s2.op == Op::EntropyBackward && want_ent));
+        if (match) {
+          stats->saved = static_cast<int64_t>(scratch_bytes_);
+          scratch_bytes_ += (static_cast<size_t>(R * V) * 2 + 63) / 64 * 64;
+        }
+      }
+    }
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
     auto dz16 = std::make_shared<std::vector<uint16_t>>();
     if (backward) {
@@ -1409,6 +1437,7 @@ class CpuProgram final : public Program {
         std::vector<float> mx(static_cast<size_t>(R), -INFINITY), sum(static_cast<size_t>(R), 0.0f), tz(static_cast<size_t>(R), 0.0f);
         float* target = stats->target.data();
         int32_t* arg = stats->arg.data();
+        uint16_t* keep = stats->saved >= 0 && !backward ? reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(stats->saved))) : nullptr;
         for (int64_t j0 = 0; j0 < V; j0 += chunk) {
           const int64_t c = std::min(chunk, V - j0);
           chunk_logits(j0, c);
@@ -1416,6 +1445,7 @@ class CpuProgram final : public Program {
           for (int64_t r = 0; r < R; ++r) {
             float* z = logits->data() + r * c;
             round_row(z, c);
+            if (keep) kernels::bf16_bits(z, c, keep + R * j0 + r * c);  // exact: z is already bf16
             if (pt && pt[r] >= j0 && pt[r] < j0 + c) target[r] = z[pt[r] - j0];
             float cm = -INFINITY;
             for (int64_t j = 0; j < c; ++j) cm = std::max(cm, z[j]);
@@ -1442,16 +1472,22 @@ class CpuProgram final : public Program {
       // Pass 2: dz per chunk; dh = Σ dz·w_chunk (accumulated by the GEMM), dw_chunk = dzᵀ·h.
       float* out = static_cast<float*>(p(id));  // packed [dh | dw], f32
       std::fill(out, out + R * C, 0.0f);
+      const uint16_t* kept = shared && stats->saved >= 0 ? reinterpret_cast<const uint16_t*>(scratch(static_cast<size_t>(stats->saved))) : nullptr;
       for (int64_t j0 = 0; j0 < V; j0 += chunk) {
         const int64_t c = std::min(chunk, V - j0);
-        chunk_logits(j0, c);
+        if (!kept) chunk_logits(j0, c);
         const bool to16 = !dz16->empty();
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < R; ++r) {
           const float g = ld(p(dl), dd, r);
           float* z = logits->data() + r * c;
           uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
-          round_row(z, c);
+          if (kept) {
+            const uint16_t* k = kept + R * j0 + r * c;
+            for (int64_t j = 0; j < c; ++j) z[j] = bf16_to_f32(k[j]);
+          } else {
+            round_row(z, c);
+          }
           if (entropy) {
             // dz = -g·p·(z - lse + H)
             const float shift = ent[r] - lse[r];
@@ -1493,7 +1529,8 @@ class CpuProgram final : public Program {
   std::vector<std::function<void()>> kernels_;
   std::shared_ptr<Arena> arena_;
   uint64_t bound_version_ = 0;
-  size_t arena_bytes_ = 0;
+  size_t arena_bytes_ = 0;   // the planned buffers
+  size_t scratch_bytes_ = 0;  // kernels' own state kept between nodes, after the planned buffers
   bool check_guards_ = false;
   bool profile_ = false;
   std::array<double, 64> op_seconds_{};
