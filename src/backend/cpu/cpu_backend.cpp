@@ -243,6 +243,68 @@ __attribute__((always_inline)) inline float exp_nonpositive(float v) {
   __builtin_memcpy(&scale, &bits, 4);
   return v < -87.0f ? 0.0f : poly * scale;
 }
+// The f32 bits of x rounded to bf16 (nearest even; NaN stays a quiet NaN): branch-free, so loops vectorise.
+__attribute__((always_inline)) inline uint32_t bf16_rounded_bits(float x) {
+  uint32_t b;
+  __builtin_memcpy(&b, &x, 4);
+  const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return nan ? (b | 0x00400000u) & 0xffff0000u : r;
+}
+__attribute__((always_inline)) inline float bf16_round(float x) {
+  const uint32_t b = bf16_rounded_bits(x);
+  float f;
+  __builtin_memcpy(&f, &b, 4);
+  return f;
+}
+// Attention's scores for one query row, before the softmax: x ← scale·x with the rounding of the model dtype
+// (bf16: round(round(x)·scale), as eager Transformers stores bf16 scores), -inf where the key's segment id differs
+// from `seg` (key_seg null: no mask); returns the row's maximum.
+TRL_MULTIVERSION float attention_scores(float* x, int64_t n, float scale, bool bf16, const int32_t* key_seg, int32_t seg) {
+  float acc[16];
+  for (int k = 0; k < 16; ++k) acc[k] = -INFINITY;
+  int64_t i = 0;
+  auto one = [&](int64_t j) {
+    float v = bf16 ? bf16_round(bf16_round(x[j]) * scale) : x[j] * scale;
+    if (key_seg && key_seg[j] != seg) v = -INFINITY;
+    x[j] = v;
+    return v;
+  };
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) {
+      const float v = one(i + k);
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
+  float mx = -INFINITY;
+  for (int k = 0; k < 16; ++k) mx = acc[k] > mx ? acc[k] : mx;
+  for (; i < n; ++i) {
+    const float v = one(i);
+    mx = v > mx ? v : mx;
+  }
+  return mx;
+}
+// x ← x·inv (rounded to bf16 when bf16), and its bf16 bits into out16 when given: the softmax's normalisation.
+TRL_MULTIVERSION void scale_round(float* x, int64_t n, float inv, bool bf16, uint16_t* out16) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bf16 ? bf16_round(x[i] * inv) : x[i] * inv;
+    x[i] = v;
+    if (out16) out16[i] = static_cast<uint16_t>(bf16_rounded_bits(v) >> 16);
+  }
+}
+// The softmax backward of one row: d ← p∘(d − p·d)·scale, and its bf16 bits into out16 when given.
+TRL_MULTIVERSION void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint16_t* out16) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += p[i + k] * d[i + k];
+  float pdp = 0;
+  for (int k = 0; k < 16; ++k) pdp += acc[k];
+  for (; i < n; ++i) pdp += p[i] * d[i];
+  for (int64_t j = 0; j < n; ++j) {
+    d[j] = p[j] * (d[j] - pdp) * scale;
+    if (out16) out16[j] = static_cast<uint16_t>(bf16_rounded_bits(d[j]) >> 16);
+  }
+}
 // The upper 16 bits of each f32 (exactly its bf16 value when x is already rounded to bf16).
 TRL_MULTIVERSION void bf16_bits(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) {
@@ -1157,32 +1219,24 @@ class CpuProgram final : public Program {
             const char* Qb = Q + static_cast<size_t>(bl.t0 * ldq) * es;
             bl.qk->run(Qb, K, Sc.data());
             // Row-wise masked softmax of scale·scores → P (f32 in Sc, and in the compute dtype in P16).
+            const bool b16 = ct == DType::BF16;
             for (int64_t r = 0; r < R; ++r) {
               const int64_t t = bl.t0 + r;
               float* row = Sc.data() + r * L;
+              uint16_t* p16 = b16 ? reinterpret_cast<uint16_t*>(P16.data()) + r * L : nullptr;
               const int64_t limit = causal ? std::min(L, t + offset + 1) : L;
               const int32_t seg = m ? m[b * S + t + offset] : 1;  // segment ids: 0 = padding, else the packed sequence
-              float mx = -INFINITY;
-              for (int64_t j = 0; j < limit; ++j) {
-                if (m && (m[b * S + j] == 0 || m[b * S + j] != seg)) {
-                  row[j] = -INFINITY;
-                  continue;
-                }
-                row[j] = rnd(ct, rnd(ct, row[j]) * scale);
-                mx = std::max(mx, row[j]);
-              }
+              // A padding query sees nothing; otherwise the keys of its own segment (padding keys are segment 0).
+              const float mx = m && seg == 0 ? -INFINITY : kernels::attention_scores(row, limit, scale, b16, m ? m + b * S : nullptr, seg);
               if (mx == -INFINITY) {
                 std::fill(row, row + L, 0.0f);
-              } else {
-                kernels::exp_shift(row, limit, mx);
-                std::fill(row + limit, row + L, 0.0f);
-                const float inv = 1.0f / kernels::sum(row, limit);
-                for (int64_t j = 0; j < limit; ++j) row[j] = rnd(ct, row[j] * inv);
+                if (p16) std::fill(p16, p16 + L, uint16_t{0});
+                continue;
               }
-              if (ct == DType::BF16) {
-                uint16_t* p16 = reinterpret_cast<uint16_t*>(P16.data()) + r * L;
-                for (int64_t j = 0; j < L; ++j) p16[j] = f32_to_bf16(row[j]);
-              }
+              const float inv = 1.0f / kernels::exp_shift_sum(row, limit, mx);
+              kernels::scale_round(row, limit, inv, b16, p16);
+              std::fill(row + limit, row + L, 0.0f);
+              if (p16) std::fill(p16 + limit, p16 + L, uint16_t{0});
             }
             const char* Pc = ct == DType::BF16 ? P16.data() : reinterpret_cast<const char*>(Sc.data());
             if (!backward) {
@@ -1192,16 +1246,9 @@ class CpuProgram final : public Program {
             // dP = dO·Vᵀ; dS = P∘(dP - Σ_j P∘dP)·scale; dQ = dS·K; dK += dSᵀ·Q; dV += Pᵀ·dO.
             const char* Gb = G + static_cast<size_t>(bl.t0 * ldq) * es;
             bl.dp->run(Gb, V, dP.data());
-            for (int64_t r = 0; r < R; ++r) {
-              const float* pr = Sc.data() + r * L;
-              float* dr = dP.data() + r * L;
-              const float pdp = kernels::dot(pr, dr, L);
-              for (int64_t j = 0; j < L; ++j) dr[j] = pr[j] * (dr[j] - pdp) * scale;
-              if (ct == DType::BF16) {
-                uint16_t* d16 = reinterpret_cast<uint16_t*>(dS16.data()) + r * L;
-                for (int64_t j = 0; j < L; ++j) d16[j] = f32_to_bf16(dr[j]);
-              }
-            }
+            for (int64_t r = 0; r < R; ++r)
+              kernels::softmax_backward_row(Sc.data() + r * L, dP.data() + r * L, L, scale,
+                                            ct == DType::BF16 ? reinterpret_cast<uint16_t*>(dS16.data()) + r * L : nullptr);
             const char* dS = ct == DType::BF16 ? dS16.data() : reinterpret_cast<const char*>(dP.data());
             bl.dq->run(dS, K, Ob);
             bl.dk->run(dS, Qb, dK.data());
