@@ -108,6 +108,11 @@ TEST_P(CpuOps, TokenLogprobsOverManyChunks) {
   compare({{"h", {n, 16}}, {"w", {9001, 16}}, {"t", {n}, DType::I32, 9001}},
           [](Builder& b, const std::vector<ValueId>& v) { return b.token_logprobs(v[0], v[1], v[2]); }, 1e-4);
   compare({{"h", {n, 16}}, {"w", {9001, 16}}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); }, 1e-4);
+  // bf16: the forward keeps the (bf16) logits for the backward, which reads them instead of recomputing them.
+  compare({{"h", {n, 16}, DType::BF16}, {"w", {9001, 16}, DType::BF16}, {"t", {n}, DType::I32, 9001}},
+          [](Builder& b, const std::vector<ValueId>& v) { return b.token_logprobs(v[0], v[1], v[2]); }, 2e-2);
+  compare({{"h", {n, 16}, DType::BF16}, {"w", {9001, 16}, DType::BF16}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); },
+          2e-2);
 }
 
 // token_logprobs, entropy and token_argmax_match on the same (h, w, targets) share one pass over the vocabulary on
