@@ -222,7 +222,10 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   // largest one's): keeping a program per length costs its plan and kernels, not another ~3.6 GB of buffers.
   s.backend = s.cfg.torch_compile ? make_cpu_backend(CpuBackendOptions{.share_arena = true}) : make_reference_backend();
   s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->name());
-  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{1024, ""});
+  // Each program still holds its plan, kernels and oneDNN primitives (megabytes): a bucketed run keeps all of its
+  // (at most max_length / multiple + 2, eval included); an unbucketed one the 64 most recently used.
+  const size_t buckets = s.multiple > 0 ? static_cast<size_t>(s.cfg.max_length / s.multiple + 2) : 0;
+  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{s.multiple > 0 ? 2 * buckets : 64, ""});
   const auto pad = tok.pad_token_id();
   if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
   s.pad = *pad;

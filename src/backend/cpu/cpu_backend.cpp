@@ -293,13 +293,7 @@ TRL_MULTIVERSION void scale_round(float* x, int64_t n, float inv, bool bf16, uin
 }
 // The softmax backward of one row: d ← p∘(d − p·d)·scale, and its bf16 bits into out16 when given.
 TRL_MULTIVERSION void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint16_t* out16) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 16; ++k) acc[k] += p[i + k] * d[i + k];
-  float pdp = 0;
-  for (int k = 0; k < 16; ++k) pdp += acc[k];
-  for (; i < n; ++i) pdp += p[i] * d[i];
+  const float pdp = dot(p, d, n);
   for (int64_t j = 0; j < n; ++j) {
     d[j] = p[j] * (d[j] - pdp) * scale;
     if (out16) out16[j] = static_cast<uint16_t>(bf16_rounded_bits(d[j]) >> 16);
@@ -485,8 +479,13 @@ struct Arena {
   uint64_t version = 0;
   void reserve(size_t need) {
     if (keepalive && bytes >= need) return;
+    // The old buffer is let go first (it is freed as soon as no output view holds it), so that growing never holds
+    // both. If the new one cannot be had, the arena is left empty with a new version: no program runs on the
+    // released buffer, and the next run() reserves what it needs again.
     buffer = Tensor();
-    keepalive.reset();  // the old buffer goes as soon as no output view holds it
+    keepalive.reset();
+    bytes = 0;
+    ++version;
     buffer = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((need + 3) / 4 + 16)});
     keepalive = std::make_shared<Tensor>(buffer);
     bytes = need;
@@ -516,6 +515,7 @@ class CpuProgram final : public Program {
 
   std::vector<Tensor> run(const TensorMap& inputs) override {
     const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+    arena_->reserve(arena_bytes_ + scratch_bytes_);  // a no-op unless an allocation failed since this program was made
     if (bound_version_ != arena_->version) bind_arena();
     for (size_t i = 0; i < g_.inputs.size(); ++i) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
@@ -1410,7 +1410,10 @@ class CpuProgram final : public Program {
     auto full = std::make_shared<Gemm>(R, chunk, C, hw, C, 1, hw, 1, C, DType::F32, false, false);
     const int64_t tail = V % chunk;
     auto last = tail ? std::make_shared<Gemm>(R, tail, C, hw, C, 1, hw, 1, C, DType::F32, false, false) : nullptr;
-    auto logits = std::make_shared<std::vector<float>>(static_cast<size_t>(R * chunk));
+    // The [R, chunk] logits (and, backward in bf16, dz) buffers live in the arena's scratch, not on the heap: a
+    // trainer caching a program per length then holds one copy of them, not one per program.
+    const size_t logits_at = scratch_bytes_;
+    scratch_bytes_ += (static_cast<size_t>(R * chunk) * sizeof(float) + 63) / 64 * 64;
     auto hbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(R * C) : 0);
     auto wbuf = std::make_shared<std::vector<float>>(dh != dw ? static_cast<size_t>(chunk * C) : 0);
     std::shared_ptr<RowStats> stats;
@@ -1443,7 +1446,9 @@ class CpuProgram final : public Program {
       }
     }
     std::shared_ptr<Gemm> dh_full, dh_last, dw_full, dw_last;
-    auto dz16 = std::make_shared<std::vector<uint16_t>>();
+    const bool to16 = backward && hw == DType::BF16;
+    const size_t dz16_at = scratch_bytes_;
+    if (to16) scratch_bytes_ += (static_cast<size_t>(R * chunk) * sizeof(uint16_t) + 63) / 64 * 64;
     if (backward) {
       dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
       dw_full = std::make_shared<Gemm>(chunk, C, R, hw, 1, chunk, hw, C, 1, DType::F32, false, false);
@@ -1451,9 +1456,10 @@ class CpuProgram final : public Program {
         dh_last = std::make_shared<Gemm>(R, C, tail, hw, tail, 1, hw, C, 1, DType::F32, false, true);
         dw_last = std::make_shared<Gemm>(tail, C, R, hw, 1, tail, hw, C, 1, DType::F32, false, false);
       }
-      if (hw == DType::BF16) dz16->resize(static_cast<size_t>(R * chunk));
     }
     return [=, this] {
+      float* lg = reinterpret_cast<float*>(scratch(logits_at));
+      uint16_t* dz16 = to16 ? reinterpret_cast<uint16_t*>(scratch(dz16_at)) : nullptr;
       const int32_t* t = tg != kNone ? static_cast<const int32_t*>(p(tg)) : nullptr;
       // The pass's targets: this node's, or (an entropy node leading the group) a later sibling's.
       const int32_t* pt = group_tg != kNone ? static_cast<const int32_t*>(p(group_tg)) : nullptr;
@@ -1469,7 +1475,7 @@ class CpuProgram final : public Program {
           for (int64_t i = 0; i < c * C; ++i) (*wbuf)[static_cast<size_t>(i)] = ld(wp, dw, i);
           wp = reinterpret_cast<const char*>(wbuf->data());
         }
-        (c == chunk ? full : last)->run(hp, wp, logits->data());
+        (c == chunk ? full : last)->run(hp, wp, lg);
       };
       // Logits are stored in the model dtype before the f32 loss (as Transformers does for a bf16 model).
       auto round_row = [dh](float* z, int64_t c) {
@@ -1490,7 +1496,7 @@ class CpuProgram final : public Program {
           chunk_logits(j0, c);
 #pragma omp parallel for schedule(static)
           for (int64_t r = 0; r < R; ++r) {
-            float* z = logits->data() + r * c;
+            float* z = lg + r * c;
             round_row(z, c);
             if (keep) kernels::bf16_bits(z, c, keep + R * j0 + r * c);  // exact: z is already bf16
             if (pt && pt[r] >= j0 && pt[r] < j0 + c) target[r] = z[pt[r] - j0];
@@ -1523,12 +1529,11 @@ class CpuProgram final : public Program {
       for (int64_t j0 = 0; j0 < V; j0 += chunk) {
         const int64_t c = std::min(chunk, V - j0);
         if (!kept) chunk_logits(j0, c);
-        const bool to16 = !dz16->empty();
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < R; ++r) {
           const float g = ld(p(dl), dd, r);
-          float* z = logits->data() + r * c;
-          uint16_t* z16 = to16 ? dz16->data() + r * c : nullptr;
+          float* z = lg + r * c;
+          uint16_t* z16 = to16 ? dz16 + r * c : nullptr;
           if (kept) {
             const uint16_t* k = kept + R * j0 + r * c;
             for (int64_t j = 0; j < c; ++j) z[j] = bf16_to_f32(k[j]);
@@ -1556,7 +1561,7 @@ class CpuProgram final : public Program {
             if (hit) z[t[r] - j0] += g;
           }
         }
-        const void* dz = to16 ? static_cast<const void*>(dz16->data()) : static_cast<const void*>(logits->data());
+        const void* dz = to16 ? static_cast<const void*>(dz16) : static_cast<const void*>(lg);
         const char* wp = static_cast<const char*>(p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
         if (!wbuf->empty()) {  // mixed dtypes: the chunk was widened into wbuf by chunk_logits
           wp = reinterpret_cast<const char*>(wbuf->data());

@@ -38,13 +38,7 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
     // New moments start at zero; they are allocated uninitialised and written by the parallel loop below (its
     // first touch of gigabytes of fresh pages is then split over the threads, and nothing is written twice).
     const bool fresh = !m_.count(name);
-    if (fresh) {
-      m_[name] = Tensor::uninitialized(DType::F32, p.shape());
-      v_[name] = Tensor::uninitialized(DType::F32, p.shape());
-    }
     float* w = p.mutable_data_as<float>();
-    float* m = m_[name].mutable_data_as<float>();
-    float* v = v_[name].mutable_data_as<float>();
     const float* gr = g.data_as<float>();
     // torch.optim.AdamW's arithmetic, in f32: decay, moments, then p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
     const float keep = static_cast<float>(1.0 - lr * (applies_weight_decay(name) ? config_.weight_decay : 0.0));
@@ -59,6 +53,12 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
       }
       w16 = c->second.mutable_data_as<uint16_t>();
     }
+    if (fresh) {  // after every check that can fail, so that a failed step leaves no half-made moments
+      m_[name] = Tensor::uninitialized(DType::F32, p.shape());
+      v_[name] = Tensor::uninitialized(DType::F32, p.shape());
+    }
+    float* m = m_[name].mutable_data_as<float>();
+    float* v = v_[name].mutable_data_as<float>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float gi = gr[i];
