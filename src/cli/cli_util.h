@@ -1,7 +1,13 @@
 // Helpers shared by the `trl` subcommands.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
 
 namespace CLI {
 class App;
@@ -11,6 +17,21 @@ namespace trl::cli {
 
 // "--max_new_tokens,--max-new-tokens": every flag accepts underscores or dashes, as Transformers' parser does.
 std::string flag(const std::string& name);
+
+// The token ids of a JSON array (nlohmann::json or ordered_json), each checked to be an integer in [0, 2^31):
+// "<where>: ids[3] = 3000000000 is not a token id (0 to 2147483647)". Never wraps a large id to a negative one.
+template <class Json>
+std::vector<int32_t> token_ids_from_json(const Json& v, const std::string& where) {
+  if (!v.is_array()) fail("{}: expected a list of token ids such as [1, 2, 3], got {}", where, v.dump());
+  std::vector<int32_t> ids;
+  for (const auto& x : v) {
+    const bool ok = x.is_number_unsigned() ? x.template get<uint64_t>() <= 2147483647u
+                                           : x.is_number_integer() && x.template get<int64_t>() >= 0 && x.template get<int64_t>() <= 2147483647;
+    if (!ok) fail("{}: ids[{}] = {} is not a token id (an integer from 0 to 2147483647)", where, ids.size(), x.dump());
+    ids.push_back(static_cast<int32_t>(x.template get<int64_t>()));
+  }
+  return ids;
+}
 
 void register_env(CLI::App& app);
 void register_init_model(CLI::App& app);

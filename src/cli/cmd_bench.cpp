@@ -14,6 +14,7 @@
 #include "backend/program_cache.h"
 #include "generation/generate.h"
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/init.h"
@@ -79,12 +80,13 @@ void register_bench_generate(CLI::App* bench) {
     int64_t layers = 0, batch = 8, prompt_len = 512, new_tokens = 64;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
-  cmd->add_option(flag("layers"), a->layers, "Override the number of layers (same widths), 0 = the preset's")->capture_default_str();
-  cmd->add_option(flag("dtype"), a->dtype, "bf16 | f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
-  cmd->add_option(flag("batch"), a->batch, "The larger decode batch (batch 1 is always measured)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option(flag("prompt_len"), a->prompt_len, "Prompt tokens for the prefill figure")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option(flag("new_tokens"), a->new_tokens, "Tokens decoded per measurement")->check(CLI::Range(2, 100000))->capture_default_str();
+  Options opts(cmd);
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
+  opts.add("dtype", a->dtype, "bf16 | f32").choices({"bf16", "f32"});
+  opts.add("batch", a->batch, "The larger decode batch (batch 1 is always measured)").min(1);
+  opts.add("prompt_len", a->prompt_len, "Prompt tokens for the prefill figure").min(1);
+  opts.add("new_tokens", a->new_tokens, "Tokens decoded per measurement").min(2).max(100000);
   cmd->callback([a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
@@ -159,13 +161,14 @@ void register_bench(CLI::App& app) {
     bool gradient_checkpointing = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
-  cmd->add_option(flag("layers"), a->layers, "Override the number of layers (same widths), 0 = the preset's")->capture_default_str();
-  cmd->add_option(flag("batch"), a->batch, "Sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option(flag("seq"), a->seq, "Tokens per sequence")->capture_default_str()->check(CLI::Range(2, 1 << 20));
-  cmd->add_option(flag("dtype"), a->dtype, "bf16 (bf16 compute, f32 master weights) | f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
-  cmd->add_option(flag("steps"), a->steps, "Timed steps (after one warm-up step)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_flag(flag("gradient_checkpointing"), a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
+  Options opts(cmd);
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
+  opts.add("batch", a->batch, "Sequences per step").min(1);
+  opts.add("seq", a->seq, "Tokens per sequence").min(2).max(1 << 20);
+  opts.add("dtype", a->dtype, "bf16 (bf16 compute, f32 master weights) | f32").choices({"bf16", "f32"});
+  opts.add("steps", a->steps, "Timed steps (after one warm-up step)").min(1);
+  opts.add("gradient_checkpointing", a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
   cmd->callback([a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);

@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/program_cache.h"
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "models/init.h"
 #include "runtime/runtime.h"
@@ -25,15 +26,16 @@ void register_compile(CLI::App& app) {
     bool gradient_checkpointing = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("model_name_or_path"), a->model, "A model folder or a Hugging Face id in the local cache");
-  cmd->add_option(flag("preset"), a->preset, "Instead of a model: tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}));
-  cmd->add_option(flag("layers"), a->layers, "With --preset: override the number of layers");
-  cmd->add_option(flag("revision"), a->revision, "Revision in the Hugging Face cache")->capture_default_str();
-  cmd->add_option(flag("dtype"), a->dtype, "Compute dtype: bf16 | f32")->check(CLI::IsMember({"bf16", "f32"}))->capture_default_str();
-  cmd->add_option(flag("per_device_train_batch_size"), a->batch, "Rows per training program")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option(flag("max_length"), a->max_length, "Longest sequence")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option(flag("pad_to_multiple_of"), a->pad_to_multiple_of, "None | auto | N: the bucket")->capture_default_str();
-  cmd->add_flag(flag("gradient_checkpointing"), a->gradient_checkpointing, "Compile the rematerialising variant");
+  Options opts(cmd);
+  opts.add("model_name_or_path", a->model, "A model folder or a Hugging Face id in the local cache");
+  opts.add("preset", a->preset, "Instead of a model: tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("layers", a->layers, "With --preset: override the number of layers");
+  opts.add("revision", a->revision, "Revision in the Hugging Face cache");
+  opts.add("dtype", a->dtype, "Compute dtype: bf16 | f32").choices({"bf16", "f32"});
+  opts.add("per_device_train_batch_size", a->batch, "Rows per training program").min(1);
+  opts.add("max_length", a->max_length, "Longest sequence").min(1);
+  opts.add("pad_to_multiple_of", a->pad_to_multiple_of, "None | auto | N: the bucket");
+  opts.add("gradient_checkpointing", a->gradient_checkpointing, "Compile the rematerialising variant");
   cmd->callback([a] {
     if (a->model.empty() == a->preset.empty()) fail("trl compile: give exactly one of --model_name_or_path and --preset");
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;

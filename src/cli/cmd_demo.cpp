@@ -9,6 +9,7 @@
 
 #include "assets/assets.h"
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "generation/generate.h"
@@ -26,9 +27,10 @@ void register_demo(CLI::App& app) {
     int64_t max_steps = 100;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("out") + "," + flag("output_dir"), a->out, "Folder for the base model, the dataset and the fine-tuned model")->capture_default_str();
-  cmd->add_option(flag("seed"), a->seed, "Random seed of the initial weights")->capture_default_str();
-  cmd->add_option(flag("max_steps"), a->max_steps, "Training steps")->capture_default_str()->check(CLI::PositiveNumber);
+  Options opts(cmd);
+  opts.add("out,output_dir", a->out, "Folder for the base model, the dataset and the fine-tuned model");
+  opts.add("seed", a->seed, "Random seed of the initial weights");
+  opts.add("max_steps", a->max_steps, "Training steps").min(1);
   cmd->callback([a] {
     namespace stdfs = std::filesystem;
     const std::string base = (stdfs::path(a->out) / "base").string(), data = (stdfs::path(a->out) / "chat.jsonl").string(),

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/cpu_features.h"
 #include "io/hub.h"
 #include "runtime/runtime.h"
@@ -58,7 +59,8 @@ nlohmann::ordered_json env_info() {
 void register_env(CLI::App& app) {
   auto* cmd = app.add_subcommand("env", "Print the version, build options, detected ISA, devices, cores, threads and oneDNN version");
   auto json_out = std::make_shared<bool>(false);
-  cmd->add_flag(flag("json"), *json_out, "Print one JSON object");
+  Options opts(cmd);
+  opts.add("json", *json_out, "Print one JSON object");
   cmd->callback([json_out] {
     const auto j = env_info();
     if (*json_out) {

@@ -5,6 +5,11 @@
 #include <fstream>
 #include <iostream>
 
+#include <csignal>
+#include <random>
+#include <atomic>
+
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "generation/generate.h"
@@ -26,11 +32,11 @@ using ojson = nlohmann::ordered_json;
 
 // The flags shared by generate and chat.
 struct GenFlags {
-  std::string model, dtype, revision = "main", enable_thinking;
+  std::string model, dtype, revision = "main";
+  std::optional<bool> enable_thinking, do_sample;
   std::optional<int64_t> max_new_tokens, top_k, pad_to_multiple_of;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<uint64_t> seed;
-  std::optional<bool> do_sample;
   std::vector<int32_t> eos_token_id;
   std::optional<int32_t> pad_token_id;
   std::vector<std::string> stop;
@@ -38,41 +44,47 @@ struct GenFlags {
   bool disable_compile = false, verbose = false;
 };
 
-void add_gen_flags(CLI::App* cmd, GenFlags& f) {
-  cmd->add_option(flag("model") + "," + flag("model_name_or_path"), f.model, "Model folder or Hugging Face id (local cache only)")->required();
-  cmd->add_option(flag("dtype"), f.dtype, "Convert the weights: f32 | bf16 (default: the checkpoint's)");
-  cmd->add_option(flag("revision"), f.revision, "Hub cache revision")->capture_default_str();
-  cmd->add_option(flag("max_new_tokens"), f.max_new_tokens, "Tokens to generate (default: the model's generation config, else max_length 20)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option(flag("do_sample"), f.do_sample, "true | false (default: the model's generation config, else greedy)");
-  cmd->add_option(flag("temperature"), f.temperature, "Softmax temperature when sampling");
-  cmd->add_option(flag("top_k"), f.top_k, "Keep the k most likely tokens (0 = off)");
-  cmd->add_option(flag("top_p"), f.top_p, "Nucleus sampling mass (1 = off)");
-  cmd->add_option(flag("min_p"), f.min_p, "Drop tokens below min_p x the top probability");
-  cmd->add_option(flag("repetition_penalty"), f.repetition_penalty, "Penalty for tokens already in the sequence (1 = off)");
-  cmd->add_option(flag("seed"), f.seed, "Sampling seed (same seed, same output)");
-  cmd->add_option(flag("eos_token_id"), f.eos_token_id, "End-of-sequence id(s) (default: the model's)");
-  cmd->add_option(flag("pad_token_id"), f.pad_token_id, "Padding id (default: the model's, else the first eos)");
-  cmd->add_option(flag("stop") + "," + flag("stop_strings"), f.stop, "Stop when this text is generated (repeatable)");
-  cmd->add_option(flag("pad_to_multiple_of"), f.pad_to_multiple_of, "Prompt/cache bucket (default: the backend's auto, 64 on CPU; 0 = none)");
-  cmd->add_option(flag("cache_implementation"), f.cache_implementation, "static | dynamic")
-      ->check(CLI::IsMember({"static", "dynamic"}))
-      ->capture_default_str();
-  cmd->add_flag(flag("disable_compile"), f.disable_compile, "Run on the reference backend (the slow oracle)");
-  cmd->add_option(flag("enable_thinking"), f.enable_thinking, "Chat template variable for Qwen3: true | false")->check(CLI::IsMember({"true", "false"}));
-  cmd->add_flag(flag("verbose"), f.verbose, "Print program counters and speed to stderr");
+// `transformers chat` and this CLI answer up to 256 new tokens when the model's generation_config.json names no length
+// (Transformers' library default, max_length 20 with the prompt included, ends a chat on its second turn).
+constexpr int64_t kDefaultNewTokens = 256;
+
+void add_gen_flags(Options& o, GenFlags& f) {
+  const std::string gc = "generation_config.json's";
+  o.add("model,model_name_or_path", f.model, "Model folder or Hugging Face id (local cache only)").required();
+  o.add("dtype,torch_dtype", f.dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
+  o.add("revision", f.revision, "Hub cache revision");
+  o.add("max_new_tokens", f.max_new_tokens, "Tokens to generate").min(1).default_text(gc + " max_new_tokens (or max_length), else 256");
+  o.add("do_sample", f.do_sample, "Sample (true) or greedy (false)").default_text(gc + ", else false");
+  o.add("temperature", f.temperature, "Softmax temperature when sampling").above(0).default_text(gc + ", else 1.0");
+  o.add("top_k", f.top_k, "Keep the k most likely tokens (0 = off)").min(0).default_text(gc + ", else 50");
+  o.add("top_p", f.top_p, "Nucleus sampling mass (1 = off)").above(0).max(1).default_text(gc + ", else 1.0");
+  o.add("min_p", f.min_p, "Drop tokens below min_p x the top probability").min(0).max(1).default_text(gc + ", else off");
+  o.add("repetition_penalty", f.repetition_penalty, "Penalty for tokens already in the sequence (1 = off)").above(0).default_text(gc + ", else 1.0");
+  o.add("seed", f.seed, "Sampling seed (same seed, same output)").default_text("a fresh one each run (printed with --verbose)");
+  o.add("eos_token_id", f.eos_token_id, "End-of-sequence id(s)").min(0).default_text(gc + ", else the model's");
+  o.add("pad_token_id", f.pad_token_id, "Padding id").min(0).default_text(gc + ", else the first eos");
+  o.add("stop,stop_strings", f.stop, "Stop when this text is generated (several allowed)");
+  o.add("pad_to_multiple_of", f.pad_to_multiple_of, "Prompt/cache bucket (0 = none)").min(0).default_text("the backend's auto, 64 on the CPU");
+  o.add("cache_implementation", f.cache_implementation, "KV cache").choices({"static", "dynamic"});
+  o.add("disable_compile", f.disable_compile, "Run on the reference backend (the slow oracle)");
+  o.add("enable_thinking", f.enable_thinking, "Chat template variable for Qwen3 (thinking on or off)").default_text("None (the template's)");
+  o.add("verbose", f.verbose, "Print program counters, speed and the seed to stderr");
 }
 
-GenerationConfig to_config(const GenFlags& f) {
+GenerationConfig to_config(const GenFlags& f, const Generator& gen) {
   GenerationConfig c;
   c.max_new_tokens = f.max_new_tokens;
+  if (!c.max_new_tokens && !gen.defaults().max_new_tokens && !gen.defaults().max_length) c.max_new_tokens = kDefaultNewTokens;
   c.do_sample = f.do_sample;
   c.temperature = f.temperature;
   c.top_k = f.top_k;
   c.top_p = f.top_p;
   c.min_p = f.min_p;
   c.repetition_penalty = f.repetition_penalty;
-  c.seed = f.seed;
+  // As in Transformers, sampling without a seed differs from run to run.
+  c.seed = f.seed ? *f.seed : std::random_device{}() * 0x100000000ull + std::random_device{}();
+  if (f.verbose && !f.seed && f.do_sample.value_or(gen.defaults().do_sample.value_or(false)))
+    std::fprintf(stderr, "[trl] sampling seed %llu (pass --seed to repeat this run)\n", static_cast<unsigned long long>(*c.seed));
   if (!f.eos_token_id.empty()) c.eos_token_id = f.eos_token_id;
   c.pad_token_id = f.pad_token_id;
   c.stop_strings = f.stop;
@@ -85,18 +97,14 @@ GenerationConfig to_config(const GenFlags& f) {
 CausalLM load_model(const GenFlags& f) {
   LoadOptions lo;
   lo.revision = f.revision;
-  if (!f.dtype.empty()) {
-    auto dt = dtype_from_name(f.dtype);
-    if (!dt || !dtype_is_float(*dt)) fail("--dtype '{}': expected f32 or bf16", f.dtype);
-    lo.dtype = dt;
-  }
+  if (!f.dtype.empty()) lo.dtype = (f.dtype == "bf16" || f.dtype == "bfloat16") ? DType::BF16 : DType::F32;
   return CausalLM::from_pretrained(f.model, lo);
 }
 
 ChatTemplateOptions chat_options(const GenFlags& f) {
   ChatTemplateOptions o;
   o.add_generation_prompt = true;
-  if (!f.enable_thinking.empty()) o.extra["enable_thinking"] = f.enable_thinking == "true";
+  if (f.enable_thinking) o.extra["enable_thinking"] = *f.enable_thinking;
   return o;
 }
 
@@ -134,6 +142,104 @@ void report(const GenFlags& f, const Generator& gen, const GenerationOutput& out
                static_cast<long long>(gen.stats().hits));
 }
 
+// The prompt ids of one --input line: {"prompt": text} (the chat template with --chat), {"messages": [...]} or
+// {"ids": [...]}.
+std::vector<int32_t> prompt_ids(const Tokenizer& tok, const ojson& j, bool chat, const ChatTemplateOptions& opts, const std::string& where) {
+  if (j.is_object() && j.contains("messages")) {
+    if (!j["messages"].is_array()) fail("{}: \"messages\" must be a list of {{role, content}}", where);
+    return apply_chat_template_ids(tok, j["messages"], opts).input_ids;
+  }
+  if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
+    return chat ? apply_chat_template_ids(tok, ojson::array({ojson{{"role", "user"}, {"content", j["prompt"]}}}), opts).input_ids
+                : tok.encode(j["prompt"].get<std::string>(), true);
+  }
+  if (j.is_object() && j.contains("ids")) return token_ids_from_json(j["ids"], where + ": \"ids\"");
+  fail("{}: expected {{\"prompt\": text}}, {{\"messages\": [...]}} or {{\"ids\": [...]}}", where);
+}
+
+struct ChatArgs : GenFlags {
+  std::string system;
+};
+
+// Ctrl-C while an answer streams stops that answer; the chat goes on (at the prompt, Ctrl-C ends it as usual).
+std::atomic<bool> g_stop_answer{false};
+extern "C" void stop_answer(int) { g_stop_answer = true; }
+
+// One answer of `trl chat`, streamed; false (with the error on stderr) when generation failed.
+bool chat_turn(const ChatArgs& c, const Tokenizer& tok, Generator& gen, GenerationConfig& cfg, const ojson& messages, std::string& answer) {
+  TextStreamer stream{tok, {}, 0, {}};
+  cfg.streamer = [&](int64_t, int32_t id) { stream.put(id); };
+  g_stop_answer = false;
+  cfg.interrupted = [] { return g_stop_answer.load(); };
+  struct sigaction on{}, old{};
+  on.sa_handler = stop_answer;
+  sigemptyset(&on.sa_mask);
+  sigaction(SIGINT, &on, &old);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ok = true;
+  try {
+    const std::vector<int32_t> ids = apply_chat_template_ids(tok, messages, chat_options(c)).input_ids;
+    const GenerationOutput out = gen.generate({ids}, cfg, &tok);
+    stream.finish();
+    std::printf("\n");
+    if (out.finish_reasons[0] == "interrupted") std::fprintf(stderr, "[answer stopped]\n");
+    report(c, gen, out, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    answer = tok.decode(out.generated[0], true);
+  } catch (const std::exception& e) {
+    stream.finish();
+    std::fflush(stdout);
+    std::fprintf(stderr, "\n[error: %s]\n[the question was not added to the conversation; /clear starts a new one]\n", e.what());
+    ok = false;
+  }
+  sigaction(SIGINT, &old, nullptr);
+  return ok;
+}
+
+void run_chat(const ChatArgs& c) {
+  const Tokenizer tok = Tokenizer::from_pretrained(c.model, c.revision);
+  const CausalLM model = load_model(c);
+  Generator gen(model);
+  GenerationConfig cfg = to_config(c, gen);
+  const uint64_t seed = *cfg.seed;
+  std::string system = c.system;
+  ojson history = ojson::array();
+  const bool tty = isatty(0);
+  std::fprintf(stderr, "trl chat: %s. Commands: /clear (forget the conversation), /system TEXT (set the system message), /exit; Ctrl-C stops an answer\n",
+               c.model.c_str());
+  std::string line;
+  for (uint64_t turn = 0;;) {
+    if (tty) std::fprintf(stderr, ">>> ");
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/clear") {
+      history = ojson::array();
+      std::fprintf(stderr, "[conversation cleared]\n");
+      continue;
+    }
+    if (line.rfind("/system", 0) == 0) {
+      system = line.size() > 8 ? line.substr(8) : "";
+      history = ojson::array();
+      std::fprintf(stderr, "[system message set; conversation cleared]\n");
+      continue;
+    }
+    if (line[0] == '/') {
+      std::fprintf(stderr, "[unknown command %s: /clear, /system TEXT, /exit]\n", line.c_str());
+      continue;
+    }
+    ojson messages = ojson::array();
+    if (!system.empty()) messages.push_back(ojson{{"role", "system"}, {"content", system}});
+    for (const auto& m : history) messages.push_back(m);
+    messages.push_back(ojson{{"role", "user"}, {"content", line}});
+    cfg.seed = seed + turn++;  // a new draw each turn, reproducible per conversation with --seed
+    std::string answer;
+    if (!chat_turn(c, tok, gen, cfg, messages, answer)) continue;
+    history.push_back(ojson{{"role", "user"}, {"content", line}});
+    history.push_back(ojson{{"role", "assistant"}, {"content", answer}});
+  }
+}
+
 }  // namespace
 
 void register_generate(CLI::App& app) {
@@ -144,20 +250,21 @@ void register_generate(CLI::App& app) {
     int64_t num_return_sequences = 1, batch_size = 8;
   };
   auto a = std::make_shared<Args>();
-  add_gen_flags(cmd, *a);
-  auto* prompt = cmd->add_option(flag("prompt"), a->prompt, "The prompt text");
-  auto* input = cmd->add_option(flag("input"), a->input, "JSON lines: {\"prompt\": text} or {\"messages\": [...]} or {\"ids\": [...]}");
-  prompt->excludes(input);
-  cmd->add_option(flag("output"), a->output, "With --input: where to write one JSON line per completion (default: stdout)");
-  cmd->add_flag(flag("chat"), a->chat, "Apply the model's chat template to --prompt (a user message)");
-  cmd->add_option(flag("num_return_sequences"), a->num_return_sequences, "Completions per prompt")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option(flag("batch_size"), a->batch_size, "With --input: prompts per generate() call")->check(CLI::PositiveNumber)->capture_default_str();
+  Options opts(cmd);
+  add_gen_flags(opts, *a);
+  Opt prompt = opts.add("prompt", a->prompt, "The prompt text");
+  Opt input = opts.add("input", a->input, "JSON lines: {\"prompt\": text} or {\"messages\": [...]} or {\"ids\": [...]}");
+  prompt.excludes(input);
+  opts.add("output", a->output, "With --input: where to write one JSON line per completion").default_text("stdout");
+  opts.add("chat", a->chat, "Apply the model's chat template to --prompt (a user message)");
+  opts.add("num_return_sequences", a->num_return_sequences, "Completions per prompt").min(1);
+  opts.add("batch_size", a->batch_size, "With --input: prompts per generate() call").min(1);
   cmd->callback([a] {
     if (a->prompt.empty() && a->input.empty()) fail("give a prompt with --prompt or a file with --input");
     const Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
     const CausalLM model = load_model(*a);
     Generator gen(model);
-    GenerationConfig cfg = to_config(*a);
+    GenerationConfig cfg = to_config(*a, gen);
     cfg.num_return_sequences = a->num_return_sequences;
     if (!a->prompt.empty()) {
       std::vector<int32_t> ids;
@@ -202,19 +309,12 @@ void register_generate(CLI::App& app) {
       }
       Item it;
       it.source = j;
-      if (j.is_object() && j.contains("messages")) {
-        if (!j["messages"].is_array()) fail("{}: \"messages\" must be a list of {{role, content}}", where);
-        it.ids = apply_chat_template_ids(tok, j["messages"], chat_options(*a)).input_ids;
-      } else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-        it.ids = a->chat ? apply_chat_template_ids(tok, ojson::array({ojson{{"role", "user"}, {"content", j["prompt"]}}}), chat_options(*a)).input_ids
-                         : tok.encode(j["prompt"].get<std::string>(), true);
-      } else if (j.is_object() && j.contains("ids") && j["ids"].is_array()) {
-        for (const auto& x : j["ids"]) {
-          if (!x.is_number_integer()) fail("{}: \"ids\" must hold integers", where);
-          it.ids.push_back(x.get<int32_t>());
-        }
-      } else {
-        fail("{}: expected {{\"prompt\": text}}, {{\"messages\": [...]}} or {{\"ids\": [...]}}", where);
+      try {
+        it.ids = prompt_ids(tok, j, a->chat, chat_options(*a), where);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (what.rfind(where, 0) == 0) throw;
+        fail("{}: {}", where, what);
       }
       if (it.ids.empty()) fail("{}: the prompt has no tokens", where);
       items.push_back(std::move(it));
@@ -242,62 +342,12 @@ void register_generate(CLI::App& app) {
     report(*a, gen, last, secs);
   });
 
-  auto* chat = app.add_subcommand("chat", "Chat with a model in the terminal (/clear, /system TEXT, /exit)");
-  struct ChatArgs : GenFlags {
-    std::string system;
-  };
+  auto* chat = app.add_subcommand("chat", "Chat with a model in the terminal (/clear, /system TEXT, /exit; Ctrl-C stops an answer)");
   auto c = std::make_shared<ChatArgs>();
-  add_gen_flags(chat, *c);
-  chat->add_option(flag("system") + "," + flag("system_prompt"), c->system, "A system message to start with");
-  chat->callback([c] {
-    const Tokenizer tok = Tokenizer::from_pretrained(c->model, c->revision);
-    const CausalLM model = load_model(*c);
-    Generator gen(model);
-    GenerationConfig cfg = to_config(*c);
-    std::string system = c->system;
-    ojson history = ojson::array();
-    const bool tty = isatty(0);
-    std::fprintf(stderr, "trl chat: %s. Commands: /clear (forget the conversation), /system TEXT (set the system message), /exit\n",
-                 c->model.c_str());
-    std::string line;
-    int64_t turn = 0;
-    while (true) {
-      if (tty) std::fprintf(stderr, ">>> ");
-      if (!std::getline(std::cin, line)) break;
-      if (line.empty()) continue;
-      if (line == "/exit" || line == "/quit") break;
-      if (line == "/clear") {
-        history = ojson::array();
-        std::fprintf(stderr, "[conversation cleared]\n");
-        continue;
-      }
-      if (line.rfind("/system", 0) == 0) {
-        system = line.size() > 8 ? line.substr(8) : "";
-        history = ojson::array();
-        std::fprintf(stderr, "[system message set; conversation cleared]\n");
-        continue;
-      }
-      if (line[0] == '/') {
-        std::fprintf(stderr, "[unknown command %s: /clear, /system TEXT, /exit]\n", line.c_str());
-        continue;
-      }
-      history.push_back(ojson{{"role", "user"}, {"content", line}});
-      ojson messages = ojson::array();
-      if (!system.empty()) messages.push_back(ojson{{"role", "system"}, {"content", system}});
-      for (const auto& m : history) messages.push_back(m);
-      const std::vector<int32_t> ids = apply_chat_template_ids(tok, messages, chat_options(*c)).input_ids;
-      TextStreamer stream{tok, {}, 0, {}};
-      cfg.streamer = [&](int64_t, int32_t id) { stream.put(id); };
-      if (!c->seed) cfg.seed = static_cast<uint64_t>(turn);  // a new draw each turn, reproducible per conversation
-      const auto t0 = std::chrono::steady_clock::now();
-      const GenerationOutput out = gen.generate({ids}, cfg, &tok);
-      stream.finish();
-      std::printf("\n");
-      report(*c, gen, out, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      history.push_back(ojson{{"role", "assistant"}, {"content", tok.decode(out.generated[0], true)}});
-      ++turn;
-    }
-  });
+  Options chat_opts(chat);
+  add_gen_flags(chat_opts, *c);
+  chat_opts.add("system,system_prompt", c->system, "A system message to start with");
+  chat->callback([c] { run_chat(*c); });
 }
 
 }  // namespace trl::cli

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/init.h"
@@ -19,13 +20,14 @@ void register_init_model(CLI::App& app) {
     bool randomize_norms = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("preset"), a->preset, "tiny | small | qwen3-0.6b")->check(CLI::IsMember({"tiny", "small", "qwen3-0.6b"}))->capture_default_str();
-  cmd->add_option(flag("dtype"), a->dtype, "f32 | bf16")->check(CLI::IsMember({"f32", "bf16", "float32", "bfloat16"}))->capture_default_str();
-  cmd->add_option(flag("seed"), a->seed, "Random seed")->capture_default_str();
-  cmd->add_option(flag("out") + "," + flag("output_dir"), a->out, "Output folder")->required();
-  cmd->add_option(flag("initializer_range"), a->initializer_range, "Std of the normal init (default: the config's 0.02)");
-  cmd->add_flag(flag("randomize_norms"), a->randomize_norms, "Norm weights 1 + N(0, std) instead of 1 (for port tests)");
-  cmd->add_option(flag("max_shard_size"), a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB")->capture_default_str();
+  Options opts(cmd);
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("dtype", a->dtype, "f32 | bf16").choices({"f32", "bf16", "float32", "bfloat16"});
+  opts.add("seed", a->seed, "Random seed");
+  opts.add("out,output_dir", a->out, "Output folder").required();
+  opts.add("initializer_range", a->initializer_range, "Std of the normal init").min(0).default_text("the config's, 0.02");
+  opts.add("randomize_norms", a->randomize_norms, "Norm weights 1 + N(0, std) instead of 1 (for port tests)");
+  opts.add("max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB");
   cmd->callback([a] {
     InitOptions o;
     o.preset = a->preset;

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "models/score.h"
 #include "tokenizer/tokenizer.h"
@@ -40,18 +41,12 @@ std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& w
   if (j.contains("text")) {
     if (!j["text"].is_string()) fail("{}: \"text\" must be a string", where);
     auto ids = tokenizer().encode(j["text"].get<std::string>(), true);
-    if (ids.empty()) fail("{}: the text has no tokens", where);
+    if (ids.size() < 2) fail("{}: the text is {} token(s): nothing to score (the first token is context; give a longer text)", where, ids.size());
     return ids;
   }
   if (!j.contains("ids") || !j["ids"].is_array()) fail("{}: missing the \"ids\" array", where);
-  std::vector<int32_t> ids;
-  for (const auto& v : j["ids"]) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      fail("{}: ids[{}] = {} is not a non-negative token id", where, ids.size(), v.dump());
-    }
-    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  }
-  if (ids.empty()) fail("{}: \"ids\" is empty", where);
+  std::vector<int32_t> ids = token_ids_from_json(j["ids"], where);
+  if (ids.size() < 2) fail("{}: \"ids\" has {} token(s): nothing to score (the first token is context; give at least two)", where, ids.size());
   return ids;
 }
 
@@ -65,16 +60,17 @@ void register_score(CLI::App& app) {
     bool show_tokens = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("model") + "," + flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only)")->required();
-  auto* ids = cmd->add_option(flag("ids"), a->ids, "Comma-separated token ids, e.g. 1,2,3");
-  auto* text = cmd->add_option(flag("text"), a->text, "Text to score (tokenized with the model's tokenizer)");
-  auto* jsonl = cmd->add_option(flag("jsonl"), a->jsonl, "File of JSON lines {\"ids\": [...]} or {\"text\": ...}");
-  ids->excludes(text)->excludes(jsonl);
-  text->excludes(jsonl);
-  cmd->add_option(flag("dtype"), a->dtype, "Convert the weights: f32 | bf16 (default: the checkpoint's)");
-  cmd->add_flag(flag("tokens"), a->show_tokens, "Also print each scored token as text");
-  cmd->add_option(flag("revision"), a->revision, "Hub cache revision")->capture_default_str();
-  cmd->add_option(flag("batch_size"), a->batch_size, "Sequences per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+  Options opts(cmd);
+  opts.add("model,model_name_or_path", a->model, "Model folder or Hugging Face id (local cache only)").required();
+  Opt ids = opts.add("ids", a->ids, "Comma-separated token ids, e.g. 1,2,3 (at least two: the first is context)");
+  Opt text = opts.add("text", a->text, "Text to score (tokenized with the model's tokenizer)");
+  Opt jsonl = opts.add("jsonl", a->jsonl, "File of JSON lines {\"ids\": [...]} or {\"text\": ...}");
+  ids.excludes(text).excludes(jsonl);
+  text.excludes(jsonl);
+  opts.add("dtype", a->dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
+  opts.add("tokens", a->show_tokens, "Also print each scored token as text");
+  opts.add("revision", a->revision, "Hub cache revision");
+  opts.add("batch_size", a->batch_size, "Sequences per forward pass").min(1);
   cmd->callback([a] {
     std::optional<Tokenizer> tok;
     auto tokenizer = [&]() -> const Tokenizer& {
@@ -84,9 +80,10 @@ void register_score(CLI::App& app) {
     std::vector<std::vector<int32_t>> seqs;
     if (!a->ids.empty()) {
       seqs.push_back(parse_ids(a->ids, "--ids"));
+      if (seqs.back().size() < 2) fail("--ids {}: one token has nothing to score (the first token is context; give at least two ids, e.g. 785,8585)", a->ids);
     } else if (!a->text.empty()) {
       seqs.push_back(tokenizer().encode(a->text, true));
-      if (seqs.back().empty()) fail("--text: the text has no tokens");
+      if (seqs.back().size() < 2) fail("--text: the text is {} token(s): nothing to score (the first token is context; give a longer text)", seqs.back().size());
     } else if (!a->jsonl.empty()) {
       std::ifstream in(a->jsonl);
       if (!in) fail("{}: cannot open", a->jsonl);
@@ -108,11 +105,7 @@ void register_score(CLI::App& app) {
     }
     LoadOptions lo;
     lo.revision = a->revision;
-    if (!a->dtype.empty()) {
-      auto dt = dtype_from_name(a->dtype);
-      if (!dt || !dtype_is_float(*dt)) fail("--dtype '{}': expected f32 or bf16", a->dtype);
-      lo.dtype = dt;
-    }
+    if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     CausalLM model = CausalLM::from_pretrained(a->model, lo);
     auto backend = make_cpu_backend();
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);

@@ -1,14 +1,13 @@
 // `trl sft`: supervised fine-tuning with TRL's option names, from flags or a YAML config (`--config sft.yaml`, the
 // same keys as the flags; flags given on the command line win).
 #include <cstdio>
-#include <fstream>
-
-#include <yaml-cpp/yaml.h>
+#include <limits>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
@@ -18,35 +17,48 @@ namespace trl::cli {
 
 namespace {
 
-// Applies a YAML config file to the options of `cmd`: every key must be an option; a key also given on the command
-// line keeps the command line's value; null keeps the default (None).
-void apply_yaml_config(CLI::App* cmd, const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    fail("--config {}: cannot open", path);
-  } catch (const YAML::Exception& e) {
-    fail("--config {}: not valid YAML (line {}, column {}): {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
-  if (root.IsNull()) return;
-  if (!root.IsMap()) fail("--config {}: the file must be a mapping of option: value", path);
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    CLI::Option* opt = cmd->get_option_no_throw("--" + key);
-    if (opt == nullptr || key == "config") fail("--config {}: unknown option '{}' (see trl {} --help)", path, key, cmd->get_name());
-    if (opt->count() > 0 || kv.second.IsNull()) continue;  // the command line wins; null = the default
-    std::vector<std::string> values;
-    if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
-    else if (kv.second.IsSequence())
-      for (const auto& x : kv.second) values.push_back(x.as<std::string>());
-    else fail("--config {}: '{}' must be a value or a list", path, key);
-    try {
-      for (const auto& v : values) opt->add_result(v);
-      opt->run_callback();
-    } catch (const CLI::Error& e) {
-      fail("--config {}: '{}': {}", path, key, e.what());
-    }
+// Transformers/TRL options that change nothing here, accepted so that pasted command lines and YAML files run
+// unchanged; each one set to something that matters here gets a note on stderr.
+struct CompatArgs {
+  std::vector<std::string> report_to;
+  std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
+  bool push_to_hub = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
+  bool use_peft = false, logging_first_step = false, save_only_model = false;
+  std::optional<int64_t> dataloader_num_workers, lora_r, lora_alpha;
+  std::optional<double> lora_dropout;
+  std::vector<std::string> lora_target_modules;
+};
+
+void add_compat_options(Options& o, CompatArgs& x) {
+  o.add("report_to", x.report_to, "Accepted for TRL compatibility: logs go to output_dir/log.jsonl and the HTML report");
+  o.add("run_name", x.run_name, "Accepted for TRL compatibility (shown in the report)");
+  o.add("logging_dir", x.logging_dir, "Accepted for TRL compatibility (logs are written to output_dir)");
+  o.add("push_to_hub", x.push_to_hub, "Not available (no network): the model stays in output_dir");
+  o.add("hub_model_id", x.hub_model_id, "Accepted for TRL compatibility (nothing is pushed)");
+  o.add("overwrite_output_dir", x.overwrite_output_dir, "Accepted for TRL compatibility");
+  o.add("do_train", x.do_train, "Accepted for TRL compatibility (trl sft always trains)");
+  o.add("do_eval", x.do_eval, "Accepted for TRL compatibility (see eval_strategy)");
+  o.add("trust_remote_code", x.trust_remote_code, "Accepted for TRL compatibility (no remote code runs here)");
+  o.add("attn_implementation", x.attn_implementation, "Accepted for TRL compatibility (trl.cpp's own fused attention is used)");
+  o.add("dataset_config", x.dataset_config, "Hub dataset configuration: not used for local files");
+  o.add("dataloader_num_workers", x.dataloader_num_workers, "Accepted for TRL compatibility (data loading is in-process)");
+  o.add("save_strategy", x.save_strategy, "steps (every save_steps) | no").choices({"steps", "no"});
+  o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
+  o.add("logging_first_step", x.logging_first_step, "Accepted for TRL compatibility");
+  o.add("save_only_model", x.save_only_model, "Accepted for TRL compatibility (checkpoints keep the optimizer state for exact resume)");
+  o.add("use_peft", x.use_peft, "LoRA adapters (PEFT): not implemented yet");
+  o.add("lora_r", x.lora_r, "LoRA rank (with --use_peft)");
+  o.add("lora_alpha", x.lora_alpha, "LoRA alpha (with --use_peft)");
+  o.add("lora_dropout", x.lora_dropout, "LoRA dropout (with --use_peft)");
+  o.add("lora_target_modules", x.lora_target_modules, "LoRA target modules (with --use_peft)");
+}
+
+void check_compat(const CompatArgs& x) {
+  if (x.use_peft) fail("--use_peft: LoRA/PEFT adapters are not implemented yet in trl.cpp; train without --use_peft (full fine-tuning)");
+  if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
+  if (!x.dataset_config.empty()) std::fprintf(stderr, "[trl] note: --dataset_config %s ignored: local datasets have no configurations\n", x.dataset_config.c_str());
+  for (const auto& r : x.report_to) {
+    if (r != "none" && r != "all") std::fprintf(stderr, "[trl] note: --report_to %s: no such integration here; logs go to output_dir/log.jsonl and training_report.html\n", r.c_str());
   }
 }
 
@@ -56,70 +68,69 @@ void register_sft(CLI::App& app) {
   auto* cmd = app.add_subcommand("sft", "Supervised fine-tuning (TRL's SFTTrainer): trl sft --model_name_or_path M --dataset_name data.jsonl");
   struct Args {
     SFTConfig c;
-    std::string config, model, dataset, train_split = "train", test_split = "test", dtype, revision = "main", completion_only_loss = "None";
+    CompatArgs compat;
+    std::string config, model, dataset, train_split = "train", test_split = "test", dtype = "auto", revision = "main";
+    std::optional<int64_t> save_total_limit, eval_steps;
   };
   auto a = std::make_shared<Args>();
+  auto o = std::make_shared<Options>(cmd);
   SFTConfig& c = a->c;
-  cmd->add_option("--config", a->config, "A YAML file of options (keys as the flags; flags on the command line win)");
-  cmd->add_option(flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only; required)");
-  cmd->add_option(flag("dataset_name"), a->dataset, "A .jsonl/.json file or a folder with <split>.jsonl (required)");
-  cmd->add_option(flag("dataset_train_split"), a->train_split, "Training split")->capture_default_str();
-  cmd->add_option(flag("dataset_test_split"), a->test_split, "Evaluation split (used when eval_strategy is not no)")->capture_default_str();
-  cmd->add_option(flag("torch_dtype") + "," + flag("dtype"), a->dtype, "Load the weights as f32 | bf16 (default: the checkpoint's)");
-  cmd->add_option(flag("model_revision") + "," + flag("revision"), a->revision, "Hub cache revision")->capture_default_str();
-  cmd->add_option(flag("output_dir"), c.output_dir, "Where checkpoints, logs and the final model go")->capture_default_str();
-  cmd->add_option(flag("learning_rate"), c.learning_rate, "Peak learning rate")->capture_default_str();
-  cmd->add_option(flag("per_device_train_batch_size"), c.per_device_train_batch_size, "Rows per micro-batch")->capture_default_str();
-  cmd->add_option(flag("per_device_eval_batch_size"), c.per_device_eval_batch_size, "Rows per eval batch")->capture_default_str();
-  cmd->add_option(flag("gradient_accumulation_steps"), c.gradient_accumulation_steps, "Micro-batches per optimizer step")->capture_default_str();
-  cmd->add_option(flag("num_train_epochs"), c.num_train_epochs, "Epochs (when max_steps is not set)")->capture_default_str();
-  cmd->add_option(flag("max_steps"), c.max_steps, "Optimizer steps (overrides epochs; -1 = off)")->capture_default_str();
-  cmd->add_option(flag("lr_scheduler_type"), c.lr_scheduler_type, "linear | cosine | constant | constant_with_warmup")
-      ->check(CLI::IsMember({"linear", "cosine", "constant", "constant_with_warmup"}))
-      ->capture_default_str();
-  cmd->add_option(flag("warmup_ratio"), c.warmup_ratio, "Warm-up as a fraction of the steps")->capture_default_str();
-  cmd->add_option(flag("warmup_steps"), c.warmup_steps, "Warm-up steps (wins over warmup_ratio)")->capture_default_str();
-  cmd->add_option(flag("weight_decay"), c.weight_decay, "AdamW weight decay (not on norms and biases)")->capture_default_str();
-  cmd->add_option(flag("adam_beta1"), c.adam_beta1, "AdamW beta1")->capture_default_str();
-  cmd->add_option(flag("adam_beta2"), c.adam_beta2, "AdamW beta2")->capture_default_str();
-  cmd->add_option(flag("adam_epsilon"), c.adam_epsilon, "AdamW epsilon")->capture_default_str();
-  cmd->add_option(flag("max_grad_norm"), c.max_grad_norm, "Global-norm clipping (0 = off)")->capture_default_str();
-  cmd->add_option(flag("logging_steps"), c.logging_steps, "Log every N steps")->capture_default_str();
-  cmd->add_option(flag("save_steps"), c.save_steps, "Save a checkpoint every N steps")->capture_default_str();
-  cmd->add_option(flag("save_total_limit"), c.save_total_limit, "Keep at most N checkpoints (default: all)");
-  cmd->add_option(flag("eval_strategy"), c.eval_strategy, "no | steps | epoch")->check(CLI::IsMember({"no", "steps", "epoch"}))->capture_default_str();
-  cmd->add_option(flag("eval_steps"), c.eval_steps, "Evaluate every N steps (default: logging_steps)");
-  cmd->add_option(flag("seed"), c.seed, "Seed of the data order")->capture_default_str();
-  cmd->add_flag(flag("bf16"), c.bf16, "bf16 compute with f32 master weights (--bf16=false: f32)")->capture_default_str();
-  cmd->add_flag(flag("torch_compile"), c.torch_compile, "The compiled CPU backend (--torch_compile=false: the reference backend)")->capture_default_str();
-  cmd->add_flag(flag("gradient_checkpointing"), c.gradient_checkpointing, "Recompute each layer in the backward pass")->capture_default_str();
-  cmd->add_flag(flag("dataloader_drop_last"), c.dataloader_drop_last, "Drop the last incomplete batch")->capture_default_str();
-  cmd->add_option(flag("resume_from_checkpoint"), c.resume_from_checkpoint, "A checkpoint folder, or \"last\"");
-  cmd->add_option(flag("max_length"), c.max_length, "Truncate (or pack) to this many tokens")->capture_default_str();
-  cmd->add_flag(flag("packing"), c.packing, "Pack examples into rows of max_length (best-fit decreasing)")->capture_default_str();
-  cmd->add_flag(flag("padding_free"), c.padding_free, "One row per micro-batch, no padding between examples")->capture_default_str();
-  cmd->add_option(flag("completion_only_loss"), a->completion_only_loss, "None | true | false")->capture_default_str();
-  cmd->add_flag(flag("assistant_only_loss"), c.assistant_only_loss, "Loss on assistant turns only")->capture_default_str();
-  cmd->add_option(flag("pad_to_multiple_of"), c.pad_to_multiple_of, "None | auto | N (auto = 64 on the CPU backend)")->capture_default_str();
-  cmd->add_option(flag("dataset_text_field"), c.dataset_text_field, "Field of language-modelling rows")->capture_default_str();
-  cmd->add_option(flag("eos_token"), c.eos_token, "Appended to non-chat text (default: the tokenizer's)");
-  cmd->add_flag(flag("report"), c.report, "Write training_report.html")->capture_default_str();
-  cmd->callback([a, cmd] {
-    if (!a->config.empty()) apply_yaml_config(cmd, a->config);
+  o->add("config", a->config, "A YAML file of options (keys as the flags; flags on the command line win)");
+  o->add("model_name_or_path", a->model, "Model folder or Hugging Face id (local cache only; required)");
+  o->add("dataset_name", a->dataset, "A .jsonl/.json file or a folder with <split>.jsonl (required)");
+  o->add("dataset_train_split", a->train_split, "Training split");
+  o->add("dataset_test_split", a->test_split, "Evaluation split (used when eval_strategy is not no)");
+  o->add("torch_dtype,dtype", a->dtype, "Load the weights as").choices({"auto", "f32", "float32", "bf16", "bfloat16"}).default_text("auto (the checkpoint's)");
+  o->add("model_revision,revision", a->revision, "Hub cache revision");
+  o->add("output_dir", c.output_dir, "Where checkpoints, logs and the final model go");
+  o->add("learning_rate", c.learning_rate, "Peak learning rate").min(0);
+  o->add("per_device_train_batch_size", c.per_device_train_batch_size, "Rows per micro-batch").min(1);
+  o->add("per_device_eval_batch_size", c.per_device_eval_batch_size, "Rows per eval batch").min(1);
+  o->add("gradient_accumulation_steps", c.gradient_accumulation_steps, "Micro-batches per optimizer step").min(1);
+  o->add("num_train_epochs", c.num_train_epochs, "Epochs (when max_steps is not set)").above(0);
+  o->add("max_steps", c.max_steps, "Optimizer steps (overrides epochs; -1 = off)").min(-1);
+  o->add("lr_scheduler_type", c.lr_scheduler_type, "Learning-rate schedule").choices({"linear", "cosine", "constant", "constant_with_warmup"});
+  o->add("warmup_ratio", c.warmup_ratio, "Warm-up as a fraction of the steps").min(0).max(1);
+  o->add("warmup_steps", c.warmup_steps, "Warm-up steps (wins over warmup_ratio)").min(0);
+  o->add("weight_decay", c.weight_decay, "AdamW weight decay (not on norms and biases)").min(0);
+  o->add("adam_beta1", c.adam_beta1, "AdamW beta1").min(0).below(1);
+  o->add("adam_beta2", c.adam_beta2, "AdamW beta2").min(0).below(1);
+  o->add("adam_epsilon", c.adam_epsilon, "AdamW epsilon").above(0);
+  o->add("max_grad_norm", c.max_grad_norm, "Global-norm clipping (0 = off)").min(0);
+  o->add("logging_steps", c.logging_steps, "Log every N steps").min(1);
+  o->add("save_steps", c.save_steps, "Save a checkpoint every N steps").min(1);
+  o->add("save_total_limit", a->save_total_limit, "Keep at most N checkpoints (None: all)").min(1);
+  o->add("eval_strategy", c.eval_strategy, "When to evaluate").choices({"no", "steps", "epoch"});
+  o->add("eval_steps", a->eval_steps, "Evaluate every N steps").min(1).default_text("None (logging_steps)");
+  o->add("seed", c.seed, "Seed of the data order");
+  o->add("bf16", c.bf16, "bf16 compute with f32 master weights (--bf16 false: f32)");
+  o->add("torch_compile", c.torch_compile, "The compiled CPU backend (--torch_compile false: the reference backend)");
+  o->add("gradient_checkpointing", c.gradient_checkpointing, "Recompute each layer in the backward pass");
+  o->add("dataloader_drop_last", c.dataloader_drop_last, "Drop the last incomplete batch");
+  o->add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
+  o->add("max_length", c.max_length, "Truncate (or pack) to this many tokens").min(1);
+  o->add("packing", c.packing, "Pack examples into rows of max_length (best-fit decreasing)");
+  o->add("padding_free", c.padding_free, "One row per micro-batch, no padding between examples");
+  o->add("completion_only_loss", c.completion_only_loss, "Loss on completions only (None: yes for prompt-completion data)");
+  o->add("assistant_only_loss", c.assistant_only_loss, "Loss on assistant turns only");
+  o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
+  o->add("dataset_text_field", c.dataset_text_field, "Field of language-modelling rows");
+  o->add("eos_token", c.eos_token, "Appended to non-chat text; must be one token of the vocabulary").default_text("the tokenizer's");
+  o->add("report", c.report, "Write training_report.html");
+  add_compat_options(*o, a->compat);
+  cmd->callback([a, o] {
+    if (!a->config.empty()) o->apply_yaml(a->config);
     if (a->model.empty()) fail("trl sft: --model_name_or_path is required (on the command line or in --config)");
     if (a->dataset.empty()) fail("trl sft: --dataset_name is required (on the command line or in --config)");
+    check_compat(a->compat);
     SFTConfig cfg = a->c;
-    const std::string col = a->completion_only_loss;
-    if (col == "true" || col == "True") cfg.completion_only_loss = true;
-    else if (col == "false" || col == "False") cfg.completion_only_loss = false;
-    else if (col != "None" && col != "none" && !col.empty()) fail("--completion_only_loss '{}': expected None, true or false", col);
+    cfg.save_total_limit = a->save_total_limit;
+    cfg.eval_steps = a->eval_steps;
+    if (a->compat.save_strategy == "no") cfg.save_steps = std::numeric_limits<int64_t>::max();
+    if (is_none(cfg.resume_from_checkpoint) || cfg.resume_from_checkpoint == "false" || cfg.resume_from_checkpoint == "False") cfg.resume_from_checkpoint.clear();
     LoadOptions lo;
     lo.revision = a->revision;
-    if (!a->dtype.empty() && a->dtype != "auto") {
-      auto dt = dtype_from_name(a->dtype == "bfloat16" ? "bf16" : a->dtype == "float32" ? "f32" : a->dtype);
-      if (!dt || !dtype_is_float(*dt)) fail("--torch_dtype '{}': expected f32, bf16 or auto", a->dtype);
-      lo.dtype = dt;
-    }
+    if (a->dtype != "auto") lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     const CausalLM model = CausalLM::from_pretrained(a->model, lo);
     const Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
     Dataset train = load_dataset(a->dataset, a->train_split);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -65,13 +66,14 @@ void register_tokenize(CLI::App& app) {
     bool decode = false, jsonl = false, chat = false, skip_special_tokens = false, add_special_tokens = true;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option(flag("model") + "," + flag("model_name_or_path"), a->model, "Model folder or Hugging Face id (local cache only)")->required();
-  cmd->add_option(flag("revision"), a->revision, "Hub cache revision")->capture_default_str();
-  cmd->add_flag(flag("decode"), a->decode, "Read ids, print text");
-  cmd->add_flag(flag("jsonl"), a->jsonl, "Read JSON lines ({\"text\": ...}, {\"ids\": [...]} with --decode, {\"messages\": [...]} with --chat)");
-  cmd->add_flag(flag("chat"), a->chat, "Apply the chat template to {\"messages\": [...], ...} lines (other keys go to the template)");
-  cmd->add_flag(flag("skip_special_tokens"), a->skip_special_tokens, "With --decode: drop special tokens");
-  cmd->add_option(flag("add_special_tokens"), a->add_special_tokens, "Add the post-processor's special tokens (BOS/EOS)")->capture_default_str();
+  Options opts(cmd);
+  opts.add("model,model_name_or_path", a->model, "Model folder or Hugging Face id (local cache only)").required();
+  opts.add("revision", a->revision, "Hub cache revision");
+  opts.add("decode", a->decode, "Read ids, print text");
+  opts.add("jsonl", a->jsonl, "Read JSON lines ({\"text\": ...}, {\"ids\": [...]} with --decode, {\"messages\": [...]} with --chat)");
+  opts.add("chat", a->chat, "Apply the chat template to {\"messages\": [...], ...} lines (other keys go to the template)");
+  opts.add("skip_special_tokens", a->skip_special_tokens, "With --decode: drop special tokens");
+  opts.add("add_special_tokens", a->add_special_tokens, "Add the post-processor's special tokens (BOS/EOS)");
   cmd->callback([a] {
     if (a->chat && !a->jsonl) fail("--chat reads JSON lines: add --jsonl");
     if (a->chat && a->decode) fail("--chat and --decode cannot be combined");
@@ -104,12 +106,7 @@ void register_tokenize(CLI::App& app) {
       nlohmann::ordered_json out;
       if (a->decode) {
         if (!j.contains("ids") || !j["ids"].is_array()) fail("{}: missing the \"ids\" array", where);
-        std::vector<int32_t> ids;
-        for (const auto& v : j["ids"]) {
-          if (!v.is_number_integer()) fail("{}: ids must be integers", where);
-          ids.push_back(v.get<int32_t>());
-        }
-        out["text"] = tok.decode(ids, a->skip_special_tokens);
+        out["text"] = tok.decode(token_ids_from_json(j["ids"], where), a->skip_special_tokens);
       } else if (a->chat) {
         if (!j.contains("messages")) fail("{}: missing \"messages\"", where);
         const ChatEncoding enc = apply_chat_template_ids(tok, j["messages"], chat_options_from(j, where));

@@ -13,6 +13,16 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("trl.cpp ") + TRL_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);
+  // Parse errors read like every other error: "error: --max_new_tokens must be at least 1, got 0".
+  app.failure_message([](const CLI::App* cmd, const CLI::Error& e) {
+    std::string where = "trl";
+    for (const CLI::App* sub = cmd; sub != nullptr;) {
+      const auto parsed = sub->get_subcommands();
+      sub = parsed.empty() ? nullptr : parsed.front();
+      if (sub != nullptr) where += " " + sub->get_name();
+    }
+    return "error: " + std::string(e.what()) + " (see " + where + " --help)\n";
+  });
   trl::cli::register_env(app);
   trl::cli::register_init_model(app);
   trl::cli::register_score(app);
@@ -35,7 +45,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as argparse exits
   } catch (const trl::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

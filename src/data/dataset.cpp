@@ -49,9 +49,22 @@ void read_json(const std::string& file, Dataset& out) {
   }
 }
 
+// A .json file is a JSON array of objects, or JSON lines (what `datasets.Dataset.to_json` writes by default): the
+// first character that is not blank tells which.
+bool starts_with_array(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) fail("{}: cannot open", file);
+  char ch = 0;
+  while (in.get(ch)) {
+    if (ch == '[') return true;
+    if (ch != ' ' && ch != '\t' && ch != '\r' && ch != '\n' && ch != '\xEF' && ch != '\xBB' && ch != '\xBF') return false;  // BOM bytes skipped
+  }
+  return false;
+}
+
 void read_file(const std::string& file, Dataset& out) {
   const std::string ext = stdfs::path(file).extension().string();
-  if (ext == ".json") read_json(file, out);
+  if (ext == ".json" && starts_with_array(file)) read_json(file, out);
   else read_jsonl(file, out);
 }
 

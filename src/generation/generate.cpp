@@ -57,20 +57,33 @@ GenerationConfig GenerationConfig::from_model_dir(const std::string& dir) {
     fail("{}: not valid JSON: {}", path, e.what());
   }
   if (!j.is_object()) fail("{}: expected a JSON object", path);
-  try {
-    if (j.contains("max_new_tokens") && !j["max_new_tokens"].is_null()) c.max_new_tokens = j["max_new_tokens"].get<int64_t>();
-    if (j.contains("max_length") && !j["max_length"].is_null()) c.max_length = j["max_length"].get<int64_t>();
-    if (j.contains("do_sample")) c.do_sample = j["do_sample"].get<bool>();
-    if (j.contains("temperature") && !j["temperature"].is_null()) c.temperature = j["temperature"].get<float>();
-    if (j.contains("top_k") && !j["top_k"].is_null()) c.top_k = j["top_k"].get<int64_t>();
-    if (j.contains("top_p") && !j["top_p"].is_null()) c.top_p = j["top_p"].get<float>();
-    if (j.contains("min_p") && !j["min_p"].is_null()) c.min_p = j["min_p"].get<float>();
-    if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null()) c.repetition_penalty = j["repetition_penalty"].get<float>();
-    if (j.contains("eos_token_id")) c.eos_token_id = ids_field(j["eos_token_id"], path + ": eos_token_id");
-    if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) c.pad_token_id = j["pad_token_id"].get<int32_t>();
-  } catch (const json::exception& e) {
-    fail("{}: a field has the wrong type: {}", path, e.what());
-  }
+  // Each field with the type Transformers gives it; a wrong one is named with what it holds.
+  auto field = [&](const char* key, auto& out, const char* what) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    const json& v = j[key];
+    using T = typename std::decay_t<decltype(out)>::value_type;
+    bool ok;
+    if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
+    else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
+    else ok = v.is_number();
+    if (!ok) fail("{}: field '{}' must be {}, got {}", path, key, what, v.dump());
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max())
+                                 : v.get<int64_t>() < static_cast<int64_t>(std::numeric_limits<T>::min()))
+        fail("{}: field '{}' is out of range: {}", path, key, v.dump());
+    }
+    out = v.get<T>();
+  };
+  field("max_new_tokens", c.max_new_tokens, "an integer");
+  field("max_length", c.max_length, "an integer");
+  field("do_sample", c.do_sample, "true or false");
+  field("temperature", c.temperature, "a number");
+  field("top_k", c.top_k, "an integer");
+  field("top_p", c.top_p, "a number");
+  field("min_p", c.min_p, "a number");
+  field("repetition_penalty", c.repetition_penalty, "a number");
+  if (j.contains("eos_token_id")) c.eos_token_id = ids_field(j["eos_token_id"], path + ": eos_token_id");
+  field("pad_token_id", c.pad_token_id, "an integer");
   return c;
 }
 
@@ -287,6 +300,11 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   std::vector<char> unfinished(static_cast<size_t>(B), 1);
   std::vector<std::string> text(static_cast<size_t>(B));
   for (int64_t step = 0; step < N; ++step) {
+    if (user.interrupted && user.interrupted()) {
+      for (int64_t b = 0; b < B; ++b)
+        if (unfinished[static_cast<size_t>(b)]) out.finish_reasons[static_cast<size_t>(b)] = "interrupted";
+      break;
+    }
     Tensor next = Tensor::zeros(DType::I32, {B, 1});
     if (user.output_logits) out.logits.push_back(logits);
     for (int64_t b = 0; b < B; ++b) {

@@ -40,6 +40,8 @@ struct GenerationConfig {
   bool output_logits = false;                      // keep each step's raw f32 logits (GenerationOutput::logits)
   // Called for every new token of a row that has not finished, as it is produced.
   std::function<void(int64_t row, int32_t token)> streamer;
+  // Asked before each new token: true stops every unfinished row (finish reason "interrupted"; Ctrl-C in `trl chat`).
+  std::function<bool()> interrupted;
 
   // The generation_config.json of a model folder (missing file: nothing set).
   static GenerationConfig from_model_dir(const std::string& dir);
@@ -50,7 +52,7 @@ struct GenerationOutput {
   // finished rows right-filled with pad — Transformers' `sequences`.
   std::vector<std::vector<int32_t>> sequences;
   std::vector<std::vector<int32_t>> generated;      // only the new tokens of each row, without padding
-  std::vector<std::string> finish_reasons;          // "eos", "stop_string" or "length"
+  std::vector<std::string> finish_reasons;          // "eos", "stop_string", "length" or "interrupted"
   int64_t prompt_length = 0;                        // the padded prompt length (bucket)
   int64_t cache_length = 0;                         // the static cache's max_cache_len
   std::vector<std::vector<std::vector<float>>> logits;  // with output_logits: [step][row][vocab], before processing

@@ -53,6 +53,8 @@ class CausalLM {
   DType dtype() const { return dtype_; }
   const std::string& path() const { return path_; }  // empty when built in memory
   const std::string& device() const { return device_; }
+  // Checkpoint tensors that this architecture does not use (from_pretrained warns about them, as Transformers does).
+  const std::vector<std::string>& unused_weights() const { return unused_weights_; }
   int64_t num_parameters() const;
 
   // Adds the forward pass for a [B,T] batch to `b`. Declares the inputs input_ids, position_ids and
@@ -102,6 +104,7 @@ class CausalLM {
   TensorMap weights_;
   DType dtype_ = DType::F32;
   std::string path_;
+  std::vector<std::string> unused_weights_;
   std::string device_ = "cpu";
 };
 

@@ -77,7 +77,7 @@ TEST(Cli, ErrorsAreClear) {
       {"tokenize --model " + dir.path() + " --chat", "--jsonl"},
       {"score --model " + dir.path() + " --jsonl " + dir.file("bad.jsonl"), "bad.jsonl:2"},
       {"score --model " + dir.path() + " --bogus 1", "--bogus"},
-      {"score --model no/such-model --ids 1", "never downloads"},
+      {"score --model no/such-model --ids 1,2", "never downloads"},
       {"init-model --preset huge --out " + dir.file("x"), "preset"},
       {"frobnicate", "frobnicate"},
   };

@@ -1,0 +1,357 @@
+#include "cli/options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace trl::cli {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string underscored(std::string s) {
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+
+std::string dashed(std::string s) {
+  for (char& c : s) {
+    if (c == '_') c = '-';
+  }
+  return s;
+}
+
+[[noreturn]] void invalid(const std::string& msg) { throw CLI::ValidationError(msg); }
+
+std::string show_number(long double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e18L) return fmt::format("{}", static_cast<long long>(v));
+  return fmt::format("{}", static_cast<double>(v));
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
+}  // namespace
+
+bool is_none(const std::string& text) { return text == "None" || text == "none" || text == "null"; }
+
+bool parse_bool_word(const std::string& text, const std::string& flag) {
+  const std::string t = lower(text);
+  if (t.empty() || t == "true" || t == "t" || t == "yes" || t == "y" || t == "1") return true;
+  if (t == "false" || t == "f" || t == "no" || t == "n" || t == "0") return false;
+  invalid(fmt::format("{}: expected true or false (or yes/no, 1/0), got '{}'", flag, text));
+}
+
+int64_t parse_integer(const std::string& text, const std::string& flag) {
+  if (text.empty()) invalid(fmt::format("{}: expected an integer, got nothing", flag));
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0') {
+    char* fend = nullptr;
+    std::strtold(text.c_str(), &fend);
+    if (fend != text.c_str() && *fend == '\0') invalid(fmt::format("{}: '{}' is not an integer", flag, text));
+    invalid(fmt::format("{}: '{}' is not a number", flag, text));
+  }
+  if (errno == ERANGE) invalid(fmt::format("{}: {} is too large (the limit is {})", flag, text, text[0] == '-' ? INT64_MIN : INT64_MAX));
+  return v;
+}
+
+long double parse_number(const std::string& text, const std::string& flag) {
+  if (text.empty()) invalid(fmt::format("{}: expected a number, got nothing", flag));
+  char* end = nullptr;
+  const long double v = std::strtold(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0') invalid(fmt::format("{}: '{}' is not a number", flag, text));
+  if (std::isnan(v)) invalid(fmt::format("{} must be a number, got {}", flag, text));
+  if (std::isinf(v)) invalid(fmt::format("{} must be a finite number, got {}", flag, text));
+  return v;
+}
+
+// The range of a number as the messages say it: "at least 1", "greater than 0", "in [0, 1)".
+static std::string range_words(const OptionSpec& s) {
+  if (s.lo && s.hi) {
+    return fmt::format("in {}{}, {}{}", s.lo_open ? "(" : "[", show_number(*s.lo), show_number(*s.hi), s.hi_open ? ")" : "]");
+  }
+  if (s.lo) return fmt::format("{} {}", s.lo_open ? "greater than" : "at least", show_number(*s.lo));
+  return fmt::format("{} {}", s.hi_open ? "less than" : "at most", show_number(*s.hi));
+}
+
+void OptionSpec::read(const std::string& text) {
+  if (optional && is_none(text)) {
+    reset();
+    return;
+  }
+  switch (kind) {
+    case Kind::Bool:
+      set_bool(parse_bool_word(text, flag()));
+      return;
+    case Kind::Int:
+    case Kind::Float: {
+      const long double v = kind == Kind::Int ? static_cast<long double>(parse_integer(text, flag())) : parse_number(text, flag());
+      const bool low = lo && (lo_open ? v <= *lo : v < *lo);
+      const bool high = hi && (hi_open ? v >= *hi : v > *hi);
+      if (low || high) invalid(fmt::format("{} must be {}, got {}", flag(), range_words(*this), text));
+      if (kind == Kind::Int) {
+        if (v < static_cast<long double>(int_min) || v > static_cast<long double>(int_max))
+          invalid(fmt::format("{}: {} is out of range ({} to {})", flag(), text, int_min, int_max));
+        set_int(static_cast<int64_t>(v));
+      } else {
+        set_number(v);
+      }
+      return;
+    }
+    case Kind::Text:
+      if (!choices.empty() && std::find(choices.begin(), choices.end(), text) == choices.end())
+        invalid(fmt::format("{}: '{}' is not one of {}", flag(), text, join(choices, ", ")));
+      set_text(text);
+      return;
+  }
+}
+
+// ---- Opt ----
+
+static void refresh_help(OptionSpec& s) {
+  std::string shown = s.default_override.empty() ? s.shown_default() : s.default_override;
+  std::string text = s.help;
+  if (!s.choices.empty() && s.help.find(s.choices[0]) == std::string::npos) text += " (" + join(s.choices, " | ") + ")";
+  if (!shown.empty()) text += " [default: " + shown + "]";
+  s.option->description(text);
+}
+
+Opt& Opt::min(long double v) {
+  s_->lo = v;
+  s_->lo_open = false;
+  return *this;
+}
+Opt& Opt::above(long double v) {
+  s_->lo = v;
+  s_->lo_open = true;
+  return *this;
+}
+Opt& Opt::max(long double v) {
+  s_->hi = v;
+  s_->hi_open = false;
+  return *this;
+}
+Opt& Opt::below(long double v) {
+  s_->hi = v;
+  s_->hi_open = true;
+  return *this;
+}
+Opt& Opt::choices(std::vector<std::string> names) {
+  s_->choices = std::move(names);
+  refresh_help(*s_);
+  return *this;
+}
+Opt& Opt::required() {
+  o_->required();
+  return *this;
+}
+Opt& Opt::default_text(const std::string& text) {
+  s_->default_override = text;
+  refresh_help(*s_);
+  return *this;
+}
+Opt& Opt::excludes(const Opt& other) {
+  o_->excludes(other.o_);
+  return *this;
+}
+
+// ---- Options ----
+
+Options::Options(CLI::App* cmd) : cmd_(cmd), specs_(std::make_shared<std::deque<OptionSpec>>()) {}
+
+Opt Options::add_spec(OptionSpec spec, const std::string& names, const std::string& help) {
+  std::string cli_names;
+  for (const auto& n : CLI::detail::split(names, ',')) {
+    const std::string u = underscored(n);
+    spec.aliases.push_back(u);
+    cli_names += (cli_names.empty() ? "" : ",") + ("--" + u);
+    if (dashed(u) != u) cli_names += ",--" + dashed(u);
+  }
+  spec.name = spec.aliases.front();
+  spec.help = help;
+  specs_->push_back(std::move(spec));
+  OptionSpec* s = &specs_->back();
+  auto keep = specs_;
+  CLI::Option* o = cmd_->add_option(
+      cli_names,
+      [s, keep](const CLI::results_t& results) {
+        if (s->list) s->reset();
+        for (const auto& r : results) s->read(r);
+        return true;
+      },
+      help);
+  const char* type = s->kind == OptionSpec::Kind::Bool ? "[BOOL]" : s->kind == OptionSpec::Kind::Int ? "INT" : s->kind == OptionSpec::Kind::Float ? "FLOAT" : "TEXT";
+  o->type_name(type);
+  o->type_size(1);
+  if (s->list) {
+    o->expected(1, CLI::detail::expected_max_vector_size)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(true);
+    if (s->kind == OptionSpec::Kind::Int) o->delimiter(',');
+  } else {
+    o->expected(s->kind == OptionSpec::Kind::Bool ? 0 : 1, 1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  s->option = o;
+  refresh_help(*s);
+  return Opt(s, o);
+}
+
+namespace {
+
+template <class T>
+std::string show_value(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+  else if constexpr (std::is_same_v<T, std::string>) return v;  // empty: no default shown
+  else if constexpr (std::is_floating_point_v<T>) return fmt::format("{}", v);
+  else return std::to_string(v);
+}
+
+template <class T>
+OptionSpec::Kind kind_of() {
+  if constexpr (std::is_same_v<T, bool>) return OptionSpec::Kind::Bool;
+  else if constexpr (std::is_integral_v<T>) return OptionSpec::Kind::Int;
+  else if constexpr (std::is_floating_point_v<T>) return OptionSpec::Kind::Float;
+  else return OptionSpec::Kind::Text;
+}
+
+// The setter of a target `assign` for a value type T.
+template <class T>
+void set_setter(OptionSpec& s, std::function<void(T)> assign) {
+  if constexpr (std::is_same_v<T, bool>) {
+    s.set_bool = assign;
+  } else if constexpr (std::is_integral_v<T>) {
+    s.int_min = static_cast<int64_t>(std::numeric_limits<T>::min());
+    s.int_max = std::numeric_limits<T>::max() > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(std::numeric_limits<T>::max());
+    s.set_int = [assign](int64_t v) { assign(static_cast<T>(v)); };
+  } else if constexpr (std::is_floating_point_v<T>) {
+    s.set_number = [assign](long double v) { assign(static_cast<T>(v)); };
+  } else {
+    s.set_text = [assign](const std::string& v) { assign(v); };
+  }
+}
+
+template <class T>
+OptionSpec plain_spec(T& target) {
+  OptionSpec s;
+  s.kind = kind_of<T>();
+  const std::string shown = show_value(target);
+  s.shown_default = [shown] { return shown; };
+  set_setter<T>(s, [&target](T v) { target = v; });
+  s.reset = [] {};
+  return s;
+}
+
+template <class T>
+OptionSpec optional_spec(std::optional<T>& target) {
+  OptionSpec s;
+  s.kind = kind_of<T>();
+  s.optional = true;
+  const std::string shown = target ? show_value(*target) : "None";
+  s.shown_default = [shown] { return shown; };
+  set_setter<T>(s, [&target](T v) { target = v; });
+  s.reset = [&target] { target.reset(); };
+  return s;
+}
+
+template <class T>
+OptionSpec list_spec(std::vector<T>& target) {
+  OptionSpec s;
+  s.kind = kind_of<T>();
+  s.list = true;
+  std::string shown;
+  for (const auto& x : target) shown += (shown.empty() ? "" : ",") + show_value(x);
+  s.shown_default = [shown] { return shown.empty() ? std::string("none") : shown; };
+  set_setter<T>(s, [&target](T v) { target.push_back(v); });
+  s.reset = [&target] { target.clear(); };
+  return s;
+}
+
+}  // namespace
+
+Opt Options::add(const std::string& n, bool& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<bool>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, int32_t& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, int64_t& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, uint64_t& t, const std::string& h) { return add_spec(plain_spec(t), n, h).min(0); }
+Opt Options::add(const std::string& n, std::optional<int32_t>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<int64_t>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<uint64_t>& t, const std::string& h) { return add_spec(optional_spec(t), n, h).min(0); }
+Opt Options::add(const std::string& n, float& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, double& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<float>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<double>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::string& t, const std::string& h) { return add_spec(plain_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::optional<std::string>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::vector<int32_t>& t, const std::string& h) { return add_spec(list_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::vector<std::string>& t, const std::string& h) { return add_spec(list_spec(t), n, h); }
+
+OptionSpec* Options::find(const std::string& name) const {
+  const std::string u = underscored(name);
+  for (auto& s : *specs_) {
+    if (std::find(s.aliases.begin(), s.aliases.end(), u) != s.aliases.end()) return &s;
+  }
+  return nullptr;
+}
+
+bool Options::given(const std::string& name) const {
+  const OptionSpec* s = find(name);
+  return s != nullptr && s->option->count() > 0;
+}
+
+void Options::apply_yaml(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail("--config {}: is a folder; expected a YAML file such as sft.yaml", path);
+  if (!std::filesystem::exists(path, ec)) fail("--config {}: no such file", path);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    fail("--config {}: cannot open", path);
+  } catch (const YAML::Exception& e) {
+    fail("--config {}: not valid YAML (line {}, column {}): {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  if (root.IsNull()) return;
+  if (!root.IsMap()) fail("--config {}: the file must be a mapping of option: value", path);
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const int line = kv.first.Mark().line + 1;
+    OptionSpec* s = find(key);
+    if (s == nullptr || s->name == "config") fail("--config {}:{}: unknown option '{}' (see trl {} --help)", path, line, key, cmd_->get_name());
+    if (s->option->count() > 0) continue;  // the command line wins
+    if (kv.second.IsNull()) {              // null: None for optional values, else the default
+      if (s->optional) s->reset();
+      continue;
+    }
+    std::vector<std::string> values;
+    if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
+    else if (kv.second.IsSequence() && s->list)
+      for (const auto& x : kv.second) values.push_back(x.as<std::string>());
+    else fail("--config {}:{}: '{}' must be a single value{}", path, line, key, s->list ? " or a list" : "");
+    try {
+      if (s->list) s->reset();
+      for (const auto& v : values) s->read(v);
+    } catch (const CLI::Error& e) {
+      fail("--config {}:{}: {}", path, line, e.what());
+    }
+  }
+}
+
+}  // namespace trl::cli

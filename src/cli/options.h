@@ -1,0 +1,123 @@
+// One option layer for every `trl` command, reading command lines as Transformers' HfArgumentParser and TRL do:
+//   - every name takes underscores or dashes (--max_new_tokens, --max-new-tokens);
+//   - a boolean alone means true; `true|false|yes|no|1|0` (any case, also t/f/y/n) as the next word or after `=`
+//     set it (`--bf16 False`, `--packing=false`);
+//   - optional values (std::optional<T>) take `None` to mean unset;
+//   - a repeated option keeps its last value, as argparse does (lists take every value);
+//   - numbers are checked as they are read: "'abc' is not a number", "--max_new_tokens must be at least 1, got 0";
+//   - `--help` shows every default, booleans included (or a text such as "generation_config.json, else 256");
+//   - `--config file.yaml` feeds YAML keys through the same parsers (the command line wins).
+//
+//   Options o(cmd);
+//   o.add("max_new_tokens", f.max_new_tokens, "Tokens to generate").min(1).default_text("generation_config.json, else 256");
+//   o.add("model,model_name_or_path", f.model, "Model folder or id").required();
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace trl::cli {
+
+// How one option reads text into its target, and what it accepts.
+struct OptionSpec {
+  enum class Kind { Bool, Int, Float, Text };
+  std::string name;                 // the first name, with underscores ("max_new_tokens")
+  std::vector<std::string> aliases;  // every name, with underscores
+  Kind kind = Kind::Text;
+  bool optional = false;  // std::optional target: "None" resets it
+  bool list = false;      // std::vector target: every value is kept
+  // The typed setters (one is set, by kind); read() parses and checks the text first.
+  std::function<void(bool)> set_bool;
+  std::function<void(int64_t)> set_int;
+  std::function<void(long double)> set_number;
+  std::function<void(const std::string&)> set_text;
+  std::function<void()> reset;                  // None / the start of a list
+  std::string help;                             // the description, without the default
+  std::function<std::string()> shown_default;   // the target's value at registration, as --help shows it
+  bool integer_only = false;
+  std::optional<long double> lo, hi;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;
+  int64_t int_min = INT64_MIN, int_max = INT64_MAX;  // the target type's range
+  std::string default_override;                     // Opt::default_text
+  CLI::Option* option = nullptr;
+
+  // Checks `text` against the kind, range and choices; throws trl::Error with a message naming the option.
+  void read(const std::string& text);
+  std::string flag() const { return "--" + name; }
+};
+
+class Options;
+
+// The handle add() returns: constraints and help, chained.
+class Opt {
+ public:
+  Opt(OptionSpec* spec, CLI::Option* option) : s_(spec), o_(option) {}
+  Opt& min(long double v);       // value >= v
+  Opt& above(long double v);     // value > v
+  Opt& max(long double v);       // value <= v
+  Opt& below(long double v);     // value < v
+  Opt& choices(std::vector<std::string> names);
+  Opt& required();
+  Opt& default_text(const std::string& text);  // what --help names as the default, when it is not the value itself
+  Opt& excludes(const Opt& other);
+  CLI::Option* option() const { return o_; }
+  const OptionSpec& spec() const { return *s_; }
+
+ private:
+  OptionSpec* s_;
+  CLI::Option* o_;
+};
+
+class Options {
+ public:
+  explicit Options(CLI::App* cmd);
+  Opt add(const std::string& names, bool& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<bool>& target, const std::string& help);
+  Opt add(const std::string& names, int32_t& target, const std::string& help);
+  Opt add(const std::string& names, int64_t& target, const std::string& help);
+  Opt add(const std::string& names, uint64_t& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<int32_t>& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<int64_t>& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<uint64_t>& target, const std::string& help);
+  Opt add(const std::string& names, float& target, const std::string& help);
+  Opt add(const std::string& names, double& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<float>& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<double>& target, const std::string& help);
+  Opt add(const std::string& names, std::string& target, const std::string& help);
+  Opt add(const std::string& names, std::optional<std::string>& target, const std::string& help);
+  Opt add(const std::string& names, std::vector<int32_t>& target, const std::string& help);
+  Opt add(const std::string& names, std::vector<std::string>& target, const std::string& help);
+
+  // `--config FILE`: every key must name an option; a key also given on the command line keeps the command line's
+  // value; null keeps the default. Errors name the file and the key.
+  void apply_yaml(const std::string& path);
+  // Whether the option was given on the command line (or by apply_yaml).
+  bool given(const std::string& name) const;
+  CLI::App* app() const { return cmd_; }
+
+ private:
+  Opt add_spec(OptionSpec spec, const std::string& names, const std::string& help);
+  OptionSpec* find(const std::string& name) const;
+  CLI::App* cmd_;
+  std::shared_ptr<std::deque<OptionSpec>> specs_;  // shared with the CLI11 callbacks, which outlive this object
+};
+
+// Parsers shared with YAML and tests: HfArgumentParser's boolean words; integers and numbers that say what is wrong.
+bool parse_bool_word(const std::string& text, const std::string& flag);
+int64_t parse_integer(const std::string& text, const std::string& flag);
+long double parse_number(const std::string& text, const std::string& flag);
+bool is_none(const std::string& text);
+
+}  // namespace trl::cli

@@ -1,0 +1,277 @@
+// The `trl` binary as a new user meets it: TRL command lines pasted unchanged, the README's command lines, a chat
+// that survives errors and Ctrl-C, and inputs that are wrong in ways that must be named (file, line, field).
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace trl {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kTrl = TRL_BINARY;
+
+int run(const std::string& args, std::string* out) { return test::run_command(kTrl + " " + args + " 2>&1", out); }
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A tiny model (its generation_config.json names no max_new_tokens, like many real ones) and a small chat dataset.
+struct Fixture {
+  test::TempDir dir;
+  std::string model = dir.file("m"), data = dir.file("chat.jsonl"), folder = dir.file("ds");  // folder: train and test splits
+  Fixture() {
+    std::string out;
+    EXPECT_EQ(run("init-model --preset tiny --out " + model, &out), 0) << out;
+    std::string rows;
+    for (const char* q : {"What color is the sky?", "Who wrote Hamlet?", "What is 2 plus 2?", "Name a fruit."})
+      rows += json{{"messages", {{{"role", "user"}, {"content", q}}, {{"role", "assistant"}, {"content", "An answer."}}}}}.dump() + "\n";
+    test::write_file(data, rows);
+    std::filesystem::create_directories(folder);
+    test::write_file(folder + "/train.jsonl", rows);
+    test::write_file(folder + "/test.jsonl", rows);
+  }
+  void set_config(const std::string& key, const json& value) const {
+    const std::string p = model + "/config.json";
+    json c = json::parse(test::read_file(p));
+    c[key] = value;
+    test::write_file(p, c.dump(2));
+  }
+};
+
+// The reproduction: the second question ended the chat (max_length 20 left no room for a longer prompt).
+TEST(CliCompat, ChatAnswersEveryQuestionWithTheDefaultLength) {
+  Fixture f;
+  std::string out;
+  ASSERT_EQ(test::run_command("printf 'What color is the sky?\\nWho wrote Hamlet?\\n' | " + kTrl + " chat --model " + f.model +
+                                  " --do_sample false --enable_thinking false --verbose 2>&1",
+                              &out),
+            0)
+      << out;
+  EXPECT_EQ(count(out, "new tokens in"), 2u) << out;
+  EXPECT_EQ(out.find("error"), std::string::npos) << out;
+  // generate --chat with a prompt longer than 20 tokens.
+  ASSERT_EQ(run("generate --model " + f.model + " --chat --do_sample false --max_new_tokens 4 --prompt 'Please tell me, in as many words as you like, "
+                "why the sky looks blue on a clear day and red at sunset.'",
+                &out),
+            0)
+      << out;
+  ASSERT_EQ(run("generate --model " + f.model + " --chat --do_sample false --verbose --prompt 'Please tell me, in as many words as you like, "
+                "why the sky looks blue on a clear day and red at sunset.'",
+                &out),
+            0)
+      << out;
+  const std::smatch m = [&] {
+    std::smatch r;
+    std::regex_search(out, r, std::regex("([0-9]+) new tokens in"));
+    return r;
+  }();
+  ASSERT_FALSE(m.empty()) << out;
+  EXPECT_GT(std::stoi(m[1]), 20) << "the 256-token default, not max_length 20: " << out;
+}
+
+TEST(CliCompat, AnErrorInsideATurnDoesNotEndTheChat) {
+  Fixture f;
+  f.set_config("max_position_embeddings", 256);
+  std::string longq;
+  for (int i = 0; i < 150; ++i) longq += "word ";
+  std::string out;
+  ASSERT_EQ(test::run_command("printf 'Hi\\n" + longq + "\\nWho wrote Hamlet?\\n' | " + kTrl + " chat --model " + f.model +
+                                  " --do_sample false --max_new_tokens 16 --verbose 2>&1",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("max_position_embeddings (256)"), std::string::npos) << out;
+  EXPECT_NE(out.find("not added to the conversation"), std::string::npos) << out;
+  EXPECT_EQ(count(out, "new tokens in"), 2u) << "the first and third questions are answered: " << out;
+}
+
+TEST(CliCompat, CtrlCStopsTheAnswerNotTheChat) {
+  Fixture f;
+  // A long answer (no EOS id the model produces), interrupted twice while it streams; then /exit ends the session
+  // normally. Each wait is bounded (60 s) and reports which step did not happen.
+  const std::string d = f.dir.path();
+  test::write_file(f.dir.file("ctrlc.sh"),
+                   "cd " + d + " && mkfifo in\n" + kTrl + " chat --model " + f.model +
+                       " --do_sample false --max_new_tokens 30000 --eos_token_id 151935 < in > out 2>&1 &\n"
+                       "pid=$!\n"
+                       "exec 3> in\n"
+                       "size() { wc -c < out; }\n"
+                       "grow() { local from=$1; for i in $(seq 600); do [ $(size) -gt $((from + 40)) ] && return 0; sleep 0.1; done; return 1; }\n"
+                       "stopped() { for i in $(seq 600); do [ \"$(grep -c 'answer stopped' out)\" -ge $1 ] && return 0; sleep 0.1; done; return 1; }\n"
+                       "for i in $(seq 600); do grep -q 'trl chat:' out && break; sleep 0.1; done\n"
+                       "n=$(size); echo 'first question' >&3; grow $n || echo TIMEOUT-first-answer; kill -INT $pid; stopped 1 || echo TIMEOUT-first-stop\n"
+                       "n=$(size); echo 'second question' >&3; grow $n || echo TIMEOUT-second-answer; kill -INT $pid; stopped 2 || echo TIMEOUT-second-stop\n"
+                       "echo /exit >&3; exec 3>&-\n"
+                       "wait $pid; echo rc=$?\n"
+                       "cat out\n");
+  std::string out;
+  test::run_command("bash " + f.dir.file("ctrlc.sh"), &out);
+  EXPECT_EQ(out.find("TIMEOUT"), std::string::npos) << out;
+  EXPECT_EQ(count(out, "[answer stopped]"), 2u) << out;
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+}
+
+TEST(CliCompat, SamplingWithoutASeedDiffersFromRunToRun) {
+  Fixture f;
+  std::string a, b, c, d;
+  const std::string args = "generate --model " + f.model + " --prompt 'Once upon a time' --do_sample true --temperature 1.5 --top_k 0 --max_new_tokens 24";
+  ASSERT_EQ(test::run_command(kTrl + " " + args, &a), 0) << a;
+  ASSERT_EQ(test::run_command(kTrl + " " + args, &b), 0) << b;
+  EXPECT_NE(a, b) << "two unseeded runs sampled the same 24 tokens";
+  ASSERT_EQ(test::run_command(kTrl + " " + args + " --seed 3", &c), 0) << c;
+  ASSERT_EQ(test::run_command(kTrl + " " + args + " --seed 3", &d), 0) << d;
+  EXPECT_EQ(c, d);
+}
+
+// TRL's documented command lines (trl sft ...), with our paths and a step limit, run unchanged.
+TEST(CliCompat, TrlCommandLinesRunUnchanged) {
+  Fixture f;
+  const std::string base = "sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --max_steps 2 --logging_steps 1";
+  const std::vector<std::string> lines = {
+      // TRL's SFT script example (docs: "sft.py"), eval and hub push included.
+      "sft --model_name_or_path " + f.model + " --dataset_name " + f.folder + " --max_steps 2 --logging_steps 1" +
+          " --learning_rate 2.0e-5 --num_train_epochs 1 --packing --per_device_train_batch_size 2 --gradient_accumulation_steps 8"
+          " --gradient_checkpointing --eos_token '<|im_end|>' --eval_strategy steps --eval_steps 100 --output_dir " + f.dir.file("o1") + " --push_to_hub",
+      // HfArgumentParser booleans with values, and a repeated flag.
+      base + " --bf16 False --packing false --gradient_checkpointing True --output_dir " + f.dir.file("o2") + " --max_steps 1 --max_steps 2",
+      base + " --packing --padding_free --bf16=false --report_to none --torch_dtype float32 --attn_implementation eager --output_dir " + f.dir.file("o3"),
+      base + " --save_total_limit None --completion_only_loss None --seed 7 --run_name x --logging_dir logs --output_dir " + f.dir.file("o4"),
+  };
+  for (const std::string& line : lines) {
+    std::string out;
+    ASSERT_EQ(run(line, &out), 0) << line << "\n" << out;
+    EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << line << "\n" << out;
+  }
+  // A TRL YAML config (keys as in TRL's docs), with null and booleans written as YAML does.
+  test::write_file(f.dir.file("sft.yaml"), "model_name_or_path: " + f.model + "\ndataset_name: " + f.data +
+                                               "\nlearning_rate: 2.0e-5\nnum_train_epochs: 1\npacking: true\nbf16: false\n"
+                                               "gradient_checkpointing: true\nreport_to: none\nsave_total_limit: null\nmax_steps: 2\n"
+                                               "output_dir: " + f.dir.file("o5") + "\n");
+  std::string out;
+  ASSERT_EQ(run("sft --config " + f.dir.file("sft.yaml"), &out), 0) << out;
+  EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
+  // LoRA is named as missing, not silently ignored.
+  EXPECT_NE(run(base + " --use_peft --lora_r 32 --lora_alpha 16 --output_dir " + f.dir.file("o6"), &out), 0);
+  EXPECT_NE(out.find("--use_peft"), std::string::npos) << out;
+}
+
+// The README's command lines (with a temporary folder for models/).
+TEST(CliCompat, ReadmeCommandLinesRun) {
+  Fixture f;
+  const std::string m = f.dir.file("models/tiny");
+  const std::vector<std::string> lines = {
+      "env",
+      "env --json",
+      "init-model --preset tiny --dtype f32 --seed 0 --out " + m,
+      "score --model " + m + " --ids 785,8585,49041,7506,5302",
+      "generate --model " + m + " --prompt 'The French Bread Law states' --max_new_tokens 30 --do_sample false",
+      "generate --model " + m + " --prompt 'Hi' --chat --temperature 0.7 --top_p 0.9 --seed 1 --verbose --max_new_tokens 8",
+      "score --model " + m + " --text 'Hello world' --tokens",
+  };
+  for (const std::string& line : lines) {
+    std::string out;
+    EXPECT_EQ(run(line, &out), 0) << line << "\n" << out;
+  }
+  std::string out;
+  EXPECT_EQ(test::run_command("TRL_CACHE_DIR=" + f.dir.file("cache") + " " + kTrl + " compile --preset tiny --per_device_train_batch_size 1 --max_length 128 --pad_to_multiple_of 64 2>&1", &out), 0) << out;
+  EXPECT_EQ(test::run_command("printf 'The French Bread Law states' | " + kTrl + " tokenize --model " + m, &out), 0);
+  EXPECT_EQ(out, "785,8585,49041,7506,5302\n");
+  EXPECT_EQ(test::run_command("printf 'hi\\n/exit\\n' | " + kTrl + " chat --model " + m + " --system 'You are terse.' --max_new_tokens 4", &out), 0) << out;
+}
+
+TEST(CliCompat, BadInputIsNamed) {
+  Fixture f;
+  std::string out;
+  // A wrong field type in generation_config.json names the field.
+  const std::string gc = f.model + "/generation_config.json";
+  const std::string original = test::read_file(gc);
+  json g = json::parse(original);
+  g["temperature"] = "hot";
+  test::write_file(gc, g.dump());
+  EXPECT_NE(run("generate --model " + f.model + " --prompt hi --max_new_tokens 2", &out), 0);
+  EXPECT_NE(out.find("field 'temperature' must be a number, got \"hot\""), std::string::npos) << out;
+  test::write_file(gc, original);
+
+  test::write_file(f.dir.file("p.jsonl"), "{\"prompt\": \"fine\"}\n{\"messages\": [{\"role\": \"user\"}]}\n");
+  test::write_file(f.dir.file("ids.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 3000000000]}\n");
+  test::write_file(f.dir.file("tok.jsonl"), "{\"ids\": [4294967297]}\n");
+  struct Case {
+    std::string args, want;
+  };
+  const std::vector<Case> cases = {
+      {"generate --model " + f.model + " --input " + f.dir.file("p.jsonl") + " --max_new_tokens 2", "p.jsonl:2"},
+      {"generate --model " + f.model + " --input " + f.dir.file("ids.jsonl") + " --max_new_tokens 2", "ids.jsonl:2: \"ids\": ids[1] = 3000000000 is not a token id"},
+      {"tokenize --model " + f.model + " --jsonl --decode < " + f.dir.file("tok.jsonl"), "stdin:1: ids[0] = 4294967297 is not a token id"},
+      {"score --model " + f.model + " --ids 5", "nothing to score"},
+      {"score --model " + f.model + " --text a", "nothing to score"},
+      {"sft --config " + f.dir.path(), "is a folder"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --torch_dtype half", "'half' is not one of auto, f32, float32, bf16, bfloat16"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rate inf", "--learning_rate must be a finite number, got inf"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_beta1 1.5", "--adam_beta1 must be in [0, 1), got 1.5"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --weight_decay -3", "--weight_decay must be at least 0, got -3"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_epsilon 0", "--adam_epsilon must be greater than 0, got 0"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --seed -1", "--seed must be at least 0, got -1"},
+      {"generate --model " + f.model + " --prompt hi --max_new_tokens 0", "--max_new_tokens must be at least 1, got 0"},
+      {"generate --model " + f.model + " --prompt hi --top_k abc", "--top_k: 'abc' is not a number"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_NE(test::run_command(kTrl + " " + c.args + " 2>&1", &out), 0) << c.args;
+    EXPECT_NE(out.find(c.want), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
+TEST(CliCompat, WeightsMustFitTheArchitecture) {
+  Fixture f;
+  std::string out;
+  // Fewer layers in the config than in the checkpoint: the extra tensors are reported by name.
+  f.set_config("num_hidden_layers", 1);
+  ASSERT_EQ(run("score --model " + f.model + " --ids 1,2,3", &out), 0) << out;
+  EXPECT_NE(out.find("not used by this qwen3 config"), std::string::npos) << out;
+  EXPECT_NE(out.find("model.layers.1."), std::string::npos) << out;
+  // More layers than the checkpoint has: refused, naming the missing tensor.
+  f.set_config("num_hidden_layers", 3);
+  EXPECT_NE(run("score --model " + f.model + " --ids 1,2,3", &out), 0);
+  EXPECT_NE(out.find("missing tensor 'model.layers.2."), std::string::npos) << out;
+  // A width that does not match: refused, naming the tensor and both shapes.
+  f.set_config("num_hidden_layers", 2);
+  f.set_config("intermediate_size", 96);
+  EXPECT_NE(run("score --model " + f.model + " --ids 1,2,3", &out), 0);
+  EXPECT_NE(out.find("mlp"), std::string::npos) << out;
+  EXPECT_NE(out.find("but the config implies"), std::string::npos) << out;
+}
+
+// `datasets.Dataset.to_json` writes JSON lines into a .json file: accepted, as is a .json array.
+TEST(CliCompat, JsonFilesHoldingJsonLines) {
+  Fixture f;
+  std::string lines = test::read_file(f.data);
+  test::write_file(f.dir.file("lines.json"), lines);
+  std::string array = "[";
+  std::istringstream in(lines);
+  bool first = true;
+  for (std::string l; std::getline(in, l);) {
+    array += (first ? "" : ",\n") + l;
+    first = false;
+  }
+  test::write_file(f.dir.file("array.json"), array + "]\n");
+  for (const char* file : {"lines.json", "array.json"}) {
+    std::string out;
+    ASSERT_EQ(run("sft --model_name_or_path " + f.model + " --dataset_name " + f.dir.file(file) + " --max_steps 1 --output_dir " + f.dir.file(std::string("o_") + file), &out), 0)
+        << file << "\n" << out;
+    EXPECT_NE(out.find("(4 rows)"), std::string::npos) << file << "\n" << out;
+  }
+}
+
+}  // namespace
+}  // namespace trl
