@@ -13,6 +13,7 @@ packages=(
   libsimdjson-dev       # fast parsing of the 11 MB tokenizer.json (CLI start-up time)
   libcli11-dev          # command-line parsing of the trl binary
   libdnnl-dev           # oneDNN: GEMM primitives (version reported by `trl env`)
+  ocl-icd-opencl-dev    # OpenCL dev files: Debian's dnnl-config.cmake calls find_package(OpenCL) (only a Recommends)
   libyaml-cpp-dev       # `trl sft --config sft.yaml`: TRL's YAML config files
   libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
   libutf8proc-dev       # utf8proc: Unicode normalisation (NFC, ...) and case mapping for the tokenizer

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <filesystem>
 
 #include "core/error.h"
@@ -143,7 +145,24 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
       }
     }
   }
+  // Tensors the architecture has no place for: reported, not loaded (Transformers warns the same way). A tied
+  // model's lm_head.weight and old rotary buffers are expected extras.
+  std::set<std::string> known;
+  for (const auto& [name, shape] : parameter_shapes(config)) known.insert(name);
+  std::vector<std::string> unused;
+  for (const std::string& name : ck.names()) {
+    const bool extra_ok = (name == "lm_head.weight" && config.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq");
+    if (!known.count(name) && !extra_ok) unused.push_back(name);
+  }
   CausalLM m = from_weights(std::move(config), std::move(weights), dir);
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unused.size() && i < 8; ++i) list += (i ? ", " : "") + unused[i];
+    if (unused.size() > 8) list += fmt::format(", ... ({} in all)", unused.size());
+    std::fprintf(stderr, "[trl] warning: %s: %zu checkpoint tensor(s) not used by this %s config (check config.json matches the weights): %s\n",
+                 dir.c_str(), unused.size(), m.config_.model_type.c_str(), list.c_str());
+  }
+  m.unused_weights_ = std::move(unused);
   m.path_ = dir;
   m.device_ = device;
   return m;
