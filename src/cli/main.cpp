@@ -1,12 +1,51 @@
 // The `trl` command line: one binary, one subcommand per job (DESIGN.md §3).
 #include <cstdio>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "core/error.h"
 #include "version.h"
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown option --learning_rat (did you mean --learning_rate?)" instead of CLI11's list of leftover words.
+std::string unknown_options_message(const CLI::App& cmd, const std::string& fallback) {
+  std::string out;
+  for (std::string arg : cmd.remaining()) {
+    if (arg.rfind("--", 0) != 0) continue;
+    arg = arg.substr(0, arg.find('='));
+    std::string best;
+    size_t best_d = 4;  // suggest only close names
+    for (const CLI::Option* o : cmd.get_options())
+      for (const std::string& n : o->get_lnames()) {
+        const size_t d = edit_distance(arg.substr(2), n);
+        if (d < best_d) best_d = d, best = "--" + n;
+      }
+    out += (out.empty() ? "" : "; ") + ("unknown option " + arg) + (best.empty() ? "" : " (did you mean " + best + "?)");
+  }
+  return out.empty() ? fallback : out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"trl.cpp: train and serve Qwen3-class language models natively (TRL and Transformers concepts, no Python)", "trl"};
@@ -16,12 +55,15 @@ int main(int argc, char** argv) {
   // Parse errors read like every other error: "error: --max_new_tokens must be at least 1, got 0".
   app.failure_message([](const CLI::App* cmd, const CLI::Error& e) {
     std::string where = "trl";
+    const CLI::App* last = cmd;
     for (const CLI::App* sub = cmd; sub != nullptr;) {
       const auto parsed = sub->get_subcommands();
       sub = parsed.empty() ? nullptr : parsed.front();
-      if (sub != nullptr) where += " " + sub->get_name();
+      if (sub != nullptr) where += " " + sub->get_name(), last = sub;
     }
-    return "error: " + std::string(e.what()) + " (see " + where + " --help)\n";
+    std::string what = e.what();
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) what = unknown_options_message(*last, what);
+    return "error: " + what + " (see " + where + " --help)\n";
   });
   trl::cli::register_env(app);
   trl::cli::register_init_model(app);

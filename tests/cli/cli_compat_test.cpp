@@ -225,6 +225,7 @@ TEST(CliCompat, BadInputIsNamed) {
       {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --seed -1", "--seed must be at least 0, got -1"},
       {"generate --model " + f.model + " --prompt hi --max_new_tokens 0", "--max_new_tokens must be at least 1, got 0"},
       {"generate --model " + f.model + " --prompt hi --top_k abc", "--top_k: 'abc' is not a number"},
+      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rat 1", "unknown option --learning_rat (did you mean --learning_rate?)"},
   };
   for (const Case& c : cases) {
     EXPECT_NE(test::run_command(kTrl + " " + c.args + " 2>&1", &out), 0) << c.args;
