@@ -6,7 +6,12 @@ cd "$(dirname "$0")/.."
 if [ ! -x build/trl ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-cmake --build build --target trl >/dev/null
+# Quiet on success; on a failed build, its whole output (the compiler's errors) goes to stderr.
+if ! log=$(cmake --build build --target trl 2>&1); then
+  printf '%s\n' "$log" >&2
+  echo "demo: building trl failed (see above)" >&2
+  exit 1
+fi
 ./build/trl env
 echo
 ./build/trl demo --out build/demo "$@"
