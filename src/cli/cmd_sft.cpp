@@ -128,6 +128,9 @@ void register_sft(CLI::App& app) {
     cfg.eval_steps = a->eval_steps;
     if (a->compat.save_strategy == "no") cfg.save_steps = std::numeric_limits<int64_t>::max();
     if (is_none(cfg.resume_from_checkpoint) || cfg.resume_from_checkpoint == "false" || cfg.resume_from_checkpoint == "False") cfg.resume_from_checkpoint.clear();
+    cfg.model_name_or_path = a->model;
+    cfg.dataset_name = a->dataset;
+    check_sft_config(cfg);  // before loading anything: a bad option fails at once (eos_token is checked with the tokenizer)
     LoadOptions lo;
     lo.revision = a->revision;
     if (a->dtype != "auto") lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;

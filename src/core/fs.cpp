@@ -22,6 +22,7 @@ void write_all(int fd, const void* data, size_t size, const std::string& what) {
       if (errno == EINTR) continue;
       fail("{}: write failed: {}", what, std::strerror(errno));
     }
+    if (n == 0) fail("{}: write failed: wrote 0 of {} bytes", what, size);
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -50,6 +51,29 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd)
 
 void write_text_file_atomic(const std::string& path, std::string_view text) {
   write_file_atomic(path, [&](int fd) { write_all(fd, text.data(), text.size(), path); });
+}
+
+void append_text_file(const std::string& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot open for appending: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(err));
+  }
+  try {
+    write_all(fd, text.data(), text.size(), path);
+  } catch (...) {
+    [[maybe_unused]] const bool cut = ::ftruncate(fd, st.st_size) == 0;  // reported: the write error, not this one
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) fail("{}: close failed: {}", path, std::strerror(errno));
+}
+
+bool is_disk_full_message(std::string_view message) {
+  return message.find(std::strerror(ENOSPC)) != std::string_view::npos || message.find(std::strerror(EDQUOT)) != std::string_view::npos;
 }
 
 std::string read_text_file(const std::string& path) {

@@ -275,17 +275,23 @@ std::vector<std::string> save_checkpoint(const std::string& dir, const TensorMap
     shard_bytes.back() += n;
     total += n;
   }
-  // Remove what an earlier save left behind, so that a folder never mixes two checkpoints.
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string f = entry.path().filename().string();
-    bool stale_shard = f.rfind("model-", 0) == 0 && f.size() > 12 && f.substr(f.size() - 12) == ".safetensors";
-    if (stale_shard || f == "model.safetensors.index.json" || f == "model.safetensors") fs::remove(entry.path(), ec);
-  }
+  // What an earlier save left behind is removed only once the new files are all written (a failed save leaves the
+  // old checkpoint whole), so that a folder never mixes two checkpoints.
+  auto remove_stale = [&](const std::vector<std::string>& keep) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string f = entry.path().filename().string();
+      const bool weights = (f.rfind("model-", 0) == 0 && f.size() > 12 && f.substr(f.size() - 12) == ".safetensors") ||
+                           f == "model.safetensors.index.json" || f == "model.safetensors";
+      const bool kept = std::any_of(keep.begin(), keep.end(), [&](const std::string& k) { return fs::path(k).filename() == f; });
+      if (weights && !kept) fs::remove(entry.path(), ec);
+    }
+  };
   std::vector<std::string> written;
   if (shards.size() == 1) {
     const std::string path = (fs::path(dir) / "model.safetensors").string();
     save_safetensors(path, shards[0], metadata);
     written.push_back(path);
+    remove_stale(written);
     return written;
   }
   json index;
@@ -301,6 +307,7 @@ std::vector<std::string> save_checkpoint(const std::string& dir, const TensorMap
   const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
   write_text_file_atomic(index_path, index.dump(2) + "\n");
   written.push_back(index_path);
+  remove_stale(written);
   return written;
 }
 

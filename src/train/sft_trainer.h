@@ -59,7 +59,18 @@ struct SFTConfig {
   std::string eos_token;
   bool report = true;        // write training_report.html in output_dir
   bool progress = true;      // progress bar on a terminal, plain lines otherwise
+  // Names shown in the report's run summary (TRL's ModelConfig.model_name_or_path and ScriptArguments.dataset_name;
+  // the trainer itself never loads by them). Default: the model's folder and the training rows' file.
+  std::string model_name_or_path;
+  std::string dataset_name;
 };
+
+// Checks every option as TrainingArguments and torch.optim.AdamW do: finite numbers in range (learning_rate >= 0,
+// adam_beta1/2 in [0, 1), adam_epsilon > 0, weight_decay >= 0, max_grad_norm >= 0, warmup_ratio in [0, 1],
+// num_train_epochs > 0), whole-number options >= 1, known names, seed in numpy's [0, 2^32 - 1]; with a tokenizer
+// also that a given eos_token is one token of it. Throws trl::Error "SFTConfig: <option> must be ..., got <value>".
+// The SFTTrainer constructor calls it.
+void check_sft_config(const SFTConfig& config, const Tokenizer* tokenizer = nullptr);
 
 struct TrainOutput {
   int64_t global_step = 0;
@@ -75,12 +86,20 @@ class SFTTrainer {
   // config.bf16). `model_dir` (optional) is where tokenizer and generation files are copied from into checkpoints.
   SFTTrainer(const CausalLM& model, const Tokenizer& tokenizer, Dataset train, SFTConfig config, std::optional<Dataset> eval = std::nullopt);
   ~SFTTrainer();
+  // Trains to max_steps (else num_train_epochs). Every save_steps (the last step included when it is a multiple)
+  // it saves output_dir/checkpoint-N, written into checkpoint-N.tmp and renamed; at the end the final model,
+  // trainer_state.json and training_report.html go into output_dir all or nothing (as save_model). A failed save
+  // removes its partial folder and throws; checkpoints already saved stay. output_dir/log.jsonl always equals
+  // log_history: a fresh run starts it anew, a resume from checkpoint-N rewrites it with that checkpoint's entries.
   TrainOutput train();
   // The mean token loss over the eval dataset with the current weights.
   double evaluate();
   // eval_loss, eval_entropy and eval_mean_token_accuracy over the eval dataset (as logged at eval time).
   nlohmann::ordered_json evaluate_metrics();
-  // Writes the model (in the dtype it was loaded with), its config, generation config and tokenizer to `dir`.
+  // Writes the model (in the dtype it was loaded with), its config, generation config and tokenizer to `dir`, all
+  // or nothing: the files are written into `dir`/.final.tmp and renamed into `dir` only once every one of them was
+  // written; on an error (a full disk) the temp folder is removed, `dir`'s files are left as they were, and the
+  // trl::Error says what failed.
   void save_model(const std::string& dir) const;
   const TensorMap& master_weights() const;
   const ProgramCacheStats& program_stats() const;

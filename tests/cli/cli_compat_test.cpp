@@ -217,15 +217,15 @@ TEST(CliCompat, BadInputIsNamed) {
       {"score --model " + f.model + " --ids 5", "nothing to score"},
       {"score --model " + f.model + " --text a", "nothing to score"},
       {"sft --config " + f.dir.path(), "is a folder"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --torch_dtype half", "'half' is not one of auto, f32, float32, bf16, bfloat16"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rate inf", "--learning_rate must be a finite number, got inf"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_beta1 1.5", "--adam_beta1 must be in [0, 1), got 1.5"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --weight_decay -3", "--weight_decay must be at least 0, got -3"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_epsilon 0", "--adam_epsilon must be greater than 0, got 0"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --seed -1", "--seed must be at least 0, got -1"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --torch_dtype half", "'half' is not one of auto, f32, float32, bf16, bfloat16"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rate inf", "--learning_rate must be a finite number, got inf"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_beta1 1.5", "--adam_beta1 must be in [0, 1), got 1.5"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --weight_decay -3", "--weight_decay must be at least 0, got -3"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --adam_epsilon 0", "--adam_epsilon must be greater than 0, got 0"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --seed -1", "--seed must be at least 0, got -1"},
       {"generate --model " + f.model + " --prompt hi --max_new_tokens 0", "--max_new_tokens must be at least 1, got 0"},
       {"generate --model " + f.model + " --prompt hi --top_k abc", "--top_k: 'abc' is not a number"},
-      {"sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rat 1", "unknown option --learning_rat (did you mean --learning_rate?)"},
+      {"sft --output_dir " + f.dir.file("bad_out") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --learning_rat 1", "unknown option --learning_rat (did you mean --learning_rate?)"},
   };
   for (const Case& c : cases) {
     EXPECT_NE(test::run_command(kTrl + " " + c.args + " 2>&1", &out), 0) << c.args;
