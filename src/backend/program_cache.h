@@ -1,4 +1,4 @@
-// Programs compiled per shape, cached: the Neuron-style compile cache of DESIGN.md §1. A lookup hashes the graph
+// Programs compiled per shape, cached: the Neuron-style compile cache (docs/COMPILER.md, "The program cache"). A lookup hashes the graph
 // (structure, shapes, dtypes, attributes) together with the backend; a miss compiles, counts and times it. With
 // TRL_LOG_RECOMPILES=1 every miss prints which input shape differs from the closest cached program.
 // With a disk directory, a miss first looks for the backend's plan of the same key on disk (written after every

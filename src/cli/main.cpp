@@ -1,4 +1,4 @@
-// The `trl` command line: one binary, one subcommand per job (DESIGN.md §3).
+// The `trl` command line: one binary, one subcommand per job (docs/CLI.md).
 #include <cstdio>
 #include <algorithm>
 #include <string>

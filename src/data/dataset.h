@@ -1,4 +1,4 @@
-// Datasets from local JSON lines / JSON files (DESIGN.md §3 src/data): rows as JSON objects, each remembering the
+// Datasets from local JSON lines / JSON files (docs/TRAINING.md): rows as JSON objects, each remembering the
 // file and line it came from so that every later error can name it.
 #pragma once
 

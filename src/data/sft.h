@@ -1,4 +1,4 @@
-// SFT data: the dataset formats of TRL's SFTTrainer turned into token ids and loss masks (trl_spec.md §5), and the
+// SFT data: the dataset formats of TRL's SFTTrainer turned into token ids and loss masks (docs/TRAINING.md), and the
 // collators that make fixed-shape batches from them (padding to a bucket, best-fit-decreasing packing,
 // padding-free rows).
 #pragma once

@@ -1,4 +1,4 @@
-// generate(): Transformers' generation loop (facts: trl_spec.md §3) on compiled programs with a static KV cache.
+// generate(): Transformers' generation loop (facts: docs/GENERATION.md) on compiled programs with a static KV cache.
 // Prompts are left-padded to a bucket (pad_to_multiple_of), so a run compiles one prefill program per (batch,
 // prompt bucket) and one decode program per (batch, cache length), however many tokens it generates. The growing
 // sequences, masks and sampling stay on the host; only fixed-shape inputs enter the programs.

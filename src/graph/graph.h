@@ -2,7 +2,7 @@
 // per input shape into a Graph with concrete shapes; backends compile a Graph into a Program and run it many
 // times. Weights are graph inputs (bound by name at run time), so a weight update never changes the graph.
 //
-// Ops are coarse (DESIGN.md §1). Shapes use the glossary B batch, T tokens, S key positions, C hidden,
+// Ops are coarse (docs/COMPILER.md). Shapes use the glossary B batch, T tokens, S key positions, C hidden,
 // H heads, Hkv kv heads, D head dim, F ffn, V vocab.
 #pragma once
 
@@ -29,11 +29,11 @@ enum class Op : uint8_t {
   Add,        // a,b: same shape
   Cast,       // x -> x in another dtype
   Reshape,    // same elements, new shape
-  // Inference: the static KV cache (DESIGN.md §2). No VJP (autodiff rejects them by name).
+  // Inference: the static KV cache (docs/GENERATION.md). No VJP (autodiff rejects them by name).
   Slice,         // x:[B,T,...] -> x[:, attrs.offset : attrs.offset + attrs.rows, ...]
   KvCacheWrite,  // cache:[B,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] i32 -> cache with x written at rows [pos, pos + T);
                  //   backends update the bound cache tensor in place (the CPU backend does) or return a copy
-  // Training: the loss and the backward pass (DESIGN.md §1). Ops with several results write one packed buffer
+  // Training: the loss and the backward pass (docs/COMPILER.md). Ops with several results write one packed buffer
   // that View nodes slice (zero-copy).
   TokenLogprobs,          // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   log softmax(h·wᵀ)[target], chunked over V
   WeightedSum,            // x:[...] f32, weights:[...] f32 -> [] f32              Σ x·weights

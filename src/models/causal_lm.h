@@ -71,7 +71,7 @@ class CausalLM {
   graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache = nullptr,
                               std::vector<graph::ValueId>* cache_out = nullptr) const;
 
-  // Generation with a static KV cache (DESIGN.md §2): one prefill program per (batch, prompt bucket) and one
+  // Generation with a static KV cache (docs/GENERATION.md): one prefill program per (batch, prompt bucket) and one
   // decode program per (batch, cache length), whatever the number of tokens generated.
   // Inputs: input_ids, position_ids [B,T] i32; attention_mask [B,T] (prefill) or [B,S] (decode: 1 where a cache
   // slot holds a real token, 0 for padding and empty slots); cache_position [1] i32 (the slot of the first new

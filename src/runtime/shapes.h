@@ -1,4 +1,4 @@
-// Shape policy (DESIGN.md §2): `pad_to_multiple_of` and the bucket lengths a run compiles programs for.
+// Shape policy (docs/COMPILER.md, docs/TRAINING.md): `pad_to_multiple_of` and the bucket lengths a run compiles programs for.
 #pragma once
 
 #include <cstdint>

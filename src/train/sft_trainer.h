@@ -1,4 +1,4 @@
-// The Trainer loop and SFT (trl_spec.md §4-5): seeded shuffling, collation under the padding policy, gradient
+// The Trainer loop and SFT (docs/TRAINING.md): seeded shuffling, collation under the padding policy, gradient
 // accumulation with token-level normalisation over the whole accumulated batch, global-norm clipping, AdamW (no
 // decay on norms and biases), schedules, evaluation, logging, checkpoints with exact resume, and Ctrl-C saving a
 // checkpoint. Option names and defaults are TRL's (SFTConfig over TrainingArguments).

@@ -14,7 +14,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// Qwen/Qwen3-0.6B's config.json (trl_spec.md §1).
+// Qwen/Qwen3-0.6B's config.json (docs/MODELS.md).
 const char* kQwen3_06B = R"({
   "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
   "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,

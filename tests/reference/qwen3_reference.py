@@ -7,7 +7,7 @@ Run with Debian's PyTorch (apt-get install python3-torch), not a PyPI one:
 --hf-folder first checks that MODEL_DIR is a complete Hugging Face model folder, as Transformers'
 AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained need it (used on the folder `trl sft` saves).
 
-The model follows Transformers' modeling_qwen3.py (eager attention path) as described in trl_spec.md §1:
+The model follows Transformers' modeling_qwen3.py (eager attention path) as described in docs/MODELS.md:
 pre-norm decoder, q/k RMSNorm before RoPE (rotate-half layout), GQA by repeating KV heads, fp32 softmax cast to
 the activation dtype, SwiGLU MLP, RMSNorm that casts back to the input dtype *before* the weight multiply, tied
 lm_head. It reads model.safetensors itself (no safetensors/transformers package), so it shares no code with

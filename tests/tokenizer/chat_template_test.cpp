@@ -55,7 +55,7 @@ const Tokenizer& qwen3() { return test::qwen3_tokenizer(); }
 
 TEST(ChatTemplate, Qwen3ThroughTheTokenizer) {
   const json msgs = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])");
-  // trl_spec.md §2: the example rendering.
+  // Qwen3's example rendering (docs/TOKENIZER.md).
   EXPECT_EQ(apply_chat_template(qwen3(), msgs).text,
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nYo<|im_end|>\n");
   ChatTemplateOptions o;
