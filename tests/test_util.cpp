@@ -14,6 +14,19 @@
 
 namespace trl::test {
 
+namespace {
+CausalLM write_tiny(const TempDir& dir) {
+  InitOptions o;
+  o.preset = "tiny";
+  o.seed = 3;
+  o.initializer_range = 0.1;
+  init_model(o, dir.file("model"));
+  return CausalLM::from_pretrained(dir.file("model"));
+}
+}  // namespace
+
+TinyModel::TinyModel() : model(write_tiny(dir)) {}
+
 const Tokenizer& qwen3_tokenizer() {
   static const Tokenizer tok = [] {
     TempDir dir;

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "models/causal_lm.h"
+
 namespace trl {
 class Tokenizer;
 }
@@ -24,6 +26,14 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// A tiny Qwen3 (preset tiny, seed 3, initializer_range 0.1) written to <dir>/model and loaded from there: the
+// trainer tests' model.
+struct TinyModel {
+  TempDir dir;
+  CausalLM model;
+  TinyModel();
 };
 
 std::string read_file(const std::string& path);

@@ -41,19 +41,6 @@ Dataset text_rows() {
   return d;
 }
 
-struct Tiny {
-  test::TempDir dir;
-  CausalLM model;
-  Tiny() : model(make()) {}
-  CausalLM make() {
-    InitOptions o;
-    o.preset = "tiny";
-    o.seed = 3;
-    o.initializer_range = 0.1;
-    init_model(o, dir.file("model"));
-    return CausalLM::from_pretrained(dir.file("model"));
-  }
-};
 
 SFTConfig small_config(const std::string& out) {
   SFTConfig c;
@@ -169,7 +156,7 @@ std::string train_expecting_failure(SFTTrainer& tr) {
 // The disk fills up while checkpoint-2 is written: the error says so, checkpoint-2.tmp is gone, checkpoint-1 is
 // intact, and nothing of a final model was written.
 TEST(SFTSaving, FailedCheckpointSaveRemovesItsPartialFolder) {
-  Tiny t;
+  test::TinyModel t;
   SmallDisk disk(t.dir.file("disk"));
   if (!disk.skip.empty()) GTEST_SKIP() << disk.skip;
   ASSERT_TRUE(disk.error.empty()) << disk.error;
@@ -197,7 +184,7 @@ TEST(SFTSaving, FailedCheckpointSaveRemovesItsPartialFolder) {
 // (here a config.json of an earlier run), holds no new model file and no temp folder, and the last checkpoint
 // stays for a resume.
 TEST(SFTSaving, FailedFinalSaveLeavesOutputDirUnchanged) {
-  Tiny t;
+  test::TinyModel t;
   SmallDisk disk(t.dir.file("disk"));
   if (!disk.skip.empty()) GTEST_SKIP() << disk.skip;
   ASSERT_TRUE(disk.error.empty()) << disk.error;
@@ -252,7 +239,7 @@ TEST(SFTSaving, FailedWeightSaveKeepsTheEarlierWeights) {
 
 // As in Transformers, the last step is checkpointed when it is a multiple of save_steps.
 TEST(SFTSaving, LastStepIsCheckpointedWhenAMultipleOfSaveSteps) {
-  Tiny t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = small_config(t.dir.file("five"));
   c.max_steps = 5;
@@ -280,7 +267,7 @@ void expect_log_matches_state(const std::string& out, size_t expected_entries) {
 
 // A second run in the same output_dir starts a new log.jsonl instead of appending to the first run's.
 TEST(SFTLog, FreshRunStartsANewLog) {
-  Tiny t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = small_config(t.dir.file("out"));
   c.max_steps = 3;
@@ -294,7 +281,7 @@ TEST(SFTLog, FreshRunStartsANewLog) {
 // After a 6-step run (evaluated every 3 steps), resuming from checkpoint-2 keeps the log entries of steps 1-2 and
 // logs steps 3-6 again: log.jsonl holds no entry of the abandoned steps.
 TEST(SFTLog, ResumeKeepsTheCheckpointsEntriesOnly) {
-  Tiny t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = small_config(t.dir.file("out"));
   c.max_steps = 6;
@@ -313,7 +300,7 @@ TEST(SFTLog, ResumeKeepsTheCheckpointsEntriesOnly) {
 
 // Each bad value is rejected when the trainer is constructed, naming the option and the value.
 TEST(SFTConfigValidation, RejectsEachKindOfBadValue) {
-  Tiny t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   struct Case {
@@ -359,7 +346,7 @@ TEST(SFTConfigValidation, RejectsEachKindOfBadValue) {
 
 // training_report.html has a run summary; without evaluation it shows no evaluation legend; charts name their axes.
 TEST(SFTReport, SummaryAxesAndOnlyLegendsWithData) {
-  Tiny t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = small_config(t.dir.file("out"));
   c.max_steps = 3;

@@ -121,19 +121,6 @@ TEST(SFTData, CollationAndPacking) {
   EXPECT_EQ(bins.size(), 3u);  // 21 tokens in bins of 8: 6+2, 5+3, 4+1
 }
 
-struct TinySetup {
-  test::TempDir dir;
-  CausalLM model;
-  TinySetup() : model(make()) {}
-  CausalLM make() {
-    InitOptions o;
-    o.preset = "tiny";
-    o.seed = 3;
-    o.initializer_range = 0.1;
-    init_model(o, dir.file("model"));
-    return CausalLM::from_pretrained(dir.file("model"));
-  }
-};
 
 Dataset uneven_data() {
   std::vector<std::string> lines;
@@ -158,7 +145,7 @@ SFTConfig base_config(const std::string& out) {
 
 // 4 micro-batches of 1 == 1 batch of 4: the loss is normalised by the labels of the whole accumulated batch.
 TEST(SFTTrainer, GradientAccumulationEqualsOneLargeBatch) {
-  TinySetup t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig a = base_config(t.dir.file("a"));
   a.adam_epsilon = 1.0;  // with a large epsilon the first Adam update is ~lr·g: it compares the gradients themselves
@@ -183,7 +170,7 @@ TEST(SFTTrainer, GradientAccumulationEqualsOneLargeBatch) {
 
 // Train 6 steps; or train 3, stop, resume from the checkpoint and train 3 more: the same losses and weights.
 TEST(SFTTrainer, ResumeIsExact) {
-  TinySetup t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = base_config(t.dir.file("full"));
   c.per_device_train_batch_size = 2;
@@ -230,7 +217,7 @@ TEST(SFTTrainer, ResumeIsExact) {
 // the real tokens, accuracy over the predicted labels, per batch; here after a few steps, so that accuracy is
 // neither 0 nor 1, on the eval set (one batch of 8 rows padded to a bucket) and on the first logged training step.
 TEST(SFTTrainer, EntropyAndAccuracyMetricsMatchTheLogits) {
-  TinySetup t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   SFTConfig c = base_config(t.dir.file("m"));
   c.per_device_train_batch_size = 8;  // the whole dataset: step k's metrics are those of the weights before it
@@ -291,7 +278,7 @@ TEST(SFTTrainer, EntropyAndAccuracyMetricsMatchTheLogits) {
 // reused when a length comes back.
 TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  TinySetup t;
+  test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();
   std::vector<std::string> lines;
   std::string text;
