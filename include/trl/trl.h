@@ -5,7 +5,7 @@
 //   auto model = trl::AutoModelForCausalLM::from_pretrained("Qwen/Qwen3-0.6B", {.dtype = trl::BF16});
 //   auto enc = tok({"The French Bread Law states"});
 //   trl::Batch batch{.input_ids = enc.input_ids_tensor(), .attention_mask = enc.attention_mask_tensor()};
-//   auto backend = trl::make_reference_backend();
+//   auto backend = trl::make_backend("auto");              // or "cpu", "reference" (backend/registry.h)
 //   trl::Tensor logits = model.forward(batch, *backend);   // [1, n, vocab] f32
 //   trl::GenerationConfig cfg;
 //   cfg.max_new_tokens = 50;
@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"

@@ -30,6 +30,18 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The bucket of pad_to_multiple_of = "auto" on this backend: 128 where a compile is expensive (Neuron-style
+  // backends), finer where it is cheap. Sequences padded to it keep the number of distinct programs small.
+  virtual int64_t auto_pad_multiple() const { return 128; }
+
+  // Where programs read their tensors. A host backend (cpu, reference) runs on host memory: run() uses the bound
+  // tensors in place, and upload/download return them as they are. A device backend keeps parameters, optimizer
+  // state and KV caches in its own memory: the caller uploads each once, binds the returned tensors on every run
+  // (programs update them in place there, as the CPU does on the host), and downloads only what the host reads.
+  virtual bool host_memory() const { return true; }
+  virtual Tensor upload(const Tensor& host) { return host; }
+  virtual Tensor download(const Tensor& tensor) { return tensor; }
+
   virtual std::unique_ptr<Program> compile(const graph::Graph& graph) = 0;
   // Compiles `graph` reusing `plan` (a plan_blob() of an earlier compile of the same graph). A plan that does not
   // fit the graph is not used: the program is planned anew and *used is false.
@@ -41,6 +53,7 @@ class Backend {
 };
 
 // The oracle: plain loops, f64 accumulation, rounding to each value's dtype exactly where Transformers rounds.
+// Callers that pick a backend by name use make_backend() (backend/registry.h).
 std::unique_ptr<Backend> make_reference_backend();
 
 // Looks up and checks the binding of every graph input (shared by all backends).

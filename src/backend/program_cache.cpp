@@ -31,10 +31,19 @@ std::string ProgramCache::plan_path(uint64_t key) const {
   return (std::filesystem::path(disk_dir_) / fmt::format("{}-{:016x}.plan", backend_.name(), key)).string();
 }
 
+namespace {
+// A plan file starts with a line naming the graph it was made for (an independent digest of the full key and its
+// length), so that a file whose name collides with another graph's is never used for it.
+std::string plan_header(const std::string& graph_key) {
+  return fmt::format("trl-plan-graph {:016x} {}\n", graph::hash_key(graph_key, 0x5eed), graph_key.size());
+}
+}  // namespace
+
 Program& ProgramCache::get(const graph::Graph& graph) {
   const uint64_t key = this->key(graph);
-  auto it = index_.find(key);
-  if (it != index_.end()) {
+  std::string graph_key = graph.key();
+  for (auto [it, end] = index_.equal_range(key); it != end; ++it) {
+    if (it->second->graph_key != graph_key) continue;  // a 64-bit collision: another graph
     ++stats_.hits;
     entries_.splice(entries_.begin(), entries_, it->second);  // now most recently used
     return *entries_.front().program;
@@ -50,7 +59,9 @@ Program& ProgramCache::get(const graph::Graph& graph) {
   if (!path.empty() && std::filesystem::exists(path)) {
     bool used = false;
     try {
-      program = backend_.compile_with_plan(graph, read_text_file(path), &used);
+      const std::string file = read_text_file(path), header = plan_header(graph_key);
+      if (file.compare(0, header.size(), header) == 0) program = backend_.compile_with_plan(graph, file.substr(header.size()), &used);
+      else program = backend_.compile(graph);  // a plan for another graph (or an older format): not used
     } catch (const Error& e) {
       std::fprintf(stderr, "[trl] warning: cannot read the cached plan %s: %s\n", path.c_str(), e.what());
     }
@@ -65,7 +76,7 @@ Program& ProgramCache::get(const graph::Graph& graph) {
       try {
         std::error_code ec;
         std::filesystem::create_directories(disk_dir_, ec);
-        write_text_file_atomic(path, blob);
+        write_text_file_atomic(path, plan_header(graph_key) + blob);
         ++stats_.disk_writes;
       } catch (const Error& e) {
         std::fprintf(stderr, "[trl] warning: cannot write the plan cache %s: %s\n", path.c_str(), e.what());
@@ -74,10 +85,15 @@ Program& ProgramCache::get(const graph::Graph& graph) {
   }
   stats_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.compilations;
-  entries_.push_front(Entry{key, std::move(shapes), std::move(program), stats_.compilations});
-  index_[key] = entries_.begin();
+  entries_.push_front(Entry{key, std::move(graph_key), std::move(shapes), std::move(program), stats_.compilations});
+  index_.emplace(key, entries_.begin());
   if (entries_.size() > capacity_) {
-    index_.erase(entries_.back().key);
+    const auto last = std::prev(entries_.end());
+    for (auto [it, end] = index_.equal_range(last->key); it != end; ++it)
+      if (it->second == last) {
+        index_.erase(it);
+        break;
+      }
     entries_.pop_back();
   }
   return *entries_.front().program;

@@ -1,5 +1,6 @@
 // Programs compiled per shape, cached: the Neuron-style compile cache (docs/COMPILER.md, "The program cache"). A lookup hashes the graph
-// (structure, shapes, dtypes, attributes) together with the backend; a miss compiles, counts and times it. With
+// (structure, shapes, dtypes, attributes) together with the backend, and a hit compares the graph's full key (so a
+// 64-bit collision can never run the wrong program); a miss compiles, counts and times it. With
 // TRL_LOG_RECOMPILES=1 every miss prints which input shape differs from the closest cached program.
 // With a disk directory, a miss first looks for the backend's plan of the same key on disk (written after every
 // fresh compile, atomically) and compiles with it; plans that do not fit are ignored with a warning.
@@ -48,6 +49,7 @@ class ProgramCache {
  private:
   struct Entry {
     uint64_t key;
+    std::string graph_key;  // graph::Graph::key(): a hit compares it in full, not only the 64-bit key
     std::map<std::string, Shape> input_shapes;
     std::unique_ptr<Program> program;
     int64_t number;
@@ -58,7 +60,7 @@ class ProgramCache {
   size_t capacity_;
   std::string disk_dir_;
   std::list<Entry> entries_;  // most recently used first
-  std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
+  std::unordered_multimap<uint64_t, std::list<Entry>::iterator> index_;
   ProgramCacheStats stats_;
 };
 

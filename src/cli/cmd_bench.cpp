@@ -10,7 +10,7 @@
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "backend/program_cache.h"
 #include "generation/generate.h"
 #include "cli/cli_util.h"
@@ -179,7 +179,7 @@ void register_bench(CLI::App& app) {
     for (auto& [name, t] : master) compute[name] = dt == DType::F32 ? t : t.to(dt);
     // bf16: AdamW writes the bf16 compute copies from the f32 master weights in its own pass.
     CausalLM model = CausalLM::from_weights(cfg, compute, "bench");
-    auto backend = make_cpu_backend();
+    auto backend = make_backend("auto");
     ProgramCache cache(*backend);
     auto t0 = Clock::now();
     const graph::Graph g = model.training_graph(B, T, DType::F32, a->gradient_checkpointing);

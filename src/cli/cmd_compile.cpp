@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "backend/program_cache.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
@@ -39,8 +39,8 @@ void register_compile(CLI::App& app) {
   cmd->callback([a] {
     if (a->model.empty() == a->preset.empty()) fail("trl compile: give exactly one of --model_name_or_path and --preset");
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
-    auto backend = make_cpu_backend();
-    const int64_t multiple = parse_pad_to_multiple_of(a->pad_to_multiple_of, backend->name());
+    auto backend = make_backend("auto");
+    const int64_t multiple = parse_pad_to_multiple_of(a->pad_to_multiple_of, backend->auto_pad_multiple());
     // Only shapes matter: preset weights are allocated, never initialised or touched.
     std::optional<CausalLM> model;
     if (!a->preset.empty()) {

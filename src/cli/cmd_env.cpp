@@ -9,6 +9,7 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/cpu_features.h"
+#include "backend/registry.h"
 #include "io/hub.h"
 #include "runtime/runtime.h"
 #include "version.h"
@@ -42,6 +43,10 @@ nlohmann::ordered_json env_info() {
   j["cpu_features"] = {{"avx2", f.avx2}, {"fma", f.fma}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
                        {"avx512vl", f.avx512vl}, {"avx512bf16", f.avx512bf16}};
   j["devices"] = available_devices();
+  std::vector<std::string> backends;
+  for (const BackendInfo& b : backend_registry())
+    backends.push_back(b.built && b.present ? b.name : b.name + (b.built ? " (device not present)" : " (not built)"));
+  j["backends"] = backends;
   const auto cores = visible_cores();
   j["visible_cores"] = cores_str(cores);
   j["num_visible_cores"] = cores.size();

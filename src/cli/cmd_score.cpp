@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/error.h"
@@ -107,7 +107,7 @@ void register_score(CLI::App& app) {
     lo.revision = a->revision;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     CausalLM model = CausalLM::from_pretrained(a->model, lo);
-    auto backend = make_cpu_backend();
+    auto backend = make_backend("auto");
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);
     for (const SequenceScore& s : scores) {
       nlohmann::ordered_json j;

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
@@ -142,8 +142,9 @@ int32_t pick_token(const std::vector<float>& s, bool do_sample, double u) {
 }
 
 struct Generator::State {
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::unique_ptr<Backend> reference = make_reference_backend();
+  explicit State(const std::string& device) : cpu(make_backend(device)), reference(make_backend("reference")) {}
+  std::unique_ptr<Backend> cpu;        // the model's device (compiled programs)
+  std::unique_ptr<Backend> reference;  // disable_compile
   ProgramCache compiled{*cpu, 32};
   ProgramCache oracle{*reference, 8};
   std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> caches;  // (batch, cache length) -> k0, v0, k1, ...
@@ -151,7 +152,7 @@ struct Generator::State {
 };
 
 Generator::Generator(const CausalLM& model)
-    : model_(model), defaults_(GenerationConfig::from_model_dir(model.path())), state_(std::make_unique<State>()) {}
+    : model_(model), defaults_(GenerationConfig::from_model_dir(model.path())), state_(std::make_unique<State>(model.device())) {}
 Generator::~Generator() = default;
 
 const ProgramCacheStats& Generator::stats() const { return state_->compiled.stats(); }
@@ -195,7 +196,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   const bool compiled = !user.disable_compile;
   Backend& backend = compiled ? *state_->cpu : *state_->reference;
   ProgramCache& programs = compiled ? state_->compiled : state_->oracle;
-  const int64_t multiple = user.pad_to_multiple_of ? *user.pad_to_multiple_of : auto_pad_multiple(backend.name());
+  const int64_t multiple = user.pad_to_multiple_of ? *user.pad_to_multiple_of : backend.auto_pad_multiple();
   if (multiple < 0) fail("generate: pad_to_multiple_of must be >= 0, got {}", multiple);
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));

@@ -58,7 +58,7 @@ std::string Graph::dump() const {
 }
 
 namespace {
-// FNV-1a over bytes; enough to key an in-memory cache (the compiler issue adds the on-disk key).
+// FNV-1a-style mixing over bytes: the 64-bit digest of a key.
 struct Hasher {
   uint64_t h = 14695981039346656037ull;
   void word(uint64_t w) {
@@ -77,29 +77,49 @@ struct Hasher {
     for (; i < n; ++i) tail = (tail << 8) | b[i];
     word(tail);
   }
-  template <typename T> void pod(const T& v) { bytes(&v, sizeof v); }
+};
+// Appends fixed-size values, and variable-size ones after their length, so that two graphs have the same key
+// exactly when they have the same structure.
+struct KeyWriter {
+  std::string out;
+  template <typename T> void pod(const T& v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void span(const void* p, size_t n) {
+    pod(static_cast<uint64_t>(n));
+    out.append(static_cast<const char*>(p), n);
+  }
 };
 }  // namespace
 
-uint64_t Graph::hash() const {
-  Hasher h;
+std::string Graph::key() const {
+  KeyWriter k;
+  k.pod(static_cast<uint64_t>(nodes.size()));
   for (const Node& n : nodes) {
-    h.pod(n.op);
-    h.pod(n.dtype);
-    for (int64_t d : n.shape) h.pod(d);
-    for (ValueId v : n.inputs) h.pod(v);
-    if (n.op == Op::Input) h.bytes(n.name.data(), n.name.size());
-    h.pod(n.attrs.eps);
-    h.pod(n.attrs.scale);
-    h.pod(n.attrs.causal);
-    h.pod(n.attrs.rope_scaling);
-    h.bytes(n.attrs.inv_freq.data(), n.attrs.inv_freq.size() * sizeof(float));
-    h.pod(n.attrs.inverse);
-    h.pod(n.attrs.rows);
-    h.pod(n.attrs.offset);
-    h.pod(n.attrs.value);
+    k.pod(n.op);
+    k.pod(n.dtype);
+    k.span(n.shape.data(), n.shape.size() * sizeof(int64_t));
+    k.span(n.inputs.data(), n.inputs.size() * sizeof(ValueId));
+    if (n.op == Op::Input) k.span(n.name.data(), n.name.size());
+    k.pod(n.attrs.eps);
+    k.pod(n.attrs.scale);
+    k.pod(n.attrs.causal);
+    k.pod(n.attrs.rope_scaling);
+    k.span(n.attrs.inv_freq.data(), n.attrs.inv_freq.size() * sizeof(float));
+    k.pod(n.attrs.inverse);
+    k.pod(n.attrs.rows);
+    k.pod(n.attrs.offset);
+    k.pod(n.attrs.value);
   }
-  for (ValueId v : outputs) h.pod(v);
+  k.span(inputs.data(), inputs.size() * sizeof(ValueId));
+  k.span(outputs.data(), outputs.size() * sizeof(ValueId));
+  return std::move(k.out);
+}
+
+uint64_t Graph::hash() const { return hash_key(key()); }
+
+uint64_t hash_key(const std::string& key, uint64_t seed) {
+  Hasher h;
+  h.word(seed);
+  h.bytes(key.data(), key.size());
   return h.h;
 }
 

@@ -53,7 +53,9 @@ enum class Op : uint8_t {
   TokenArgmaxMatch,       // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   1 where target = argmax(h·wᵀ) (first of ties), else 0
                           //   (a metric: no VJP; backends compute it in the same pass over V as token_logprobs/entropy)
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
+  // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
+constexpr size_t kNumOps = static_cast<size_t>(Op::View) + 1;
 
 const char* op_name(Op op);
 
@@ -90,9 +92,14 @@ struct Graph {
   const Node& node(ValueId v) const { return nodes.at(static_cast<size_t>(v)); }
   // One line per node: "%12 = matmul(%3, %7) [2, 5, 64] f32  blk.0.attn_q".
   std::string dump() const;
-  // A hash of structure, shapes, dtypes and attributes (names of inputs included, debug names excluded).
+  // Structure, shapes, dtypes and attributes as bytes (names of inputs included, debug names excluded): two graphs
+  // compile to the same program exactly when their keys are equal. hash() is its 64-bit digest.
+  std::string key() const;
   uint64_t hash() const;
 };
+
+// The 64-bit digest of a key (another `seed` gives an independent digest).
+uint64_t hash_key(const std::string& key, uint64_t seed = 0);
 
 // Builds a graph with shape inference; every misuse throws trl::Error naming the op and the shapes.
 class Builder {

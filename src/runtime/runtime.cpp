@@ -10,17 +10,24 @@
 
 #include <fmt/ranges.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 
 namespace trl {
 
-std::vector<std::string> available_devices() { return {"cpu"}; }
+std::vector<std::string> available_devices() {
+  std::vector<std::string> out;
+  for (const std::string& b : available_backends())
+    if (b != "reference") out.push_back(b);  // the oracle runs on the host: not a device of its own
+  return out;
+}
 
 std::string resolve_device(const std::string& requested) {
   const auto devices = available_devices();
   if (requested == "auto") return devices.front();
   if (std::find(devices.begin(), devices.end(), requested) == devices.end()) {
-    fail("device '{}' is not available in this build (available: {}, or auto)", requested, fmt::join(devices, ", "));
+    resolve_backend(requested);  // says why: unknown, not built, or not present
+    fail("'{}' is not a device (devices: {}, or auto)", requested, fmt::join(devices, ", "));
   }
   return requested;
 }

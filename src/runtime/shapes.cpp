@@ -7,13 +7,11 @@
 
 namespace trl {
 
-int64_t auto_pad_multiple(const std::string& backend) { return backend == "cpu" ? 64 : 128; }
-
-int64_t parse_pad_to_multiple_of(const std::string& value, const std::string& backend) {
+int64_t parse_pad_to_multiple_of(const std::string& value, int64_t auto_multiple) {
   std::string v = value;
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (v.empty() || v == "none" || v == "null") return 0;
-  if (v == "auto") return auto_pad_multiple(backend);
+  if (v == "auto") return auto_multiple;
   int64_t n = 0;
   size_t i = 0;
   for (; i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])) && n < (int64_t{1} << 40); ++i) n = n * 10 + (v[i] - '0');

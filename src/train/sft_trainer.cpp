@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
@@ -341,8 +341,8 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   s.dataset_name = s.cfg.dataset_name.empty() ? source_file(train) : s.cfg.dataset_name;
   // The trainer consumes each program's outputs before it runs the next, so its programs share one arena (the
   // largest one's): keeping a program per length costs its plan and kernels, not another ~3.6 GB of buffers.
-  s.backend = s.cfg.torch_compile ? make_cpu_backend(CpuBackendOptions{.share_arena = true}) : make_reference_backend();
-  s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->name());
+  s.backend = make_backend(s.cfg.torch_compile ? model.device() : "reference", BackendOptions{.share_arena = true});
+  s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->auto_pad_multiple());
   // Each program still holds its plan, kernels and oneDNN primitives (megabytes): a bucketed run keeps all of its
   // (at most max_length / multiple + 2, eval included); an unbucketed one the 64 most recently used.
   const size_t buckets = s.multiple > 0 ? static_cast<size_t>(s.cfg.max_length / s.multiple + 2) : 0;

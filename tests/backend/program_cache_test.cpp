@@ -99,6 +99,41 @@ TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
     EXPECT_EQ(cache.stats().disk_writes, 1);  // replaced by a good plan
     for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k].to_f32_vector(), first[k]);
   }
+  // The plan of another graph with the same node count (another length), put under this graph's name (as a
+  // 64-bit key collision would): its header names the other graph, so it is not used.
+  {
+    const graph::Graph other = model.training_graph(2, 2);
+    ASSERT_EQ(other.nodes.size(), g.nodes.size());
+    ASSERT_NE(other.key(), g.key());
+    test::TempDir dir2;
+    ProgramCache writer(*backend, ProgramCacheOptions{8, dir2.path()});
+    writer.get(other);
+    test::write_file(path, test::read_file(writer.plan_path(writer.key(other))));
+    ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
+    testing::internal::CaptureStderr();
+    const auto out = cache.get(g).run(in);
+    testing::internal::GetCapturedStderr();
+    EXPECT_EQ(cache.stats().disk_hits, 0);
+    for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k].to_f32_vector(), first[k]);
+  }
+}
+
+// Graph::key() is the whole structure: graphs that differ only in one attribute, one shape or one input name have
+// different keys, and the same trace twice has the same key.
+TEST(ProgramCache, GraphKeySeparatesEveryField) {
+  auto build = [](double eps, int64_t C, const std::string& name) {
+    graph::Builder b;
+    const auto x = b.input(name, {2, C}, DType::F32);
+    const auto w = b.input("w", {C}, DType::F32);
+    b.output(b.rms_norm(x, w, eps));
+    return b.finish();
+  };
+  const std::string base = build(1e-6, 8, "x").key();
+  EXPECT_EQ(build(1e-6, 8, "x").key(), base);
+  EXPECT_NE(build(1e-5, 8, "x").key(), base);
+  EXPECT_NE(build(1e-6, 9, "x").key(), base);
+  EXPECT_NE(build(1e-6, 8, "y").key(), base);
+  EXPECT_EQ(build(1e-6, 8, "x").hash(), graph::hash_key(base));
 }
 
 TEST(Cli, CompileFillsTheDiskCacheOncePerBucket) {

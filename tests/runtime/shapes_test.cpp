@@ -8,14 +8,14 @@ namespace trl {
 namespace {
 
 TEST(Shapes, PadToMultipleOfParsesTrlSpellings) {
-  EXPECT_EQ(parse_pad_to_multiple_of("None", "cpu"), 0);
-  EXPECT_EQ(parse_pad_to_multiple_of("", "cpu"), 0);
-  EXPECT_EQ(parse_pad_to_multiple_of("auto", "cpu"), 64);
-  EXPECT_EQ(parse_pad_to_multiple_of("auto", "neuron"), 128);
-  EXPECT_EQ(parse_pad_to_multiple_of("128", "cpu"), 128);
+  EXPECT_EQ(parse_pad_to_multiple_of("None", 64), 0);
+  EXPECT_EQ(parse_pad_to_multiple_of("", 64), 0);
+  EXPECT_EQ(parse_pad_to_multiple_of("auto", 64), 64);
+  EXPECT_EQ(parse_pad_to_multiple_of("auto", 128), 128);
+  EXPECT_EQ(parse_pad_to_multiple_of("128", 64), 128);
   for (const char* bad : {"0", "-8", "12x", "many", "99999999999999999999"}) {
     try {
-      parse_pad_to_multiple_of(bad, "cpu");
+      parse_pad_to_multiple_of(bad, 64);
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("pad_to_multiple_of"), std::string::npos);

@@ -1,0 +1,41 @@
+// GEMM of the CPU backend: one oneDNN matmul primitive per shape, created at compile time and shared between the
+// programs and layers that use the same shape (a 28-layer model needs ~20 distinct GEMMs, not 600).
+#pragma once
+
+#include <cstdint>
+
+#include <dnnl.hpp>
+
+#include "core/dtype.h"
+
+namespace trl::cpu {
+
+// The process's oneDNN CPU engine.
+const dnnl::engine& dnnl_engine();
+
+// C[M,N] (+)= op(A)·op(B) with A, B given by strides, as one oneDNN matmul primitive fixed at construction.
+// On a CPU where oneDNN has no bf16 matmul (no AVX-512: oneDNN 2.6 needs it for bf16), the GEMM widens its bf16
+// operands to f32 per call and runs an f32 primitive instead: same results up to f32 summation order, slower.
+class Gemm {
+ public:
+  // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N with row stride ldc (0 = N).
+  // Optional bias [N] f32; accumulate: C += A·B instead of C = A·B.
+  Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, bool bias,
+       bool accumulate, int64_t ldc = 0);
+  // Safe to call from several threads at once: each thread executes on its own oneDNN stream and scratchpad.
+  void run(const void* a, const void* b, void* c, const void* bias = nullptr) const;
+
+  int64_t flops() const { return 2 * M_ * N_ * K_; }
+
+ private:
+  bool create(DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, int64_t ldc, bool bias, bool accumulate);
+
+  int64_t M_, N_, K_, sa_m_, sa_k_, sb_k_, sb_n_, ldc_;
+  DType ta_, tb_, tc_;
+  bool widen_a_ = false, widen_b_ = false, widen_c_ = false;
+  dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;
+  dnnl::matmul prim_;
+  bool has_bias_ = false;
+};
+
+}  // namespace trl::cpu

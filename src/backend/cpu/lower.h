@@ -1,0 +1,107 @@
+// Lowering on the CPU backend: each graph node becomes one kernel, a closure whose shapes, dtypes and oneDNN
+// primitives are fixed at compile time and which reads its operands through the program's context while it runs.
+// The op table (cpu_backend.cpp, `kLowerings`) maps every graph::Op to the function below that lowers it; the
+// functions live in one file per op family (docs/ARCHITECTURE.md, "Adding an op"):
+//
+//   ops_memory.cpp      embedding, embedding_backward, cast, fill, slice, kv_cache_write
+//   ops_elementwise.cpp add, scale_by, swiglu, swiglu_backward, weighted_sum, sum_rows
+//   ops_matmul.cpp      matmul (GEMM or GEMV), matmul_nn, matmul_tn
+//   ops_norm.cpp        rms_norm, rms_norm_back_x, rms_norm_back_w
+//   ops_rope.cpp        rope
+//   ops_attention.cpp   attention (blocked, at cache positions), attention_backward
+//   ops_vocab.cpp       token_logprobs, entropy, token_argmax_match and their backward (one pass over V)
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace trl::cpu {
+
+using Kernel = std::function<void()>;
+struct Arena;
+
+// What lowering functions see of the program being compiled, and what its kernels read while it runs. A program
+// owns its context and never moves, so kernels keep a pointer to it.
+class ProgramContext {
+ public:
+  ProgramContext(const ProgramContext&) = delete;
+  ProgramContext& operator=(const ProgramContext&) = delete;
+
+  const graph::Graph& graph() const { return g_; }
+  const graph::Node& nd(graph::ValueId v) const { return g_.node(v); }
+  // The address of value v's data; valid inside a kernel (the program binds every value before it runs).
+  void* p(graph::ValueId v) const { return ptr_[static_cast<size_t>(v)]; }
+  // Whether node v writes into the buffer of one of its inputs (the planner decided so; see program.cpp).
+  bool inplace(graph::ValueId v) const { return inplace_[static_cast<size_t>(v)]; }
+  // Reserves `bytes` of the arena's scratch, after the planned buffers (64-byte aligned), for state a kernel keeps
+  // between runs or hands to a later node of the same run; returns the offset to pass to scratch().
+  size_t reserve_scratch(size_t bytes) {
+    const size_t at = scratch_bytes_;
+    scratch_bytes_ += (bytes + 63) / 64 * 64;
+    return at;
+  }
+  char* scratch(size_t offset) const;
+  // State shared by the lowerings of one op family within this program (e.g. the vocabulary pass of ops_vocab.cpp),
+  // made on first use.
+  template <class T>
+  T& family_state(const std::string& key) {
+    auto& slot = family_state_[key];
+    if (!slot) slot = std::make_shared<T>();
+    return *static_cast<T*>(slot.get());
+  }
+
+ protected:
+  explicit ProgramContext(graph::Graph g) : g_(std::move(g)) {}
+  ~ProgramContext() = default;
+
+  graph::Graph g_;
+  std::vector<void*> ptr_;
+  std::vector<bool> inplace_;
+  std::shared_ptr<Arena> arena_;
+  size_t arena_bytes_ = 0;    // the planned buffers
+  size_t scratch_bytes_ = 0;  // kernels' own state, after the planned buffers
+  std::map<std::string, std::shared_ptr<void>> family_state_;
+};
+
+// Lowers node `id` of c->graph(); a null Kernel means the node needs no work (aliases such as reshape).
+using LowerFn = Kernel (*)(ProgramContext* c, graph::ValueId id);
+// The op table's entry for `op` (never null: every op has one, checked at compile time).
+LowerFn lowering(graph::Op op);
+
+Kernel lower_alias(ProgramContext* c, graph::ValueId id);  // Input, Reshape, View
+// ops_memory.cpp
+Kernel lower_embedding(ProgramContext* c, graph::ValueId id);
+Kernel lower_embedding_backward(ProgramContext* c, graph::ValueId id);
+Kernel lower_cast(ProgramContext* c, graph::ValueId id);
+Kernel lower_fill(ProgramContext* c, graph::ValueId id);
+Kernel lower_slice(ProgramContext* c, graph::ValueId id);
+Kernel lower_kv_cache_write(ProgramContext* c, graph::ValueId id);
+// ops_elementwise.cpp
+Kernel lower_add(ProgramContext* c, graph::ValueId id);
+Kernel lower_scale_by(ProgramContext* c, graph::ValueId id);
+Kernel lower_swiglu(ProgramContext* c, graph::ValueId id);
+Kernel lower_swiglu_backward(ProgramContext* c, graph::ValueId id);
+Kernel lower_weighted_sum(ProgramContext* c, graph::ValueId id);
+Kernel lower_sum_rows(ProgramContext* c, graph::ValueId id);
+// ops_matmul.cpp
+Kernel lower_matmul(ProgramContext* c, graph::ValueId id);
+Kernel lower_matmul_nn(ProgramContext* c, graph::ValueId id);
+Kernel lower_matmul_tn(ProgramContext* c, graph::ValueId id);
+// ops_norm.cpp
+Kernel lower_rms_norm(ProgramContext* c, graph::ValueId id);
+Kernel lower_rms_norm_backward(ProgramContext* c, graph::ValueId id);  // RmsNormBackX and RmsNormBackW
+// ops_rope.cpp
+Kernel lower_rope(ProgramContext* c, graph::ValueId id);
+// ops_attention.cpp
+Kernel lower_attention(ProgramContext* c, graph::ValueId id);
+Kernel lower_attention_backward(ProgramContext* c, graph::ValueId id);
+// ops_vocab.cpp: TokenLogprobs, Entropy, TokenArgmaxMatch, TokenLogprobsBackward, EntropyBackward
+Kernel lower_vocab(ProgramContext* c, graph::ValueId id);
+
+}  // namespace trl::cpu

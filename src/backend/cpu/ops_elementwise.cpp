@@ -1,0 +1,135 @@
+// Elementwise and reduction ops on the CPU: add, scale_by, swiglu and its backward, weighted_sum, sum_rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/elementwise.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/lower.h"
+#include "backend/cpu/vec.h"
+#include "core/cpu_features.h"
+#include "core/error.h"
+
+namespace trl::cpu {
+
+using graph::kNone;
+using graph::Node;
+using graph::Op;
+
+// a,b: same shape -> a + b
+Kernel lower_add(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0], b = n.inputs[1];
+  const DType da = cx->nd(a).dtype, db = cx->nd(b).dtype;
+  const int64_t count = shape_numel(n.shape);
+  return [cx, id, a, b, da, db, od, count] {
+    if (da == DType::F32 && db == DType::F32 && od == DType::F32) {
+      const float* x = static_cast<const float*>(cx->p(a));
+      const float* y = static_cast<const float*>(cx->p(b));
+      float* z = static_cast<float*>(cx->p(id));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) z[i] = x[i] + y[i];
+      return;
+    }
+    dispatch(da, cx->p(a), db, cx->p(b), od, cx->p(id), [&](auto x, auto y, auto z) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) z.st(i, x.ld(i) + y.ld(i));
+    });
+  };
+}
+
+// w:[...], s:[] -> w·s
+Kernel lower_scale_by(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0], s = n.inputs[1];
+  const DType da = cx->nd(a).dtype, ds = cx->nd(s).dtype;
+  const int64_t count = shape_numel(n.shape);
+  return [cx, id, a, s, da, ds, od, count] {
+    const float sc = ld(cx->p(s), ds, 0);
+    dispatch(da, cx->p(a), od, cx->p(id), [&](auto x, auto z) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) z.st(i, sc * x.ld(i));
+    });
+  };
+}
+
+// gate,up:[...,F] -> silu(gate)·up (silu rounded to the gate dtype first, as Transformers does)
+Kernel lower_swiglu(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0], b = n.inputs[1];
+  const DType da = cx->nd(a).dtype, db = cx->nd(b).dtype;
+  const int64_t count = shape_numel(n.shape);
+  return [cx, id, a, b, da, db, od, count] {
+    dispatch(da, cx->p(a), db, cx->p(b), od, cx->p(id), [&](auto ga, auto ub, auto out) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float g = ga.ld(i);
+        out.st(i, ga.round(g / (1.0f + std::exp(-g))) * ub.ld(i));
+      }
+    });
+  };
+}
+
+// gate, up, dy:[...,F] -> packed [dgate | dup]
+Kernel lower_swiglu_backward(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0], b = n.inputs[1], dy = n.inputs[2];
+  const DType da = cx->nd(a).dtype, db = cx->nd(b).dtype, dd = cx->nd(dy).dtype;
+  const int64_t count = shape_numel(cx->nd(a).shape);
+  return [cx, id, a, b, dy, da, db, dd, od, count] {
+    const DType pair = da == db ? da : DType::F64;  // gate and up share a dtype in practice (else: any-dtype loads)
+    dispatch(pair, cx->p(a), dd, cx->p(dy), od, cx->p(id), [&](auto ga, auto dya, auto out) {
+      auto ub = ga;
+      ub.p = static_cast<decltype(ga.p)>(cx->p(b));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float g = ga.ld(i), u = ub.ld(i), d = dya.ld(i);
+        const float sig = 1.0f / (1.0f + std::exp(-g));
+        out.st(i, d * u * sig * (1.0f + g * (1.0f - sig)));
+        out.st(count + i, d * g * sig);
+      }
+    });
+  };
+}
+
+// x:[...], weights:[...] -> [] Σ x·weights (f64 accumulation)
+Kernel lower_weighted_sum(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0], w = n.inputs[1];
+  const DType da = cx->nd(a).dtype, dw = cx->nd(w).dtype;
+  const int64_t count = shape_numel(cx->nd(a).shape);
+  return [cx, id, a, w, da, dw, od, count] {
+    double acc = 0;
+    for (int64_t i = 0; i < count; ++i) acc += static_cast<double>(ld(cx->p(a), da, i)) * ld(cx->p(w), dw, i);
+    st(cx->p(id), od, 0, static_cast<float>(acc));
+  };
+}
+
+// x:[...,N] -> [N] (sums over every leading dim)
+Kernel lower_sum_rows(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId a = n.inputs[0];
+  const DType da = cx->nd(a).dtype;
+  const int64_t N = cx->nd(a).shape.back(), R = shape_numel(cx->nd(a).shape) / N;
+  return [cx, id, a, da, od, N, R] {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < N; ++c) {
+      float acc = 0;
+      for (int64_t r = 0; r < R; ++r) acc += ld(cx->p(a), da, r * N + c);
+      st(cx->p(id), od, c, acc);
+    }
+  };
+}
+
+}  // namespace trl::cpu

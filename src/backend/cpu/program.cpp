@@ -1,0 +1,258 @@
+#include "backend/cpu/program.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace trl::cpu {
+
+using graph::kNone;
+using graph::Node;
+using graph::Op;
+
+void Arena::reserve(size_t need) {
+  if (keepalive && bytes >= need) return;
+  // If the new buffer cannot be had, the arena is left empty with a new version: no program runs on the released
+  // buffer, and the next run() reserves what it needs again.
+  buffer = Tensor();
+  keepalive.reset();
+  bytes = 0;
+  ++version;
+  buffer = Tensor::uninitialized(DType::I32, {static_cast<int64_t>((need + 3) / 4 + 16)});
+  keepalive = std::make_shared<Tensor>(buffer);
+  bytes = need;
+  ++version;
+}
+
+char* ProgramContext::scratch(size_t offset) const {
+  return static_cast<char*>(arena_->buffer.mutable_data()) + arena_bytes_ + offset;
+}
+
+ThreadScope::ThreadScope(int threads) : saved_(omp_get_max_threads()) {
+  if (threads > 0 && threads != saved_) omp_set_num_threads(threads);
+}
+ThreadScope::~ThreadScope() {
+  if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+}
+
+CpuProgram::CpuProgram(graph::Graph g, const ProgramOptions& options, std::shared_ptr<Arena> arena, const std::string* cached_plan, bool* used)
+    : ProgramContext(std::move(g)), options_(options) {
+  ThreadScope threads(options_.num_threads);  // oneDNN sizes its primitives for the threads they will run on
+  arena_ = arena ? std::move(arena) : std::make_shared<Arena>();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool reused = cached_plan != nullptr && load_plan(*cached_plan);
+  if (used) *used = reused;
+  if (!reused) plan();
+  ptr_.assign(g_.nodes.size(), nullptr);
+  arena_->reserve(arena_bytes_);
+  bind_arena();
+  lower_all();
+  if (scratch_bytes_ > 0) {  // lowering asked for scratch: the arena grows past the planned buffers
+    arena_->reserve(arena_bytes_ + scratch_bytes_);
+    bind_arena();
+  }
+  compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+CpuProgram::~CpuProgram() {
+  if (!options_.profile) return;
+  std::fprintf(stderr, "[trl profile] seconds per op kind over all runs of this program:\n");
+  for (size_t k = 0; k < op_seconds_.size(); ++k)
+    if (op_seconds_[k] > 0) std::fprintf(stderr, "  %-24s %8.3f\n", graph::op_name(static_cast<Op>(k)), op_seconds_[k]);
+}
+
+// One kernel per node, through the op table; an error names the node being lowered.
+void CpuProgram::lower_all() {
+  kernels_.reserve(g_.nodes.size());
+  for (size_t i = 0; i < g_.nodes.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    try {
+      kernels_.push_back(lowering(n.op)(this, static_cast<graph::ValueId>(i)));
+    } catch (const Error& e) {
+      fail("cpu backend: lowering node %{} ({} '{}'): {}", i, graph::op_name(n.op), n.name, e.what());
+    }
+  }
+}
+
+std::vector<Tensor> CpuProgram::run(const TensorMap& inputs) {
+  ThreadScope threads(options_.num_threads);
+  const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+  arena_->reserve(arena_bytes_ + scratch_bytes_);  // a no-op unless an allocation failed since this program was made
+  if (bound_version_ != arena_->version) bind_arena();
+  for (size_t i = 0; i < g_.inputs.size(); ++i) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
+  for (size_t i = 0; i < g_.nodes.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    if (n.op == Op::Reshape || n.op == Op::View) {
+      ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
+    } else if (inplace_[i]) {
+      ptr_[i] = ptr_[static_cast<size_t>(n.inputs[2])];
+    } else if (n.op == Op::KvCacheWrite) {  // the static cache is updated in the bound tensor itself
+      ptr_[i] = ptr_[static_cast<size_t>(n.inputs[0])];
+    }
+    if (kernels_[i]) {
+      if (options_.check_guards) fill_guard(i);
+      const auto t0 = options_.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      kernels_[i]();
+      if (options_.profile) op_seconds_[static_cast<size_t>(n.op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (options_.check_guards) verify_guard(i);
+    }
+  }
+  // Outputs are views into the arena (no copy): valid until this program runs again (clone() to keep one).
+  return outputs(bound);
+}
+
+std::vector<Tensor> CpuProgram::outputs(const std::vector<Tensor>& bound) {
+  std::vector<Tensor> out;
+  for (graph::ValueId v : g_.outputs) {
+    const Node& n = g_.node(v);
+    if (n.op == Op::Input) {
+      out.push_back(bound[static_cast<size_t>(std::find(g_.inputs.begin(), g_.inputs.end(), v) - g_.inputs.begin())]);
+      continue;
+    }
+    out.push_back(Tensor::view(ptr_[static_cast<size_t>(v)], n.dtype, n.shape, arena_->keepalive, StorageKind::View));
+  }
+  return out;
+}
+
+// ---- memory planning: one arena, first-fit reuse of buffers whose last reader has run ----
+void CpuProgram::plan() {
+  const size_t n = g_.nodes.size();
+  ptr_.assign(n, nullptr);
+  std::vector<size_t> root(n), last(n, 0);
+  inplace_.assign(n, false);
+  auto liveness = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      const Node& nd = g_.nodes[i];
+      const bool alias = nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || inplace_[i];
+      root[i] = alias ? root[static_cast<size_t>(nd.op == Op::EmbeddingBackward ? nd.inputs[2] : nd.inputs[0])] : i;
+    }
+    std::fill(last.begin(), last.end(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      last[root[i]] = std::max(last[root[i]], i);
+      for (graph::ValueId in : g_.nodes[i].inputs)
+        if (in != kNone) last[root[static_cast<size_t>(in)]] = std::max(last[root[static_cast<size_t>(in)]], i);
+    }
+    for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
+  };
+  liveness();
+  // In-place update: the scatter-add of a tied embedding's gradient adds into its base (the head's gradient)
+  // when nothing reads the base afterwards, instead of copying [V, C] floats first.
+  bool any_inplace = false;
+  for (size_t i = 0; i < n; ++i) {
+    const Node& nd = g_.nodes[i];
+    if (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone) continue;
+    const size_t base = static_cast<size_t>(nd.inputs[2]);
+    if (g_.nodes[base].dtype == nd.dtype && g_.nodes[root[base]].op != Op::Input && last[root[base]] == i) inplace_[i] = any_inplace = true;
+  }
+  if (any_inplace) liveness();
+  struct Block {
+    size_t offset, size;
+  };
+  std::vector<Block> free_blocks;
+  std::vector<std::pair<size_t, Block>> live;  // (last use, block)
+  offsets_.assign(n, SIZE_MAX);
+  size_t top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    // Release buffers whose last reader ran before this node.
+    for (size_t k = 0; k < live.size();) {
+      if (live[k].first < i) {
+        free_blocks.push_back(live[k].second);
+        live[k] = live.back();
+        live.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    const Node& nd = g_.nodes[i];
+    if (nd.op == Op::Input || root[i] != i) continue;
+    const size_t bytes = (static_cast<size_t>(shape_numel(nd.shape)) * dtype_size(nd.dtype) + 63) / 64 * 64 + 64;
+    size_t best = SIZE_MAX;
+    for (size_t k = 0; k < free_blocks.size(); ++k)
+      if (free_blocks[k].size >= bytes && (best == SIZE_MAX || free_blocks[k].size < free_blocks[best].size)) best = k;
+    Block b;
+    if (best != SIZE_MAX) {
+      b = free_blocks[best];
+      free_blocks.erase(free_blocks.begin() + static_cast<std::ptrdiff_t>(best));
+      if (b.size > bytes + 4096) free_blocks.push_back({b.offset + bytes, b.size - bytes}), b.size = bytes;
+    } else {
+      b = {top, bytes};
+      top += bytes;
+    }
+    offsets_[i] = b.offset;
+    live.emplace_back(last[i], b);
+  }
+  arena_bytes_ = top;
+}
+
+// The plan as text: a header line, then "offset inplace" per node (offset - for none).
+static constexpr const char* kPlanMagic = "trl-cpu-plan 1";
+std::string CpuProgram::plan_blob() const {
+  std::string out = fmt::format("{} {} {}\n", kPlanMagic, g_.nodes.size(), arena_bytes_);
+  for (size_t i = 0; i < g_.nodes.size(); ++i)
+    out += offsets_[i] == SIZE_MAX ? fmt::format("- {}\n", inplace_[i] ? 1 : 0) : fmt::format("{} {}\n", offsets_[i], inplace_[i] ? 1 : 0);
+  return out;
+}
+
+// Adopts a plan_blob() after checking that it fits this graph: node count, every buffer inside the arena, buffers
+// exactly for the nodes that need one, in-place only where allowed. Anything else: false (plan anew).
+bool CpuProgram::load_plan(const std::string& blob) {
+  std::istringstream in(blob);
+  std::string magic1, magic2;
+  size_t n = 0, arena = 0;
+  if (!(in >> magic1 >> magic2 >> n >> arena) || magic1 + " " + magic2 != kPlanMagic || n != g_.nodes.size()) return false;
+  std::vector<size_t> offsets(n, SIZE_MAX);
+  std::vector<bool> inplace(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    std::string off;
+    int ip = 0;
+    if (!(in >> off >> ip) || (ip != 0 && ip != 1)) return false;
+    const Node& nd = g_.nodes[i];
+    const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || ip == 1;
+    if (ip == 1 && (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone)) return false;
+    if (off == "-") {
+      if (!alias) return false;
+    } else {
+      if (alias) return false;
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(off.c_str(), &end, 10);
+      if (end == off.c_str() || *end != '\0' || v + data_bytes(i) + 64 > arena) return false;
+      offsets[i] = static_cast<size_t>(v);
+    }
+    inplace[i] = ip == 1;
+  }
+  offsets_ = std::move(offsets);
+  inplace_ = std::move(inplace);
+  arena_bytes_ = arena;
+  return true;
+}
+
+void CpuProgram::bind_arena() {
+  char* base = static_cast<char*>(arena_->buffer.mutable_data());
+  for (size_t i = 0; i < ptr_.size(); ++i)
+    if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];
+  bound_version_ = arena_->version;
+}
+
+// Every buffer is followed by at least 64 bytes of padding. With TRL_CHECK_GUARDS=1 the padding is filled with
+// a pattern before each node runs and checked after it, so a kernel writing past its output is caught by name.
+size_t CpuProgram::data_bytes(size_t i) const { return static_cast<size_t>(shape_numel(g_.nodes[i].shape)) * dtype_size(g_.nodes[i].dtype); }
+void CpuProgram::fill_guard(size_t i) {
+  if (offsets_[i] != SIZE_MAX) std::memset(static_cast<char*>(ptr_[i]) + data_bytes(i), 0xAB, 64);
+}
+void CpuProgram::verify_guard(size_t i) const {
+  if (offsets_[i] == SIZE_MAX) return;
+  const unsigned char* g = static_cast<const unsigned char*>(ptr_[i]) + data_bytes(i);
+  for (int k = 0; k < 64; ++k)
+    if (g[k] != 0xAB) fail("cpu backend: node %{} ({} '{}') wrote past the end of its output", i, graph::op_name(g_.nodes[i].op), g_.nodes[i].name);
+}
+
+}  // namespace trl::cpu

@@ -1,0 +1,270 @@
+// Vector kernels of the CPU backend: the hot inner loops (reductions GCC will not vectorise on its own), each
+// compiled for AVX-512, AVX2 and the x86-64 baseline; the loader picks one at run time (GCC target_clones), so the
+// binary runs anywhere and never needs -march=native. The AVX512-BF16 dot products are separate functions that
+// callers select when cpu_features().avx512bf16 says so. Every function works on one row (n or K elements) and is
+// callable on its own (tests/backend/op_table_test.cpp, dev micro-benchmarks).
+#include "backend/cpu/vec.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+
+#include "core/dtype.h"
+
+namespace trl::cpu::vec {
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define TRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TRL_MULTIVERSION
+#endif
+TRL_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * b[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+// e^v, written so that loops over it vectorise: range reduction v = k·ln2 + r with |r| <= ln2/2, a degree-6
+// polynomial for e^r (relative error < 2e-7) and 2^k built in the exponent bits. -inf (a masked score) and
+// anything below -87 give exactly 0. Used for v <= 0 (values minus their row maximum).
+__attribute__((always_inline)) inline float exp_nonpositive(float v) {
+  const float vc = v < -87.0f ? -87.0f : v;
+  const float kf = __builtin_floorf(vc * 1.44269504f + 0.5f);
+  const float r = (vc - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+  const float poly = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+  const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, 4);
+  return v < -87.0f ? 0.0f : poly * scale;
+}
+// The f32 bits of x rounded to bf16 (nearest even; NaN stays a quiet NaN): branch-free, so loops vectorise.
+__attribute__((always_inline)) inline uint32_t bf16_rounded_bits(float x) {
+  uint32_t b;
+  __builtin_memcpy(&b, &x, 4);
+  const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return nan ? (b | 0x00400000u) & 0xffff0000u : r;
+}
+__attribute__((always_inline)) inline float bf16_round(float x) {
+  const uint32_t b = bf16_rounded_bits(x);
+  float f;
+  __builtin_memcpy(&f, &b, 4);
+  return f;
+}
+// Attention's scores for one query row, before the softmax: x ← scale·x with the rounding of the model dtype
+// (bf16: round(round(x)·scale), as eager Transformers stores bf16 scores), -inf where the key's segment id differs
+// from `seg` (key_seg null: no mask); returns the row's maximum.
+TRL_MULTIVERSION float attention_scores(float* x, int64_t n, float scale, bool bf16, const int32_t* key_seg, int32_t seg) {
+  float acc[16];
+  for (int k = 0; k < 16; ++k) acc[k] = -INFINITY;
+  int64_t i = 0;
+  auto one = [&](int64_t j) {
+    float v = bf16 ? bf16_round(bf16_round(x[j]) * scale) : x[j] * scale;
+    if (key_seg && key_seg[j] != seg) v = -INFINITY;
+    x[j] = v;
+    return v;
+  };
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) {
+      const float v = one(i + k);
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
+  float mx = -INFINITY;
+  for (int k = 0; k < 16; ++k) mx = acc[k] > mx ? acc[k] : mx;
+  for (; i < n; ++i) {
+    const float v = one(i);
+    mx = v > mx ? v : mx;
+  }
+  return mx;
+}
+// x ← x·inv (rounded to bf16 when bf16), and its bf16 bits into out16 when given: the softmax's normalisation.
+TRL_MULTIVERSION void scale_round(float* x, int64_t n, float inv, bool bf16, uint16_t* out16) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bf16 ? bf16_round(x[i] * inv) : x[i] * inv;
+    x[i] = v;
+    if (out16) out16[i] = static_cast<uint16_t>(bf16_rounded_bits(v) >> 16);
+  }
+}
+// The softmax backward of one row: d ← p∘(d − p·d)·scale, and its bf16 bits into out16 when given.
+TRL_MULTIVERSION void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint16_t* out16) {
+  const float pdp = dot(p, d, n);
+  for (int64_t j = 0; j < n; ++j) {
+    d[j] = p[j] * (d[j] - pdp) * scale;
+    if (out16) out16[j] = static_cast<uint16_t>(bf16_rounded_bits(d[j]) >> 16);
+  }
+}
+// The upper 16 bits of each f32 (exactly its bf16 value when x is already rounded to bf16).
+TRL_MULTIVERSION void bf16_bits(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    __builtin_memcpy(&b, x + i, 4);
+    out[i] = static_cast<uint16_t>(b >> 16);
+  }
+}
+// x[i] = exp(x[i] - shift).
+TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i] - shift);
+}
+// x ← e^(x - shift), and returns Σ e^(x-shift); with ey, also *ey = Σ e^(x-shift)·(x-shift) (entropy): one pass.
+template <bool kEy>
+__attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t n, float shift, float* ey) {
+  float acc[16] = {}, acc2[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) {
+      const float v = x[i + k] - shift, e = exp_nonpositive(v);
+      x[i + k] = e;
+      acc[k] += e;
+      if (kEy) acc2[k] += e * v;
+    }
+  float s = 0, s2 = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k], s2 += acc2[k];
+  for (; i < n; ++i) {
+    const float v = x[i] - shift, e = exp_nonpositive(v);
+    x[i] = e;
+    s += e;
+    if (kEy) s2 += e * v;
+  }
+  if (kEy) *ey = s2;
+  return s;
+}
+TRL_MULTIVERSION float exp_shift_sum(float* x, int64_t n, float shift) { return exp_shift_sum_impl<false>(x, n, shift, nullptr); }
+TRL_MULTIVERSION float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) { return exp_shift_sum_impl<true>(x, n, shift, ey); }
+TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * bf16_to_f32(b[i + k]);
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
+  return s;
+}
+// out[m] = x[m, :]·w for M <= 8 rows of x and one bf16 row w, reading w once. One instantiation per M, so the
+// M x 16 accumulators stay in registers.
+template <int M>
+__attribute__((always_inline)) inline void dots_bf16_impl(const float* x, int64_t K, const uint16_t* w, float* out) {
+  float acc[M][16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= K; i += 16) {
+    float wf[16];
+    for (int k = 0; k < 16; ++k) wf[k] = bf16_to_f32(w[i + k]);
+    for (int m = 0; m < M; ++m)
+      for (int k = 0; k < 16; ++k) acc[m][k] += x[m * K + i + k] * wf[k];
+  }
+  for (int m = 0; m < M; ++m) {
+    float s = 0;
+    for (int k = 0; k < 16; ++k) s += acc[m][k];
+    for (int64_t j = i; j < K; ++j) s += x[m * K + j] * bf16_to_f32(w[j]);
+    out[m] = s;
+  }
+}
+#define TRL_DOTS(M) \
+  TRL_MULTIVERSION void dots_bf16_##M(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M>(x, K, w, out); }
+TRL_DOTS(2)
+TRL_DOTS(3)
+TRL_DOTS(4)
+TRL_DOTS(5)
+TRL_DOTS(6)
+TRL_DOTS(7)
+TRL_DOTS(8)
+#undef TRL_DOTS
+void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  switch (M) {
+    case 1: out[0] = dot_bf16(x, w, K); return;
+    case 2: return dots_bf16_2(x, K, w, out);
+    case 3: return dots_bf16_3(x, K, w, out);
+    case 4: return dots_bf16_4(x, K, w, out);
+    case 5: return dots_bf16_5(x, K, w, out);
+    case 6: return dots_bf16_6(x, K, w, out);
+    case 7: return dots_bf16_7(x, K, w, out);
+    default: return dots_bf16_8(x, K, w, out);
+  }
+}
+#if defined(__x86_64__)
+// The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in f32). Selected at run
+// time when the CPU has it and the activations are bf16.
+template <int M>
+__attribute__((target("avx512f,avx512bf16"))) void dots_bf16bf16_impl(const uint16_t* x, int64_t K, const uint16_t* w, float* out) {
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= K; i += 32) {
+    const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + i));
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_dpbf16_ps(acc[m], reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + i)), wv);
+  }
+  for (int m = 0; m < M; ++m) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[m]);
+    float s = 0;
+    for (float l : lanes) s += l;
+    for (int64_t j = i; j < K; ++j) s += bf16_to_f32(x[m * K + j]) * bf16_to_f32(w[j]);
+    out[m] = s;
+  }
+}
+// One row: four independent accumulators, so the loop is bound by loads rather than by the dot product's latency.
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16bf16(const uint16_t* x, int64_t K, const uint16_t* w) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+#define ld16(p) reinterpret_cast<__m512bh>(_mm512_loadu_si512(p))
+  int64_t i = 0;
+  for (; i + 128 <= K; i += 128) {
+    a0 = _mm512_dpbf16_ps(a0, ld16(x + i), ld16(w + i));
+    a1 = _mm512_dpbf16_ps(a1, ld16(x + i + 32), ld16(w + i + 32));
+    a2 = _mm512_dpbf16_ps(a2, ld16(x + i + 64), ld16(w + i + 64));
+    a3 = _mm512_dpbf16_ps(a3, ld16(x + i + 96), ld16(w + i + 96));
+  }
+  for (; i + 32 <= K; i += 32) a0 = _mm512_dpbf16_ps(a0, ld16(x + i), ld16(w + i));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  float s = 0;
+  for (float l : lanes) s += l;
+  for (; i < K; ++i) s += bf16_to_f32(x[i]) * bf16_to_f32(w[i]);
+  return s;
+}
+#undef ld16
+__attribute__((target("avx512f,avx512bf16"))) void dots_bf16bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  switch (M) {
+    case 1: out[0] = dot_bf16bf16(x, K, w); return;
+    case 2: return dots_bf16bf16_impl<2>(x, K, w, out);
+    case 3: return dots_bf16bf16_impl<3>(x, K, w, out);
+    case 4: return dots_bf16bf16_impl<4>(x, K, w, out);
+    case 5: return dots_bf16bf16_impl<5>(x, K, w, out);
+    case 6: return dots_bf16bf16_impl<6>(x, K, w, out);
+    case 7: return dots_bf16bf16_impl<7>(x, K, w, out);
+    default: return dots_bf16bf16_impl<8>(x, K, w, out);
+  }
+}
+#endif
+// x[i] = round_bf16(x[i]) (round to nearest even; NaN stays NaN), vectorised.
+TRL_MULTIVERSION void round_to_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    __builtin_memcpy(&b, &x[i], 4);
+    const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = ((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+    const uint32_t out = nan ? (b | 0x00400000u) & 0xffff0000u : r;
+    __builtin_memcpy(&x[i], &out, 4);
+  }
+}
+// y += a·x for bf16 x.
+TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
+}
+TRL_MULTIVERSION float sum(const float* x, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += x[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+}  // namespace trl::cpu::vec

@@ -1,0 +1,43 @@
+// Vector kernels of the CPU backend (vec.cpp): one row at a time, f32 arithmetic, run-time ISA dispatch.
+// Names: x, y rows of n elements; w a weight row of K elements; M rows of x stored one after the other.
+#pragma once
+
+#include <cstdint>
+
+namespace trl::cpu::vec {
+
+// Σ a[i]·b[i] over n.
+float dot(const float* a, const float* b, int64_t n);
+// Σ a[i]·b[i] over n with a bf16 b.
+float dot_bf16(const float* a, const uint16_t* b, int64_t n);
+// out[m] = x[m, :]·w for m < M <= 8 (M > 8 is treated as 8), reading the bf16 row w once.
+void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out);
+#if defined(__x86_64__)
+// The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps). Only on a CPU with avx512bf16 (cpu_features()).
+void dots_bf16bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* out);
+#endif
+// Σ x[i] over n.
+float sum(const float* x, int64_t n);
+// y[i] += a·x[i] over n with a bf16 x.
+void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n);
+
+// Attention's scores for one query row before the softmax: x ← scale·x with the rounding of the model dtype (bf16:
+// round(round(x)·scale), as eager Transformers stores bf16 scores), -inf where key_seg[j] != seg (key_seg null: no
+// mask). Returns the row's maximum.
+float attention_scores(float* x, int64_t n, float scale, bool bf16, const int32_t* key_seg, int32_t seg);
+// x ← x·inv (rounded to bf16 when bf16), and its bf16 bits into out16 when given: the softmax's normalisation.
+void scale_round(float* x, int64_t n, float inv, bool bf16, uint16_t* out16);
+// The softmax backward of one row: d ← p∘(d − p·d)·scale, and its bf16 bits into out16 when given.
+void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint16_t* out16);
+// x[i] ← e^(x[i] − shift) for x[i] <= shift (the row's maximum); -inf gives 0.
+void exp_shift(float* x, int64_t n, float shift);
+// The same, returning Σ e^(x − shift).
+float exp_shift_sum(float* x, int64_t n, float shift);
+// The same, also *ey = Σ e^(x − shift)·(x − shift) (entropy): one pass.
+float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey);
+// x[i] ← round_bf16(x[i]) (nearest even; NaN stays NaN).
+void round_to_bf16(float* x, int64_t n);
+// out[i] = the upper 16 bits of x[i] (exactly its bf16 value when x is already rounded to bf16).
+void bf16_bits(const float* x, int64_t n, uint16_t* out);
+
+}  // namespace trl::cpu::vec
