@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/causal_lm.h"
-#include "models/init.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
 
 using namespace trl;
 using Clock = std::chrono::steady_clock;

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/tokenizer.h"
+#include "trl/tokenizer/tokenizer.h"
 
 using Clock = std::chrono::steady_clock;
 

@@ -11,6 +11,8 @@ echo "== Release build (warnings are errors)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRL_WERROR=ON >/dev/null
 cmake --build build
 ctest --test-dir build --output-on-failure -j "$jobs"
+echo "== the installed library: headers on their own, find_package(trl) and pkg-config consumers"
+bash scripts/check-install.sh build
 echo "== backend and model tests with oneDNN limited to AVX2 (no AVX-512, no bf16 GEMM)"
 ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512BF16=1 ctest --test-dir build --output-on-failure -j "$jobs" -R 'Cpu|Golden|ProgramCache|Checkpointing|Generat'
 

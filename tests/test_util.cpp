@@ -9,8 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "models/init.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/models/init.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl::test {
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "models/causal_lm.h"
+#include "trl/models/causal_lm.h"
 
 namespace trl {
 class Tokenizer;

@@ -14,22 +14,22 @@
 // Model ids resolve only in the local Hugging Face cache; nothing is downloaded.
 #pragma once
 
-#include "backend/backend.h"
-#include "backend/cpu/cpu_backend.h"
-#include "backend/registry.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "generation/generate.h"
-#include "io/hub.h"
-#include "io/model_config.h"
-#include "io/safetensors.h"
-#include "models/causal_lm.h"
-#include "models/init.h"
-#include "models/score.h"
-#include "runtime/runtime.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/backend/backend.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/backend/registry.h"
+#include "trl/core/dtype.h"
+#include "trl/core/error.h"
+#include "trl/core/tensor.h"
+#include "trl/generation/generate.h"
+#include "trl/io/hub.h"
+#include "trl/io/model_config.h"
+#include "trl/io/safetensors.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
+#include "trl/models/score.h"
+#include "trl/runtime/runtime.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl {
 
@@ -44,7 +44,7 @@ struct AutoModelForCausalLM {
   }
 };
 
-// Transformers' model.generate(): prompts of token ids in, sequences out (see src/generation/generate.h). For
+// Transformers' model.generate(): prompts of token ids in, sequences out (see include/trl/generation/generate.h). For
 // repeated calls keep a trl::Generator, which keeps the compiled programs and the KV cache between calls.
 inline GenerationOutput generate(const CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& config = {},
                                  const Tokenizer* tokenizer = nullptr) {

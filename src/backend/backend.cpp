@@ -1,6 +1,6 @@
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

@@ -1,4 +1,4 @@
-#include "backend/program_cache.h"
+#include "trl/backend/program_cache.h"
 
 #include <chrono>
 #include <cstdio>
@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "runtime/runtime.h"
+#include "trl/runtime/runtime.h"
 
 namespace trl {
 

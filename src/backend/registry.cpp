@@ -1,12 +1,12 @@
-#include "backend/registry.h"
+#include "trl/backend/registry.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace CLI {
 class App;

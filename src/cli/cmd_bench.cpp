@@ -10,15 +10,15 @@
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/registry.h"
-#include "backend/program_cache.h"
-#include "generation/generate.h"
+#include "trl/backend/registry.h"
+#include "trl/backend/program_cache.h"
+#include "trl/generation/generate.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/rng.h"
-#include "models/init.h"
-#include "runtime/runtime.h"
+#include "trl/models/init.h"
+#include "trl/runtime/runtime.h"
 #include "train/optim/adamw.h"
 
 namespace trl::cli {

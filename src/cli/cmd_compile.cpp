@@ -7,14 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/registry.h"
-#include "backend/program_cache.h"
+#include "trl/backend/registry.h"
+#include "trl/backend/program_cache.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
-#include "models/init.h"
-#include "runtime/runtime.h"
-#include "runtime/shapes.h"
+#include "trl/core/error.h"
+#include "trl/models/init.h"
+#include "trl/runtime/runtime.h"
+#include "trl/runtime/shapes.h"
 
 namespace trl::cli {
 

@@ -11,11 +11,11 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/fs.h"
-#include "data/dataset.h"
-#include "generation/generate.h"
-#include "models/init.h"
-#include "tokenizer/chat_template.h"
-#include "train/sft_trainer.h"
+#include "trl/data/dataset.h"
+#include "trl/generation/generate.h"
+#include "trl/models/init.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/train/sft_trainer.h"
 
 namespace trl::cli {
 

@@ -9,9 +9,9 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/cpu_features.h"
-#include "backend/registry.h"
-#include "io/hub.h"
-#include "runtime/runtime.h"
+#include "trl/backend/registry.h"
+#include "trl/io/hub.h"
+#include "trl/runtime/runtime.h"
 #include "version.h"
 
 namespace trl::cli {

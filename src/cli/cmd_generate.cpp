@@ -18,11 +18,11 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "generation/generate.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/generation/generate.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl::cli {
 

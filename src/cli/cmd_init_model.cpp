@@ -5,9 +5,9 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
-#include "io/safetensors.h"
-#include "models/init.h"
+#include "trl/core/error.h"
+#include "trl/io/safetensors.h"
+#include "trl/models/init.h"
 
 namespace trl::cli {
 

@@ -7,12 +7,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/registry.h"
+#include "trl/backend/registry.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
-#include "models/score.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/core/error.h"
+#include "trl/models/score.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl::cli {
 

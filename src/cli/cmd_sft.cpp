@@ -8,10 +8,10 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
-#include "data/dataset.h"
-#include "tokenizer/tokenizer.h"
-#include "train/sft_trainer.h"
+#include "trl/core/error.h"
+#include "trl/data/dataset.h"
+#include "trl/tokenizer/tokenizer.h"
+#include "trl/train/sft_trainer.h"
 
 namespace trl::cli {
 

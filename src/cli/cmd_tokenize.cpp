@@ -10,9 +10,9 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "core/error.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/core/error.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl::cli {
 

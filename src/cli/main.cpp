@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "version.h"
 
 namespace {

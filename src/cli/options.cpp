@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::cli {
 

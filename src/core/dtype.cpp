@@ -1,4 +1,4 @@
-#include "core/dtype.h"
+#include "trl/core/dtype.h"
 
 #include <cmath>
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

@@ -1,4 +1,4 @@
-#include "core/mapped_file.h"
+#include "trl/core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

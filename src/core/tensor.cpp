@@ -1,4 +1,4 @@
-#include "core/tensor.h"
+#include "trl/core/tensor.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include <sys/mman.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

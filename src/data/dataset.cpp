@@ -1,4 +1,4 @@
-#include "data/dataset.h"
+#include "trl/data/dataset.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 
 namespace trl {

@@ -1,12 +1,12 @@
-#include "data/sft.h"
+#include "trl/data/sft.h"
 
 #include <algorithm>
 #include <map>
 #include <numeric>
 #include <set>
 
-#include "core/error.h"
-#include "tokenizer/chat_template.h"
+#include "trl/core/error.h"
+#include "trl/tokenizer/chat_template.h"
 
 namespace trl {
 

@@ -1,4 +1,4 @@
-#include "generation/generate.h"
+#include "trl/generation/generate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,13 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/registry.h"
-#include "core/error.h"
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
-#include "runtime/shapes.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/runtime/shapes.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl {
 

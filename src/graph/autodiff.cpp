@@ -1,6 +1,6 @@
 #include "graph/autodiff.h"
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::graph {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.h"
+#include "trl/graph/graph.h"
 
 namespace trl::graph {
 

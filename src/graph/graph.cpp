@@ -1,10 +1,11 @@
-#include "graph/graph.h"
+#include "trl/graph/graph.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::graph {
 
@@ -173,6 +174,7 @@ ValueId Builder::matmul(ValueId x, ValueId w, ValueId bias, DType out, const std
   if (a.shape.empty() || b.shape.size() != 2 || a.shape.back() != b.shape[1]) {
     fail("matmul {}: x {} and w {} do not fit (x:[...,K] times w:[N,K])", name, shape_str(a.shape), shape_str(b.shape));
   }
+  if (b.shape[1] == 0) fail("matmul {}: x {} and w {} have an empty reduction dimension (K = 0)", name, shape_str(a.shape), shape_str(b.shape));
   if (bias != kNone) {
     check(bias, "matmul bias");
     const Node& c = node(bias);
@@ -196,6 +198,7 @@ ValueId Builder::rms_norm(ValueId x, ValueId w, double eps, const std::string& n
   if (a.shape.empty() || b.shape != Shape{a.shape.back()}) {
     fail("rms_norm {}: weight {} must match the last dimension of x {}", name, shape_str(b.shape), shape_str(a.shape));
   }
+  if (a.shape.back() == 0) fail("rms_norm {}: x {} has an empty last dimension", name, shape_str(a.shape));
   Node n;
   n.op = Op::RmsNorm;
   n.inputs = {x, w};
@@ -239,7 +242,8 @@ ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, do
     fail("attention {}: q {} and k/v {} / {} must be [B,T,H,D] and [B,S,Hkv,D] with H a multiple of Hkv", name, shape_str(qs),
          shape_str(ks), shape_str(vs));
   }
-  if (causal && q_pos == kNone && qs[1] > ks[1]) fail("attention {}: causal attention needs T ({}) <= S ({})", name, qs[1], ks[1]);
+  // Without q_pos, query t sits at key index t + S - T: more queries than keys would place some before the first key.
+  if (q_pos == kNone && qs[1] > ks[1]) fail("attention {}: {} queries need at least as many keys, got S = {}", name, qs[1], ks[1]);
   if (q_pos != kNone) {
     check(q_pos, "attention q_pos");
     const Node& m = node(q_pos);
@@ -508,9 +512,29 @@ ValueId Builder::rope_inverse(ValueId dy, const Node& fwd, const std::string& na
   return push(std::move(n));
 }
 
-void Builder::output(ValueId v) {
+void Builder::output(ValueId v, const std::string& name) {
   check(v, "output");
+  if (!name.empty() && std::find(graph_.output_names.begin(), graph_.output_names.end(), name) != graph_.output_names.end())
+    fail("graph builder: output '{}' declared twice", name);
   graph_.outputs.push_back(v);
+  graph_.output_names.push_back(name);
+}
+
+size_t Graph::output_index(const std::string& name) const {
+  for (size_t i = 0; i < output_names.size(); ++i)
+    if (output_names[i] == name) return i;
+  std::string known;
+  for (const std::string& n : output_names)
+    if (!n.empty()) known += (known.empty() ? "" : ", ") + n;
+  if (known.size() > 300) known = known.substr(0, 300) + ", ...";
+  fail("graph has no output named '{}' (outputs: {})", name, known.empty() ? "none named" : known);
+}
+
+std::map<std::string, size_t> Graph::output_indices() const {
+  std::map<std::string, size_t> out;
+  for (size_t i = 0; i < output_names.size(); ++i)
+    if (!output_names[i].empty()) out.emplace(output_names[i], i);
+  return out;
 }
 
 }  // namespace trl::graph

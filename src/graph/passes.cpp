@@ -2,7 +2,7 @@
 
 #include <functional>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::graph {
 
@@ -28,6 +28,7 @@ Graph eliminate_dead_code(const Graph& g) {
   for (ValueId in : g.inputs)
     if (live[static_cast<size_t>(in)]) out.inputs.push_back(remap[static_cast<size_t>(in)]);
   for (ValueId o : g.outputs) out.outputs.push_back(remap[static_cast<size_t>(o)]);
+  out.output_names = g.output_names;
   return out;
 }
 
@@ -68,6 +69,7 @@ Graph rematerialize(const Graph& g, size_t forward_nodes) {
   }
   for (ValueId in : g.inputs) out.inputs.push_back(id_map[static_cast<size_t>(in)]);
   for (ValueId o : g.outputs) out.outputs.push_back(id_map[static_cast<size_t>(o)]);
+  out.output_names = g.output_names;
   return out;
 }
 

@@ -1,7 +1,7 @@
 // Graph passes run by the backends before lowering.
 #pragma once
 
-#include "graph/graph.h"
+#include "trl/graph/graph.h"
 
 namespace trl::graph {
 

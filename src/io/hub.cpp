@@ -1,4 +1,4 @@
-#include "io/hub.h"
+#include "trl/io/hub.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 
 #include <fmt/ranges.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 
 namespace trl {

@@ -1,10 +1,10 @@
-#include "io/model_config.h"
+#include "trl/io/model_config.h"
 
 #include <algorithm>
 
 #include <fmt/ranges.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 
 namespace trl {

@@ -1,4 +1,4 @@
-#include "io/safetensors.h"
+#include "trl/io/safetensors.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 
 namespace trl {

@@ -1,4 +1,4 @@
-#include "models/causal_lm.h"
+#include "trl/models/causal_lm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,12 +7,12 @@
 #include <set>
 #include <filesystem>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 #include "graph/autodiff.h"
 #include "graph/passes.h"
-#include "io/hub.h"
-#include "runtime/runtime.h"
+#include "trl/io/hub.h"
+#include "trl/runtime/runtime.h"
 
 namespace trl {
 
@@ -180,70 +180,102 @@ ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
   return b.matmul(h, head, kNone, dtype_, "lm_head");
 }
 
-ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
-  const ModelConfig& c = config_;
-  const DType dt = dtype_;
-  const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
-  auto W = [&](const std::string& name) -> ValueId {
-    const Tensor& t = weights_.at(name);
-    return b.input(name, t.shape(), t.dtype());
-  };
-  auto opt_W = [&](const std::string& name) -> ValueId { return weights_.count(name) ? W(name) : kNone; };
-  const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
-  const ValueId pos = b.input("position_ids", {B, T}, DType::I32);
-  const bool decode = cache != nullptr && cache->decode;
-  const int64_t S = cache != nullptr ? cache->length : T;
-  const ValueId mask = b.input("attention_mask", {B, decode ? S : T}, DType::I32);
-  const ValueId cache_pos = cache != nullptr ? b.input("cache_position", {1}, DType::I32) : kNone;
-  const ValueId query_pos = decode ? b.input("query_positions", {B, T}, DType::I32) : kNone;
-  const std::vector<float> inv_freq = rope_inv_freq(c);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+namespace {
 
-  const ValueId embed = W("model.embed_tokens.weight");
-  ValueId h = b.embedding(ids, embed, dt, "embed");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string l = "model.layers." + std::to_string(i) + ".";
-    const std::string tag = "blk." + std::to_string(i) + ".";
-    b.set_segment(static_cast<int32_t>(i));  // one checkpoint segment per decoder layer
-    ValueId x = b.rms_norm(h, W(l + "input_layernorm.weight"), c.rms_norm_eps, tag + "attn_norm");
-    ValueId q = b.matmul(x, W(l + "self_attn.q_proj.weight"), opt_W(l + "self_attn.q_proj.bias"), dt, tag + "attn_q");
-    ValueId k = b.matmul(x, W(l + "self_attn.k_proj.weight"), opt_W(l + "self_attn.k_proj.bias"), dt, tag + "attn_k");
-    ValueId v = b.matmul(x, W(l + "self_attn.v_proj.weight"), opt_W(l + "self_attn.v_proj.bias"), dt, tag + "attn_v");
-    q = b.reshape(q, {B, T, H, D});
-    k = b.reshape(k, {B, T, Hkv, D});
-    v = b.reshape(v, {B, T, Hkv, D});
-    if (c.qk_norm) {
-      q = b.rms_norm(q, W(l + "self_attn.q_norm.weight"), c.rms_norm_eps, tag + "attn_q_norm");
-      k = b.rms_norm(k, W(l + "self_attn.k_norm.weight"), c.rms_norm_eps, tag + "attn_k_norm");
+// The decoder's building blocks, after llama.cpp's model builders (build_norm / build_attn / build_ffn): the
+// mainline in CausalLM::build_hidden is a short loop over them. Every projection goes through linear(), the one
+// place a LoRA adapter attaches to (it sees the module name, e.g. "model.layers.3.self_attn.q_proj").
+class DecoderBuilder {
+ public:
+  struct Inputs {
+    ValueId positions = kNone, mask = kNone, cache_position = kNone, query_positions = kNone;
+  };
+
+  DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt) : b_(b), c_(c), weights_(weights), dt_(dt) {}
+
+  ValueId weight(const std::string& name) {
+    const Tensor& t = weights_.at(name);
+    return b_.input(name, t.shape(), t.dtype());
+  }
+  ValueId optional_weight(const std::string& name) { return weights_.count(name) ? weight(name) : kNone; }
+
+  // y = x·Wᵀ (+ b) for the nn.Linear `module` ("<module>.weight", optional "<module>.bias").
+  ValueId linear(ValueId x, const std::string& module, const std::string& tag) {
+    return b_.matmul(x, weight(module + ".weight"), optional_weight(module + ".bias"), dt_, tag);
+  }
+  ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
+
+  // Self-attention of decoder layer `i` on x:[B,T,C] -> [B,T,C]: q/k/v projections, q/k norms (Qwen3), RoPE, the
+  // static KV cache when `cache` is set (its updated tensors appended to cache_out), attention, o_proj.
+  ValueId attention(ValueId x, int64_t i, const Inputs& in, const CausalLM::CacheSpec* cache, std::vector<ValueId>* cache_out) {
+    const std::string l = "model.layers." + std::to_string(i) + ".self_attn.", tag = "blk." + std::to_string(i) + ".";
+    const int64_t B = b_.shape(x)[0], T = b_.shape(x)[1], H = c_.num_attention_heads, Hkv = c_.num_key_value_heads, D = c_.head_dim;
+    ValueId q = b_.reshape(linear(x, l + "q_proj", tag + "attn_q"), {B, T, H, D});
+    ValueId k = b_.reshape(linear(x, l + "k_proj", tag + "attn_k"), {B, T, Hkv, D});
+    ValueId v = b_.reshape(linear(x, l + "v_proj", tag + "attn_v"), {B, T, Hkv, D});
+    if (c_.qk_norm) {
+      q = norm(q, l + "q_norm.weight", tag + "attn_q_norm");
+      k = norm(k, l + "k_norm.weight", tag + "attn_k_norm");
     }
-    q = b.rope(q, pos, inv_freq, 1.0f, tag + "attn_q_rope");
-    k = b.rope(k, pos, inv_freq, 1.0f, tag + "attn_k_rope");
+    q = b_.rope(q, in.positions, inv_freq_, 1.0f, tag + "attn_q_rope");
+    k = b_.rope(k, in.positions, inv_freq_, 1.0f, tag + "attn_k_rope");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     ValueId a;
     if (cache != nullptr) {
       const std::string kv = "past_key_values." + std::to_string(i) + ".";
-      const ValueId kc = b.kv_cache_write(b.input(kv + "key", {B, S, Hkv, D}, dt), k, cache_pos, tag + "k_cache");
-      const ValueId vc = b.kv_cache_write(b.input(kv + "value", {B, S, Hkv, D}, dt), v, cache_pos, tag + "v_cache");
+      const int64_t S = cache->length;
+      const ValueId kc = b_.kv_cache_write(b_.input(kv + "key", {B, S, Hkv, D}, dt_), k, in.cache_position, tag + "k_cache");
+      const ValueId vc = b_.kv_cache_write(b_.input(kv + "value", {B, S, Hkv, D}, dt_), v, in.cache_position, tag + "v_cache");
       cache_out->push_back(kc);
       cache_out->push_back(vc);
-      a = decode ? b.attention(q, kc, vc, mask, scale, /*causal=*/true, tag + "attn", query_pos)
-                 : b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+      a = cache->decode ? b_.attention(q, kc, vc, in.mask, scale, /*causal=*/true, tag + "attn", in.query_positions)
+                        : b_.attention(q, k, v, in.mask, scale, /*causal=*/true, tag + "attn");
     } else {
-      a = b.attention(q, k, v, mask, scale, /*causal=*/true, tag + "attn");
+      a = b_.attention(q, k, v, in.mask, scale, /*causal=*/true, tag + "attn");
     }
-    a = b.reshape(a, {B, T, H * D});
-    ValueId o = b.matmul(a, W(l + "self_attn.o_proj.weight"), opt_W(l + "self_attn.o_proj.bias"), dt, tag + "attn_out");
-    h = b.add(h, o, tag + "attn_residual");
-    x = b.rms_norm(h, W(l + "post_attention_layernorm.weight"), c.rms_norm_eps, tag + "ffn_norm");
-    ValueId g = b.matmul(x, W(l + "mlp.gate_proj.weight"), opt_W(l + "mlp.gate_proj.bias"), dt, tag + "ffn_gate");
-    ValueId u = b.matmul(x, W(l + "mlp.up_proj.weight"), opt_W(l + "mlp.up_proj.bias"), dt, tag + "ffn_up");
-    ValueId m = b.swiglu(g, u, tag + "ffn_swiglu");
-    ValueId d = b.matmul(m, W(l + "mlp.down_proj.weight"), opt_W(l + "mlp.down_proj.bias"), dt, tag + "ffn_down");
-    h = b.add(h, d, tag + "ffn_residual");
-    (void)C;
+    return linear(b_.reshape(a, {B, T, H * D}), l + "o_proj", tag + "attn_out");
+  }
+
+  // The SwiGLU MLP of decoder layer `i`: down(silu(gate(x))·up(x)).
+  ValueId mlp(ValueId x, int64_t i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".mlp.", tag = "blk." + std::to_string(i) + ".";
+    const ValueId g = linear(x, l + "gate_proj", tag + "ffn_gate");
+    const ValueId u = linear(x, l + "up_proj", tag + "ffn_up");
+    return linear(b_.swiglu(g, u, tag + "ffn_swiglu"), l + "down_proj", tag + "ffn_down");
+  }
+
+ private:
+  Builder& b_;
+  const ModelConfig& c_;
+  const TensorMap& weights_;
+  DType dt_;
+  std::vector<float> inv_freq_ = rope_inv_freq(c_);
+};
+
+}  // namespace
+
+ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
+  const ModelConfig& c = config_;
+  DecoderBuilder d(b, c, weights_, dtype_);
+  const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
+  DecoderBuilder::Inputs in;
+  in.positions = b.input("position_ids", {B, T}, DType::I32);
+  const bool decode = cache != nullptr && cache->decode;
+  in.mask = b.input("attention_mask", {B, decode ? cache->length : T}, DType::I32);
+  if (cache != nullptr) in.cache_position = b.input("cache_position", {1}, DType::I32);
+  if (decode) in.query_positions = b.input("query_positions", {B, T}, DType::I32);
+
+  const ValueId embed = d.weight("model.embed_tokens.weight");
+  ValueId h = b.embedding(ids, embed, dtype_, "embed");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".", tag = "blk." + std::to_string(i) + ".";
+    b.set_segment(static_cast<int32_t>(i));  // one checkpoint segment per decoder layer
+    h = b.add(h, d.attention(d.norm(h, l + "input_layernorm.weight", tag + "attn_norm"), i, in, cache, cache_out), tag + "attn_residual");
+    h = b.add(h, d.mlp(d.norm(h, l + "post_attention_layernorm.weight", tag + "ffn_norm"), i), tag + "ffn_residual");
   }
   b.set_segment(-1);
-  h = b.rms_norm(h, W("model.norm.weight"), c.rms_norm_eps, "output_norm");
-  *head_out = c.tie_word_embeddings ? embed : W("lm_head.weight");
+  h = d.norm(h, "model.norm.weight", "output_norm");
+  *head_out = c.tie_word_embeddings ? embed : d.weight("lm_head.weight");
   return h;
 }
 
@@ -264,9 +296,9 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   std::vector<std::string> names;
   for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
   const auto grads = graph::add_backward(b, loss, names, grad_dtype);
-  b.output(loss);
-  for (const std::string& name : names) b.output(grads.at(name));
-  if (metrics) b.output(entropy), b.output(match);
+  b.output(loss, "loss");
+  for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
+  if (metrics) b.output(entropy, "entropy"), b.output(match, "token_accuracy");
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
@@ -281,8 +313,9 @@ graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bo
   ValueId h = m.build_hidden(b, B, T, &head, &spec, &caches);
   if (T > 1) h = b.slice(h, T - 1, 1, "last_position");
   const ValueId logits = b.matmul(h, head, kNone, m.dtype(), "lm_head");
-  b.output(b.reshape(logits, {B, m.config().vocab_size}));
-  for (ValueId c : caches) b.output(c);
+  b.output(b.reshape(logits, {B, m.config().vocab_size}), "logits");
+  for (size_t i = 0; i < caches.size(); ++i)
+    b.output(caches[i], fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"));
   return b.finish();
 }
 }  // namespace
@@ -292,7 +325,7 @@ graph::Graph CausalLM::decode_graph(int64_t B, int64_t S) const { return cached_
 
 graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {
   Builder b;
-  b.output(build_forward(b, B, T));
+  b.output(build_forward(b, B, T), "logits");
   return b.finish();
 }
 

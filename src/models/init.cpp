@@ -1,4 +1,4 @@
-#include "models/init.h"
+#include "trl/models/init.h"
 
 #include <atomic>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
 

@@ -1,49 +1,71 @@
-#include "models/score.h"
+#include "trl/models/score.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
+#include "trl/backend/program_cache.h"
+#include "trl/core/error.h"
+#include "trl/runtime/shapes.h"
 
 namespace trl {
 
 double SequenceScore::perplexity() const { return n_scored > 0 ? std::exp(nll / static_cast<double>(n_scored)) : 1.0; }
 
+namespace {
+
+// log p(labels[b, t] | ids[b, ≤t]) for every position: [B, T] f32. The lm_head and the log-softmax are one chunked
+// pass over the vocabulary (token_logprobs), so the [B, T, V] logits are never held.
+graph::Graph score_graph(const CausalLM& model, int64_t B, int64_t T) {
+  graph::Builder b;
+  graph::ValueId head = graph::kNone;
+  const graph::ValueId h = model.build_hidden(b, B, T, &head);
+  const graph::ValueId labels = b.input("labels", {B, T}, DType::I32);
+  b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
+  return b.finish();
+}
+
+}  // namespace
+
 std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend,
                                            int64_t batch_size) {
   if (batch_size < 1) fail("score: batch_size must be at least 1");
-  std::vector<SequenceScore> out;
   const int64_t V = model.config().vocab_size;
-  for (size_t first = 0; first < sequences.size(); first += static_cast<size_t>(batch_size)) {
-    const size_t last = std::min(sequences.size(), first + static_cast<size_t>(batch_size));
-    const int64_t B = static_cast<int64_t>(last - first);
-    int64_t T = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (sequences[i].empty()) fail("score: sequence {} is empty", i);
+    for (int32_t id : sequences[i])
+      if (id < 0 || id >= V) fail("score: sequence {} holds token id {}, outside the vocabulary [0, {})", i, id, V);
+  }
+  // Fixed shapes: every batch has the same rows (the last one padded with empty rows) and its length rounded up to
+  // the backend's bucket, so a call compiles one program per bucket, not one per batch.
+  const int64_t B = std::min<int64_t>(batch_size, static_cast<int64_t>(sequences.size()));
+  const int64_t multiple = backend.auto_pad_multiple();
+  ProgramCache programs(backend, 16);
+  std::vector<SequenceScore> out;
+  for (size_t first = 0; first < sequences.size(); first += static_cast<size_t>(B)) {
+    const size_t last = std::min(sequences.size(), first + static_cast<size_t>(B));
+    int64_t longest = 0;
+    for (size_t i = first; i < last; ++i) longest = std::max<int64_t>(longest, static_cast<int64_t>(sequences[i].size()));
+    const int64_t T = padded_length(longest, multiple);
+    Tensor ids = Tensor::zeros(DType::I32, {B, T}), mask = Tensor::zeros(DType::I32, {B, T}), labels = Tensor::zeros(DType::I32, {B, T});
     for (size_t i = first; i < last; ++i) {
-      if (sequences[i].empty()) fail("score: sequence {} is empty", i);
-      T = std::max<int64_t>(T, static_cast<int64_t>(sequences[i].size()));
-    }
-    Batch batch;
-    batch.input_ids = Tensor::zeros(DType::I32, {B, T});
-    batch.attention_mask = Tensor::zeros(DType::I32, {B, T});
-    for (int64_t b = 0; b < B; ++b) {
-      const auto& seq = sequences[first + static_cast<size_t>(b)];
+      const auto& seq = sequences[i];
+      const int64_t row = static_cast<int64_t>(i - first) * T;
       for (size_t t = 0; t < seq.size(); ++t) {
-        batch.input_ids.mutable_data_as<int32_t>()[b * T + static_cast<int64_t>(t)] = seq[t];
-        batch.attention_mask.mutable_data_as<int32_t>()[b * T + static_cast<int64_t>(t)] = 1;
+        ids.mutable_data_as<int32_t>()[row + static_cast<int64_t>(t)] = seq[t];
+        mask.mutable_data_as<int32_t>()[row + static_cast<int64_t>(t)] = 1;
+        if (t + 1 < seq.size()) labels.mutable_data_as<int32_t>()[row + static_cast<int64_t>(t)] = seq[t + 1];
       }
     }
-    const Tensor logits = model.forward(batch, backend);
-    const float* lg = logits.data_as<float>();
-    for (int64_t b = 0; b < B; ++b) {
+    TensorMap inputs = model.weights();
+    inputs["input_ids"] = ids, inputs["attention_mask"] = mask, inputs["position_ids"] = default_position_ids(mask), inputs["labels"] = labels;
+    const graph::Graph g = score_graph(model, B, T);
+    const Tensor logp = programs.get(g).run(inputs).at(g.output_index("token_logprobs"));
+    for (size_t i = first; i < last; ++i) {
       SequenceScore s;
-      s.ids = sequences[first + static_cast<size_t>(b)];
+      s.ids = sequences[i];
+      const int64_t row = static_cast<int64_t>(i - first) * T;
       for (size_t t = 1; t < s.ids.size(); ++t) {
-        const float* row = lg + (b * T + static_cast<int64_t>(t) - 1) * V;
-        double mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-        const double lp = static_cast<double>(row[s.ids[t]]) - mx - std::log(sum);
+        const double lp = logp.data_as<float>()[row + static_cast<int64_t>(t) - 1];
         s.token_logprobs.push_back(lp);
         s.nll -= lp;
       }

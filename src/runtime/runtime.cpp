@@ -1,4 +1,4 @@
-#include "runtime/runtime.h"
+#include "trl/runtime/runtime.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 
 #include <fmt/ranges.h>
 
-#include "backend/registry.h"
-#include "core/error.h"
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

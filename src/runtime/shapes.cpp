@@ -1,9 +1,9 @@
-#include "runtime/shapes.h"
+#include "trl/runtime/shapes.h"
 
 #include <algorithm>
 #include <cctype>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

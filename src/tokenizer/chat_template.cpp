@@ -1,10 +1,10 @@
-#include "tokenizer/chat_template.h"
+#include "trl/tokenizer/chat_template.h"
 
 #include <map>
 #include <memory>
 #include <mutex>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "tokenizer/jinja.h"
 
 namespace trl {

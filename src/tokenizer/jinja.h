@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::jinja {
 

@@ -1,4 +1,4 @@
-#include "tokenizer/tokenizer.h"
+#include "trl/tokenizer/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -14,9 +14,9 @@
 #pragma GCC diagnostic ignored "-Wdangling-pointer"
 #include <simdjson.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "io/hub.h"
+#include "trl/io/hub.h"
 #include "tokenizer/unicode.h"
 
 namespace trl {

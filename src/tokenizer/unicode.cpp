@@ -6,7 +6,7 @@
 
 #include <utf8proc.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::unicode {
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/program_cache.h"
+#include "trl/backend/program_cache.h"
 
 namespace trl {
 

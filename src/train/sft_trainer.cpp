@@ -1,4 +1,4 @@
-#include "train/sft_trainer.h"
+#include "trl/train/sft_trainer.h"
 
 #include <unistd.h>
 
@@ -16,13 +16,13 @@
 
 #include <fmt/format.h>
 
-#include "backend/registry.h"
-#include "core/error.h"
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
-#include "io/safetensors.h"
-#include "models/init.h"
-#include "runtime/shapes.h"
+#include "trl/io/safetensors.h"
+#include "trl/models/init.h"
+#include "trl/runtime/shapes.h"
 #include "train/optim/adamw.h"
 #include "train/report.h"
 
@@ -508,12 +508,13 @@ nlohmann::ordered_json SFTTrainer::evaluate_metrics() {
     const graph::ValueId h = s.model.build_hidden(g, B, T, &head);
     const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
     const graph::ValueId logp = g.token_logprobs(h, head, labels, "token_logprobs");
-    g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"));
-    g.output(g.entropy(h, head, "entropy"));
-    g.output(g.token_argmax_match(h, head, labels, "token_accuracy"));
-    const auto out = s.programs->get(g.finish()).run(s.inputs(b, -1.0f));
-    nll += out[0].data_as<float>()[0];
-    const TokenMetrics m = token_metrics(b, out[1], out[2]);
+    g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"), "loss");
+    g.output(g.entropy(h, head, "entropy"), "entropy");
+    g.output(g.token_argmax_match(h, head, labels, "token_accuracy"), "token_accuracy");
+    const graph::Graph graph = g.finish();
+    const auto out = s.programs->get(graph).run(s.inputs(b, -1.0f));
+    nll += out[graph.output_index("loss")].data_as<float>()[0];
+    const TokenMetrics m = token_metrics(b, out[graph.output_index("entropy")], out[graph.output_index("token_accuracy")]);
     entropy += m.entropy, accuracy += m.accuracy;
     items += b.num_items;
     ++batches;
@@ -591,22 +592,25 @@ double SFTTrainer::State::forward_backward(const std::vector<SFTBatch>& micro, i
   for (size_t k = 0; k < micro.size(); ++k) {
     const SFTBatch& b = micro[k];
     const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-    Program& prog = programs->get(model.training_graph(B, T, DType::F32, cfg.gradient_checkpointing, true));
+    const graph::Graph graph = model.training_graph(B, T, DType::F32, cfg.gradient_checkpointing, true);
+    const std::map<std::string, size_t> at = graph.output_indices();
+    Program& prog = programs->get(graph);
     const auto out = prog.run(inputs(b, -1.0f / static_cast<float>(std::max<int64_t>(1, items))));
-    step_loss += out[0].data_as<float>()[0];
-    const TokenMetrics m = token_metrics(b, out[shapes.size() + 1], out[shapes.size() + 2]);
+    step_loss += out[at.at("loss")].data_as<float>()[0];
+    const TokenMetrics m = token_metrics(b, out[at.at("entropy")], out[at.at("token_accuracy")]);
     window.entropy += m.entropy, window.accuracy += m.accuracy, ++window.batches;
     for (size_t p = 0; p < shapes.size(); ++p) {
       const std::string& name = shapes[p].first;
+      const Tensor& grad = out[at.at("grad." + name)];
       if (micro.size() == 1) {
-        grads[name] = out[p + 1];
+        grads[name] = grad;
         continue;
       }
-      if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, out[p + 1].shape());
+      if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, grad.shape());
       Tensor& acc_t = accumulated.at(name);
       float* acc = acc_t.mutable_data_as<float>();
-      const float* g = out[p + 1].data_as<float>();
-      const int64_t n = out[p + 1].numel();
+      const float* g = grad.data_as<float>();
+      const int64_t n = grad.numel();
       if (k == 0) std::memcpy(acc, g, static_cast<size_t>(n) * sizeof(float));
       else {
 #pragma omp parallel for schedule(static)

@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "trl/backend/cpu/cpu_backend.h"
 #include "core/fs.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
-#include "models/causal_lm.h"
-#include "models/init.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
 #include "test_util.h"
 
 namespace trl {

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
-#include "backend/program_cache.h"
-#include "models/init.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/backend/program_cache.h"
+#include "trl/models/init.h"
 #include "test_util.h"
 
 namespace trl {

@@ -72,7 +72,7 @@ TEST(Cli, ErrorsAreClear) {
   };
   const std::vector<Case> cases = {
       {"score --model " + dir.path() + " --ids 1,x,3", "element 2 ('x')"},
-      {"score --model " + dir.path() + " --ids 1,200000", "input_ids[0][1] = 200000"},
+      {"score --model " + dir.path() + " --ids 1,200000", "score: sequence 0 holds token id 200000, outside the vocabulary [0, 151936)"},
       {"score --model " + dir.path() + " --jsonl " + dir.file("badtext.jsonl"), "\"text\" must be a string"},
       {"tokenize --model " + dir.path() + " --chat", "--jsonl"},
       {"score --model " + dir.path() + " --jsonl " + dir.file("bad.jsonl"), "bad.jsonl:2"},

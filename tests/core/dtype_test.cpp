@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/dtype.h"
-#include "core/tensor.h"
+#include "trl/core/dtype.h"
+#include "trl/core/tensor.h"
 
 namespace trl {
 namespace {

@@ -1,5 +1,5 @@
 // generate(): PyTorch greedy goldens, the static-cache invariants, program counts, sampling and bad input.
-#include "generation/generate.h"
+#include "trl/generation/generate.h"
 
 #include <cmath>
 #include <set>
@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "models/init.h"
+#include "trl/models/init.h"
 #include "test_util.h"
 
 namespace trl {

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
 

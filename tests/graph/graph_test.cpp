@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
-#include "backend/backend.h"
-#include "core/error.h"
-#include "backend/cpu/cpu_backend.h"
-#include "graph/graph.h"
+#include "trl/backend/backend.h"
+#include "trl/core/error.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/graph/graph.h"
 #include "graph/passes.h"
 
 #include <cmath>
@@ -129,6 +129,39 @@ TEST(ReferenceBackend, AttentionMasksAndGqa) {
   // Segment ids: keys of another packed sequence are invisible. Mask {1, 2, 2}: t=2 sees keys 1 and 2 only.
   in["m"] = Tensor::from_i32(std::vector<int32_t>{1, 2, 2}, {1, 3});
   EXPECT_EQ(program->run(in)[0].to_f32_vector(), (std::vector<float>{10, 10, 20, 20, 25, 25}));
+}
+
+}  // namespace
+}  // namespace trl
+
+namespace trl {
+namespace {
+
+// Shapes no kernel can run are refused when the graph is built, naming the op: an empty reduction dimension, and
+// more queries than keys without explicit query positions (the op table test found both).
+TEST(GraphBuilder, RefusesShapesNoKernelCanRun) {
+  auto message = [](auto&& build) -> std::string {
+    graph::Builder b;
+    try {
+      build(b);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_NE(message([](graph::Builder& b) { b.matmul(b.input("x", {3, 0}, DType::F32), b.input("w", {4, 0}, DType::F32), graph::kNone, DType::F32, "proj"); })
+                .find("matmul proj: x [3, 0] and w [4, 0] have an empty reduction dimension"),
+            std::string::npos);
+  EXPECT_NE(message([](graph::Builder& b) { b.rms_norm(b.input("x", {3, 0}, DType::F32), b.input("w", {0}, DType::F32), 1e-6, "norm"); })
+                .find("rms_norm norm: x [3, 0] has an empty last dimension"),
+            std::string::npos);
+  const std::string attn = message([](graph::Builder& b) {
+    const auto q = b.input("q", {2, 3, 1, 2}, DType::F32);
+    const auto k = b.input("k", {2, 2, 1, 2}, DType::F32);
+    const auto v = b.input("v", {2, 2, 1, 2}, DType::F32);
+    b.attention(q, k, v, graph::kNone, 1.0, /*causal=*/false, "attn");
+  });
+  EXPECT_NE(attn.find("attention attn: 3 queries need at least as many keys, got S = 2"), std::string::npos) << attn;
 }
 
 }  // namespace

@@ -3,10 +3,10 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "io/hub.h"
-#include "runtime/runtime.h"
+#include "trl/io/hub.h"
+#include "trl/runtime/runtime.h"
 #include "test_util.h"
 
 namespace trl {

@@ -3,10 +3,10 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "io/model_config.h"
-#include "models/causal_lm.h"
+#include "trl/io/model_config.h"
+#include "trl/models/causal_lm.h"
 #include "test_util.h"
 
 namespace trl {

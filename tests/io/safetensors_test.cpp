@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "io/safetensors.h"
+#include "trl/io/safetensors.h"
 #include "test_util.h"
 
 namespace trl {

@@ -4,12 +4,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "backend/cpu/cpu_backend.h"
-#include "models/causal_lm.h"
-#include "models/init.h"
-#include "models/score.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/backend/registry.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
+#include "trl/models/score.h"
 #include "test_util.h"
 
 namespace trl {
@@ -127,7 +128,31 @@ TEST(CausalLM, ScoreMatchesLogSoftmaxAndIgnoresBatching) {
     nll -= row[seqs[0][static_cast<size_t>(t) + 1]] - std::log(z);
   }
   EXPECT_NEAR(batched[0].nll, nll, 1e-6);
-  EXPECT_NEAR(batched[0].perplexity(), std::exp(nll / 3), 1e-6);
+  EXPECT_NEAR(batched[0].perplexity(), std::exp(nll / 3), 1e-6 * std::exp(nll / 3));  // log-probs are f32 (token_logprobs)
+}
+
+// Scoring runs cached programs of fixed shapes: three batches (the last one short) of sequences within one bucket
+// compile a single program, and the CPU backend's scores equal the reference's.
+TEST(CausalLM, ScoreCompilesOneProgramPerBucket) {
+  const CausalLM model = tiny_model();
+  const std::vector<std::vector<int32_t>> seqs = {{5, 6, 7, 8}, {9, 3}, {10, 11, 12}, {1, 2, 3, 4, 5, 6, 7}, {42, 43}};
+  auto cpu = make_backend("cpu");
+  setenv("TRL_LOG_RECOMPILES", "1", 1);
+  testing::internal::CaptureStderr();
+  const auto got = score_sequences(model, seqs, *cpu, 2);
+  const std::string log = testing::internal::GetCapturedStderr();
+  unsetenv("TRL_LOG_RECOMPILES");
+  size_t compiles = 0;
+  for (size_t at = log.find("compiling program"); at != std::string::npos; at = log.find("compiling program", at + 1)) ++compiles;
+  EXPECT_EQ(compiles, 1u) << log;
+  auto reference = make_backend("reference");
+  const auto want = score_sequences(model, seqs, *reference, 1);
+  ASSERT_EQ(got.size(), seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_EQ(got[i].n_scored, static_cast<int64_t>(seqs[i].size()) - 1);
+    ASSERT_TRUE(std::isfinite(got[i].nll));
+    EXPECT_NEAR(got[i].nll, want[i].nll, 1e-4 * std::max(1.0, std::fabs(want[i].nll))) << i;
+  }
 }
 
 TEST(CausalLM, BadInputsAreClearErrors) {

@@ -8,9 +8,9 @@
 
 #include "assets/assets.h"
 #include "core/fs.h"
-#include "backend/cpu/cpu_backend.h"
-#include "models/causal_lm.h"
-#include "models/init.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
 #include "test_util.h"
 
 namespace trl {

@@ -1,8 +1,8 @@
-#include "runtime/shapes.h"
+#include "trl/runtime/shapes.h"
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 namespace {

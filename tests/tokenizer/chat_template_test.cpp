@@ -3,11 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "models/init.h"
+#include "trl/models/init.h"
 #include "test_util.h"
-#include "tokenizer/chat_template.h"
+#include "trl/tokenizer/chat_template.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/unicode.h"
 

@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "models/init.h"
+#include "trl/models/init.h"
 #include "test_util.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
 namespace trl {

@@ -16,13 +16,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "io/safetensors.h"
-#include "models/init.h"
+#include "trl/io/safetensors.h"
+#include "trl/models/init.h"
 #include "test_util.h"
-#include "tokenizer/tokenizer.h"
-#include "train/sft_trainer.h"
+#include "trl/tokenizer/tokenizer.h"
+#include "trl/train/sft_trainer.h"
 
 namespace trl {
 namespace {

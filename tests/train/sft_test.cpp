@@ -1,5 +1,5 @@
 // SFT: loss masks per dataset format, collation, gradient accumulation, resume, program counts, saving, learning.
-#include "train/sft_trainer.h"
+#include "trl/train/sft_trainer.h"
 
 #include <csignal>
 #include <cmath>
@@ -11,13 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
-#include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
+#include "trl/backend/cpu/cpu_backend.h"
+#include "trl/core/error.h"
 #include "core/fs.h"
-#include "generation/generate.h"
-#include "models/init.h"
+#include "trl/generation/generate.h"
+#include "trl/models/init.h"
 #include "test_util.h"
-#include "tokenizer/chat_template.h"
+#include "trl/tokenizer/chat_template.h"
 
 namespace trl {
 namespace {

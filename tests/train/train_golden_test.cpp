@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "trl/backend/cpu/cpu_backend.h"
 #include "core/fs.h"
-#include "models/causal_lm.h"
-#include "models/init.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
 #include "test_util.h"
 #include "train/optim/adamw.h"
 

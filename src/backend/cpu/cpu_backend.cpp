@@ -2,9 +2,8 @@
 // arena (program.cpp), whose GEMMs are oneDNN matmul primitives created at compile time (gemm.cpp: bf16/f32 inputs,
 // f32 accumulation), and whose other ops are f32 loops parallelised with OpenMP — the runtime oneDNN itself uses,
 // so the two never oversubscribe the cores. Every op is lowered through the table below (lower.h lists the files).
-#include "backend/cpu/cpu_backend.h"
+#include "trl/backend/cpu/cpu_backend.h"
 
-#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <string>
@@ -12,7 +11,8 @@
 #include "backend/cpu/lower.h"
 #include "backend/cpu/program.h"
 #include "graph/passes.h"
-#include "runtime/runtime.h"
+#include "trl/core/error.h"
+#include "trl/runtime/runtime.h"
 
 namespace trl {
 
@@ -24,43 +24,49 @@ Kernel lower_alias(ProgramContext*, graph::ValueId) { return nullptr; }  // the 
 
 namespace {
 
-// The op table: how each graph::Op is lowered on the CPU.
+// The op table: how each graph::Op is lowered on the CPU. A switch without a default, so that -Wswitch (an error
+// in the Release and CI builds) names any op that has no entry.
+constexpr LowerFn table_entry(Op op) {
+  switch (op) {
+    case Op::Input:
+    case Op::Reshape:
+    case Op::View: return lower_alias;
+    case Op::Embedding: return lower_embedding;
+    case Op::EmbeddingBackward: return lower_embedding_backward;
+    case Op::Cast: return lower_cast;
+    case Op::Fill: return lower_fill;
+    case Op::Slice: return lower_slice;
+    case Op::KvCacheWrite: return lower_kv_cache_write;
+    case Op::Add: return lower_add;
+    case Op::ScaleBy: return lower_scale_by;
+    case Op::SwiGLU: return lower_swiglu;
+    case Op::SwiGLUBackward: return lower_swiglu_backward;
+    case Op::WeightedSum: return lower_weighted_sum;
+    case Op::SumRows: return lower_sum_rows;
+    case Op::MatMul: return lower_matmul;
+    case Op::MatMulNN: return lower_matmul_nn;
+    case Op::MatMulTN: return lower_matmul_tn;
+    case Op::RmsNorm: return lower_rms_norm;
+    case Op::RmsNormBackX:
+    case Op::RmsNormBackW: return lower_rms_norm_backward;
+    case Op::Rope: return lower_rope;
+    case Op::Attention: return lower_attention;
+    case Op::AttentionBackward: return lower_attention_backward;
+    case Op::TokenLogprobs:
+    case Op::TokenLogprobsBackward:
+    case Op::Entropy:
+    case Op::EntropyBackward:
+    case Op::TokenArgmaxMatch: return lower_vocab;
+  }
+  return nullptr;
+}
+
+// Indexed by Op.
 constexpr std::array<LowerFn, graph::kNumOps> kLowerings = [] {
   std::array<LowerFn, graph::kNumOps> t{};
-  auto set = [&t](Op op, LowerFn f) { t[static_cast<size_t>(op)] = f; };
-  set(Op::Input, lower_alias);
-  set(Op::Reshape, lower_alias);
-  set(Op::View, lower_alias);
-  set(Op::Embedding, lower_embedding);
-  set(Op::EmbeddingBackward, lower_embedding_backward);
-  set(Op::Cast, lower_cast);
-  set(Op::Fill, lower_fill);
-  set(Op::Slice, lower_slice);
-  set(Op::KvCacheWrite, lower_kv_cache_write);
-  set(Op::Add, lower_add);
-  set(Op::ScaleBy, lower_scale_by);
-  set(Op::SwiGLU, lower_swiglu);
-  set(Op::SwiGLUBackward, lower_swiglu_backward);
-  set(Op::WeightedSum, lower_weighted_sum);
-  set(Op::SumRows, lower_sum_rows);
-  set(Op::MatMul, lower_matmul);
-  set(Op::MatMulNN, lower_matmul_nn);
-  set(Op::MatMulTN, lower_matmul_tn);
-  set(Op::RmsNorm, lower_rms_norm);
-  set(Op::RmsNormBackX, lower_rms_norm_backward);
-  set(Op::RmsNormBackW, lower_rms_norm_backward);
-  set(Op::Rope, lower_rope);
-  set(Op::Attention, lower_attention);
-  set(Op::AttentionBackward, lower_attention_backward);
-  set(Op::TokenLogprobs, lower_vocab);
-  set(Op::TokenLogprobsBackward, lower_vocab);
-  set(Op::Entropy, lower_vocab);
-  set(Op::EntropyBackward, lower_vocab);
-  set(Op::TokenArgmaxMatch, lower_vocab);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = table_entry(static_cast<Op>(i));
   return t;
 }();
-static_assert(std::none_of(kLowerings.begin(), kLowerings.end(), [](LowerFn f) { return f == nullptr; }),
-              "every graph::Op needs an entry in the CPU backend's op table");
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -94,7 +100,11 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-LowerFn lowering(graph::Op op) { return kLowerings[static_cast<size_t>(op)]; }
+LowerFn lowering(graph::Op op) {
+  const size_t i = static_cast<size_t>(op);
+  if (i >= kLowerings.size() || kLowerings[i] == nullptr) fail("cpu backend: op {} has no lowering", graph::op_name(op));
+  return kLowerings[i];
+}
 
 }  // namespace cpu
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "trl/core/dtype.h"
 
 namespace trl::cpu {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/elementwise.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::cpu {
 

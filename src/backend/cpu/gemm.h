@@ -6,7 +6,7 @@
 
 #include <dnnl.hpp>
 
-#include "core/dtype.h"
+#include "trl/core/dtype.h"
 
 namespace trl::cpu {
 

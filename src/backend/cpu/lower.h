@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.h"
+#include "trl/graph/graph.h"
 
 namespace trl::cpu {
 

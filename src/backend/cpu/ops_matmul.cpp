@@ -13,7 +13,7 @@
 #include "backend/cpu/lower.h"
 #include "backend/cpu/vec.h"
 #include "core/cpu_features.h"
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::cpu {
 

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl::cpu {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 #include "backend/cpu/lower.h"
 
 namespace trl::cpu {

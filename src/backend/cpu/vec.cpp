@@ -11,7 +11,7 @@
 
 #include <cmath>
 
-#include "core/dtype.h"
+#include "trl/core/dtype.h"
 
 namespace trl::cpu::vec {
 

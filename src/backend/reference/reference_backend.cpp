@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/backend.h"
-#include "core/error.h"
+#include "trl/backend/backend.h"
+#include "trl/core/error.h"
 #include "graph/passes.h"
 
 namespace trl {

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <cmath>
 
-#include "core/error.h"
+#include "trl/core/error.h"
 
 namespace trl {
 

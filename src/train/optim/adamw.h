@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "core/tensor.h"
+#include "trl/core/tensor.h"
 
 namespace trl {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "data/dataset.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/core/tensor.h"
+#include "trl/data/dataset.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl {
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/tokenizer.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl {
 

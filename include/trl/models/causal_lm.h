@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "backend/backend.h"
-#include "graph/graph.h"
-#include "io/model_config.h"
-#include "io/safetensors.h"
+#include "trl/backend/backend.h"
+#include "trl/graph/graph.h"
+#include "trl/io/model_config.h"
+#include "trl/io/safetensors.h"
 
 namespace trl {
 

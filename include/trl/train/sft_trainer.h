@@ -14,11 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/program_cache.h"
-#include "data/dataset.h"
-#include "data/sft.h"
-#include "models/causal_lm.h"
-#include "tokenizer/tokenizer.h"
+#include "trl/backend/program_cache.h"
+#include "trl/data/dataset.h"
+#include "trl/data/sft.h"
+#include "trl/models/causal_lm.h"
+#include "trl/tokenizer/tokenizer.h"
 
 namespace trl {
 

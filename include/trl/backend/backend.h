@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "graph/graph.h"
+#include "trl/core/tensor.h"
+#include "trl/graph/graph.h"
 
 namespace trl {
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
-#include "backend/program_cache.h"
-#include "models/causal_lm.h"
+#include "trl/backend/backend.h"
+#include "trl/backend/program_cache.h"
+#include "trl/models/causal_lm.h"
 
 namespace trl {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 
 namespace trl {
 

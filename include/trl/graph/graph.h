@@ -7,11 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/tensor.h"
+#include "trl/core/dtype.h"
+#include "trl/core/tensor.h"
 
 namespace trl::graph {
 
@@ -88,6 +89,11 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
+  std::vector<std::string> output_names;  // one per output ("" for an unnamed one); not part of key()
+
+  // The position of the output named `name` in Program::run's result (an error listing the names otherwise).
+  size_t output_index(const std::string& name) const;
+  std::map<std::string, size_t> output_indices() const;
 
   const Node& node(ValueId v) const { return nodes.at(static_cast<size_t>(v)); }
   // One line per node: "%12 = matmul(%3, %7) [2, 5, 64] f32  blk.0.attn_q".
@@ -139,7 +145,8 @@ class Builder {
   std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "");
   ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
-  void output(ValueId v);
+  // Marks v as the next output, optionally named (callers read results by name: Graph::output_index).
+  void output(ValueId v, const std::string& name = "");
   // Nodes pushed from now on belong to checkpoint segment `s` (-1: none); see rematerialize() in passes.h.
   void set_segment(int32_t s) { segment_ = s; }
   size_t size() const { return graph_.nodes.size(); }

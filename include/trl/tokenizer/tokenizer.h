@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "trl/core/tensor.h"
 
 namespace trl {
 

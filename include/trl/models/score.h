@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/causal_lm.h"
+#include "trl/models/causal_lm.h"
 
 namespace trl {
 
@@ -17,8 +17,10 @@ struct SequenceScore {
   double perplexity() const;           // exp(nll / n_scored); 1 when nothing is scored
 };
 
-// Scores each sequence (at least one id each). Sequences are batched `batch_size` at a time, right-padded, with
-// the padding masked out, so results do not depend on the batching.
+// Scores each sequence (at least one id each). Sequences are batched `batch_size` at a time, right-padded to the
+// backend's bucket (Backend::auto_pad_multiple) with the padding masked out, so results do not depend on the
+// batching, and a call compiles one program per bucket length (cached). The log-probabilities come from the
+// token_logprobs op (one chunked pass over the vocabulary): no [B, T, V] logits are held.
 std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend,
                                            int64_t batch_size = 8);
 

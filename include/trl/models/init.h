@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "io/model_config.h"
-#include "models/causal_lm.h"
+#include "trl/io/model_config.h"
+#include "trl/models/causal_lm.h"
 
 namespace trl {
 

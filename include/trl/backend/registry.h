@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 
 namespace trl {
 

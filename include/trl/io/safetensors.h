@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "core/mapped_file.h"
-#include "core/tensor.h"
+#include "trl/core/mapped_file.h"
+#include "trl/core/tensor.h"
 
 namespace trl {
 

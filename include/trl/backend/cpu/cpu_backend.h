@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "backend/backend.h"
+#include "trl/backend/backend.h"
 
 namespace trl {
 

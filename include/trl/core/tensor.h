@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "trl/core/dtype.h"
 
 namespace trl {
 
