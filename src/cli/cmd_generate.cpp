@@ -41,6 +41,7 @@ struct GenFlags {
   std::optional<int32_t> pad_token_id;
   std::vector<std::string> stop;
   std::string cache_implementation = "static";
+  std::string device = "auto";
   bool disable_compile = false, verbose = false;
 };
 
@@ -53,6 +54,7 @@ void add_gen_flags(Options& o, GenFlags& f) {
   o.add("model,model_name_or_path", f.model, "Model folder or Hugging Face id (local cache only)").required();
   o.add("dtype,torch_dtype", f.dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
   o.add("revision", f.revision, "Hub cache revision");
+  o.add("device", f.device, "auto | cpu | cuda: the backend the compiled programs run on (one that is not here is an error)");
   o.add("max_new_tokens", f.max_new_tokens, "Tokens to generate").min(1).default_text(gc + " max_new_tokens (or max_length), else 256");
   o.add("do_sample", f.do_sample, "Sample (true) or greedy (false)").default_text(gc + ", else false");
   o.add("temperature", f.temperature, "Softmax temperature when sampling").above(0).default_text(gc + ", else 1.0");
@@ -97,6 +99,7 @@ GenerationConfig to_config(const GenFlags& f, const Generator& gen) {
 CausalLM load_model(const GenFlags& f) {
   LoadOptions lo;
   lo.revision = f.revision;
+  lo.device = f.device;
   if (!f.dtype.empty()) lo.dtype = (f.dtype == "bf16" || f.dtype == "bfloat16") ? DType::BF16 : DType::F32;
   return CausalLM::from_pretrained(f.model, lo);
 }

@@ -55,7 +55,7 @@ std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& w
 void register_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Log-probability of each next token, total NLL and perplexity (JSON)");
   struct Args {
-    std::string model, ids, text, jsonl, dtype, revision = "main";
+    std::string model, ids, text, jsonl, dtype, revision = "main", device = "auto";
     int64_t batch_size = 8;
     bool show_tokens = false;
   };
@@ -70,6 +70,7 @@ void register_score(CLI::App& app) {
   opts.add("dtype", a->dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
   opts.add("tokens", a->show_tokens, "Also print each scored token as text");
   opts.add("revision", a->revision, "Hub cache revision");
+  opts.add("device", a->device, "auto | cpu | cuda: the backend the programs run on (one that is not here is an error)");
   opts.add("batch_size", a->batch_size, "Sequences per forward pass").min(1);
   cmd->callback([a] {
     std::optional<Tokenizer> tok;
@@ -105,9 +106,10 @@ void register_score(CLI::App& app) {
     }
     LoadOptions lo;
     lo.revision = a->revision;
+    lo.device = a->device;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     CausalLM model = CausalLM::from_pretrained(a->model, lo);
-    auto backend = make_backend("auto");
+    auto backend = make_backend(model.device());
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);
     for (const SequenceScore& s : scores) {
       nlohmann::ordered_json j;

@@ -77,6 +77,8 @@ TEST(Cli, ErrorsAreClear) {
       {"tokenize --model " + dir.path() + " --chat", "--jsonl"},
       {"score --model " + dir.path() + " --jsonl " + dir.file("bad.jsonl"), "bad.jsonl:2"},
       {"score --model " + dir.path() + " --bogus 1", "--bogus"},
+      {"score --model " + dir.path() + " --ids 1,2 --device cuda", "backend 'cuda' is not built into this binary (available: cpu, reference, or auto)"},
+      {"generate --model " + dir.path() + " --prompt hi --device tpu", "unknown backend 'tpu' (available: cpu, reference, or auto)"},
       {"score --model no/such-model --ids 1,2", "never downloads"},
       {"init-model --preset huge --out " + dir.file("x"), "preset"},
       {"frobnicate", "frobnicate"},
