@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/registry.h"
@@ -257,9 +258,12 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     }
   };
   // After a run: the caches are updated in place (CPU) or returned as new values (reference): copy those back.
-  auto keep_cache = [&](const std::vector<Tensor>& res) {
-    for (size_t i = 0; i < cache->size(); ++i)
-      if (res[i + 1].data() != (*cache)[i].data()) (*cache)[i].copy_from(res[i + 1]);
+  // Outputs are read by the names the model's graphs give them ("logits", "past_key_values.<layer>.key|value").
+  auto keep_cache = [&](const std::vector<Tensor>& res, const graph::Graph& g) {
+    for (size_t i = 0; i < cache->size(); ++i) {
+      const Tensor& updated = res[g.output_index(fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"))];
+      if (updated.data() != (*cache)[i].data()) (*cache)[i].copy_from(updated);
+    }
   };
   const int64_t V = mc.vocab_size;
   std::vector<std::vector<float>> logits(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V)));
@@ -279,8 +283,9 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
       }
     TensorMap in = model_.weights();
     in["input_ids"] = x, in["attention_mask"] = m, in["position_ids"] = default_position_ids(m);
-    const auto res = programs.get(model_.forward_graph(B, T)).run(in);
-    take_logits(res[0], T, T - 1);
+    const graph::Graph g = model_.forward_graph(B, T);
+    const auto res = programs.get(g).run(in);
+    take_logits(res[g.output_index("logits")], T, T - 1);
   };
 
   // Prefill.
@@ -289,9 +294,10 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     in["input_ids"] = ids, in["attention_mask"] = pmask, in["position_ids"] = default_position_ids(pmask);
     in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{0}, {1});
     bind_cache(in);
-    const auto res = programs.get(model_.prefill_graph(B, P, S)).run(in);
-    take_logits(res[0], 1, 0);
-    keep_cache(res);
+    const graph::Graph g = model_.prefill_graph(B, P, S);
+    const auto res = programs.get(g).run(in);
+    take_logits(res[g.output_index("logits")], 1, 0);
+    keep_cache(res, g);
   } else {
     run_full(P);
   }
@@ -359,8 +365,8 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     auto g = state_->decode_graphs.find({B, S});
     if (g == state_->decode_graphs.end()) g = state_->decode_graphs.emplace(std::make_pair(B, S), model_.decode_graph(B, S)).first;
     const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
-    take_logits(res[0], 1, 0);
-    keep_cache(res);
+    take_logits(res[g->second.output_index("logits")], 1, 0);
+    keep_cache(res, g->second);
   }
   return out;
 }

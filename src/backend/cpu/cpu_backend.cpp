@@ -18,8 +18,6 @@ namespace trl {
 
 namespace cpu {
 
-using graph::Op;
-
 Kernel lower_alias(ProgramContext*, graph::ValueId) { return nullptr; }  // the run loop points it at its input
 
 namespace {

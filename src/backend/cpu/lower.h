@@ -23,6 +23,11 @@
 
 namespace trl::cpu {
 
+// The graph names every op file uses.
+using graph::kNone;
+using graph::Node;
+using graph::Op;
+
 using Kernel = std::function<void()>;
 struct Arena;
 

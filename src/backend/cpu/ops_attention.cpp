@@ -16,10 +16,6 @@
 #include "trl/core/error.h"
 
 namespace trl::cpu {
-
-using graph::kNone;
-using graph::Node;
-using graph::Op;
 namespace {
 
 // Flash-style attention forward and backward with GEMMs. One task per (batch, kv head); the queries of each head

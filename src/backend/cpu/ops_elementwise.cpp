@@ -17,10 +17,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 // a,b: same shape -> a + b
 Kernel lower_add(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);

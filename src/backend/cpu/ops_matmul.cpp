@@ -17,10 +17,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 namespace {
 
 constexpr int64_t kGemvRows = 8;

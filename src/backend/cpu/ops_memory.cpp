@@ -17,10 +17,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 // ids:[B,T] i32, table:[V,C] -> [B,T,C]; an id outside [0, V) is an error naming its position
 Kernel lower_embedding(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);

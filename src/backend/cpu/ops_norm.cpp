@@ -17,10 +17,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 Kernel lower_rms_norm(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId x = n.inputs[0], w = n.inputs[1];

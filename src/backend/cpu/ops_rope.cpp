@@ -17,10 +17,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 Kernel lower_rope(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId x = n.inputs[0], pos = n.inputs[1];

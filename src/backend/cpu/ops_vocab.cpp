@@ -19,10 +19,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 // token_logprobs, entropy and token_argmax_match over vocabulary chunks: logits [R, 4096] at a time through
 // oneDNN, never [R, V]. Pass 1 keeps per row a running max m (and where it first occurs), s = Σ e^(z-m) and
 // (entropy) t = Σ e^(z-m)·z, rescaled when m grows: lse = m + log s, H = lse - t/s. The forward nodes on the same

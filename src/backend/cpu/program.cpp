@@ -15,10 +15,6 @@
 
 namespace trl::cpu {
 
-using graph::kNone;
-using graph::Node;
-using graph::Op;
-
 void Arena::reserve(size_t need) {
   if (keepalive && bytes >= need) return;
   // If the new buffer cannot be had, the arena is left empty with a new version: no program runs on the released
