@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build git ca-certificates pkg-config
   libgtest-dev          # GoogleTest (unit tests, run by CTest)
+  libbenchmark-dev      # Google Benchmark: the kernel micro-benchmarks in dev/
   nlohmann-json3-dev    # JSON: safetensors headers, config.json, CLI output
   libfmt-dev            # formatting of messages
   libsimdjson-dev       # fast parsing of the 11 MB tokenizer.json (CLI start-up time)

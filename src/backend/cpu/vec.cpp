@@ -121,7 +121,7 @@ __attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t
       const float v = x[i + k] - shift, e = exp_nonpositive(v);
       x[i + k] = e;
       acc[k] += e;
-      if (kEy) acc2[k] += e * v;
+      if (kEy) acc2[k] += e > 0.0f ? e * v : 0.0f;  // e = 0 where v = -inf (a masked logit): no 0·inf
     }
   float s = 0, s2 = 0;
   for (int k = 0; k < 16; ++k) s += acc[k], s2 += acc2[k];
@@ -129,7 +129,7 @@ __attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t
     const float v = x[i] - shift, e = exp_nonpositive(v);
     x[i] = e;
     s += e;
-    if (kEy) s2 += e * v;
+    if (kEy) s2 += e > 0.0f ? e * v : 0.0f;
   }
   if (kEy) *ey = s2;
   return s;

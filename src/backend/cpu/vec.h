@@ -33,7 +33,7 @@ void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint
 void exp_shift(float* x, int64_t n, float shift);
 // The same, returning Σ e^(x − shift).
 float exp_shift_sum(float* x, int64_t n, float shift);
-// The same, also *ey = Σ e^(x − shift)·(x − shift) (entropy): one pass.
+// The same, also *ey = Σ e^(x − shift)·(x − shift) (entropy) over the terms with e > 0 (a -inf x adds 0): one pass.
 float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey);
 // x[i] ← round_bf16(x[i]) (nearest even; NaN stays NaN).
 void round_to_bf16(float* x, int64_t n);
