@@ -17,6 +17,7 @@
 
 namespace trl::cpu {
 
+// x:[...,C], w:[C] -> [...,C]: x·rsqrt(mean(x²) + eps) in f32 (sum of squares in f64), rounded to x's dtype, then ·w.
 Kernel lower_rms_norm(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId x = n.inputs[0], w = n.inputs[1];
@@ -38,6 +39,8 @@ Kernel lower_rms_norm(ProgramContext* cx, graph::ValueId id) {
   };
 }
 
+// RmsNormBackX: x, w, dy:[...,C] -> dx = inv·w·dy − x·inv³/C·Σ(w·dy·x); RmsNormBackW: x, dy -> dw:[C] = Σ_rows dy·x·inv
+// (per-thread f64 partial sums, added in thread order: deterministic for a given thread count).
 Kernel lower_rms_norm_backward(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const bool want_x = n.op == Op::RmsNormBackX;

@@ -17,6 +17,8 @@
 
 namespace trl::cpu {
 
+// x:[B,T,H,D], positions:[B,T] i32 -> [B,T,H,D]: (x1, x2) ← (x1·cos − x2·sin, x2·cos + x1·sin) per half of D, with
+// cos/sin (times attention_scaling) rounded to x's dtype first; attrs.inverse rotates by −angle (the VJP).
 Kernel lower_rope(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId x = n.inputs[0], pos = n.inputs[1];
