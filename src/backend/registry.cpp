@@ -42,7 +42,7 @@ std::string resolve_backend(const std::string& name) {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
   const std::string resolved = resolve_backend(name);
-  if (resolved == "cpu") return make_cpu_backend(CpuBackendOptions{.share_arena = options.share_arena, .num_threads = options.num_threads});
+  if (resolved == "cpu") return make_cpu_backend(CpuBackendOptions{.share_arena = options.share_arena, .num_threads = options.num_threads, .graph_passes = options.graph_passes});
   if (resolved == "reference") return make_reference_backend();
   fail("backend '{}' is registered but has no constructor", resolved);  // a registry entry without its make_ line
 }

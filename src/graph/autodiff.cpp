@@ -101,6 +101,9 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
         if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));
         break;
+      case Op::VocabStats:
+        fail("autodiff: {} ({}) is made by graph::fuse_vocabulary_ops after autodiff: differentiate token_logprobs and entropy",
+             op_name(nd.op), nm);
       case Op::TokenArgmaxMatch:
         fail("autodiff: {} ({}) is a metric (an argmax): it has no gradient", op_name(nd.op), nm);
       case Op::Slice:

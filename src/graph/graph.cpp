@@ -39,6 +39,7 @@ const char* op_name(Op op) {
     case Op::Entropy: return "entropy";
     case Op::EntropyBackward: return "entropy_backward";
     case Op::TokenArgmaxMatch: return "token_argmax_match";
+    case Op::VocabStats: return "vocab_stats";
     case Op::View: return "view";
   }
   return "?";
@@ -109,6 +110,8 @@ std::string Graph::key() const {
     k.pod(n.attrs.rows);
     k.pod(n.attrs.offset);
     k.pod(n.attrs.value);
+    k.pod(n.attrs.entropy);
+    k.pod(n.attrs.keep_logits);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -491,17 +494,66 @@ std::vector<ValueId> Builder::attention_backward(ValueId q, ValueId k, ValueId v
           view(packed, nq + nk, shape(v), dt, name + ".dv")};
 }
 
-std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name) {
+int64_t vocab_stats_numel(int64_t R, int64_t V, bool keep_logits) {
+  return kVocabStatRows * R + (keep_logits ? (R * V + 1) / 2 : 0);
+}
+
+ValueId Builder::vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name) {
+  check(h, "vocab_stats h");
+  check(w, "vocab_stats w");
+  const Shape& hs = shape(h);
+  if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back())
+    fail("vocab_stats {}: h {} w {} do not fit (h:[...,C], w:[V,C])", name, shape_str(hs), shape_str(shape(w)));
+  if (targets != kNone) {
+    check(targets, "vocab_stats targets");
+    if (shape(targets) != leading(hs) || node(targets).dtype != DType::I32)
+      fail("vocab_stats {}: targets {} do not fit h {} (targets:[...] i32)", name, shape_str(shape(targets)), shape_str(hs));
+  }
+  if (keep_logits && (node(h).dtype != DType::BF16 || node(w).dtype != DType::BF16))
+    fail("vocab_stats {}: keep_logits keeps bf16 logits, so h and w must be bf16 (they are {} and {})", name, dtype_name(node(h).dtype),
+         dtype_name(node(w).dtype));
+  const int64_t R = shape_numel(leading(hs)), V = shape(w)[0];
+  Node n = make_node(Op::VocabStats, {h, w, targets}, {vocab_stats_numel(R, V, keep_logits)}, DType::F32, name);
+  n.attrs.entropy = entropy;
+  n.attrs.keep_logits = keep_logits;
+  return push(std::move(n));
+}
+
+ValueId Builder::vocab_stat(ValueId stats, VocabStat which, const std::string& name) {
+  check(stats, "vocab_stat stats");
+  const Node& s = node(stats);
+  if (s.op != Op::VocabStats) fail("vocab_stat {}: %{} is a {}, not a vocab_stats node", name, stats, op_name(s.op));
+  const Shape lead = leading(shape(s.inputs[0]));
+  return view(stats, static_cast<int64_t>(which) * shape_numel(lead), lead, DType::F32, name);
+}
+
+namespace {
+// A backward node's `stats` input: a VocabStats node on the same (h, w), with the entropy row when it is needed.
+void check_stats(const Graph& g, ValueId stats, ValueId h, ValueId w, bool need_entropy, const char* what, const std::string& name) {
+  if (stats == kNone) return;
+  const Node& s = g.node(stats);
+  if (s.op != Op::VocabStats || s.inputs[0] != h || s.inputs[1] != w)
+    fail("{} {}: stats %{} is not a vocab_stats node of the same h and w", what, name, stats);
+  if (need_entropy && !s.attrs.entropy) fail("{} {}: stats %{} has no entropy row (vocab_stats without entropy)", what, name, stats);
+}
+}  // namespace
+
+std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name,
+                                                      ValueId stats) {
+  if (stats != kNone) check(stats, "token_logprobs_backward stats");
+  check_stats(graph_, stats, h, w, false, "token_logprobs_backward", name);
   const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
   const DType dt = node(dlogp).dtype;
-  const ValueId packed = push(make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp}, {nh + nw}, dt, name));
+  const ValueId packed = push(make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp, stats}, {nh + nw}, dt, name));
   return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
 }
 
-std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name) {
+std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name, ValueId stats) {
+  if (stats != kNone) check(stats, "entropy_backward stats");
+  check_stats(graph_, stats, h, w, true, "entropy_backward", name);
   const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
   const DType dt = node(dent).dtype;
-  const ValueId packed = push(make_node(Op::EntropyBackward, {h, w, dent}, {nh + nw}, dt, name));
+  const ValueId packed = push(make_node(Op::EntropyBackward, {h, w, dent, stats}, {nh + nw}, dt, name));
   return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
 }
 

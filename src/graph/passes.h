@@ -17,4 +17,18 @@ Graph eliminate_dead_code(const Graph& g);
 // their memory, and only one layer's activations are alive in the backward pass. Results are bit-identical.
 Graph rematerialize(const Graph& g, size_t forward_nodes);
 
+// The fused vocabulary pass. The forward vocabulary ops on one (h, w) — token_logprobs, entropy and
+// token_argmax_match, with the same targets — become one vocab_stats node placed at the first of them, and each of
+// them a View of its row: one lm_head GEMM pass over V instead of one per op. Their backward nodes
+// (token_logprobs_backward, entropy_backward) on the same (h, w) get that node as their `stats` input, so they do not
+// recompute the log-sum-exp and the entropy; for bf16 h and w the node also keeps the logits (exact: they are
+// rounded to bf16 before the loss) and the backward reads them instead of recomputing the GEMM. Ops with f64
+// results (the reference's finite differences) are left alone. Run by the compiled backends (see optimize()).
+Graph fuse_vocabulary_ops(const Graph& g);
+
+// The passes a compiling backend runs before lowering, in order: fuse_vocabulary_ops, eliminate_dead_code.
+// (The reference backend runs only eliminate_dead_code: it executes the graph as written, the oracle the fused
+// program is tested against.)
+Graph optimize(const Graph& g);
+
 }  // namespace trl::graph

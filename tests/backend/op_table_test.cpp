@@ -213,6 +213,7 @@ struct OpCase {
   std::function<void(Ctx&)> build;
   bool nonfinite_expected = false;  // the reference output has NaN/Inf on purpose (cast of special values)
   bool zeros_expected = false;      // the reference output may be all zeros (else the case is degenerate: a failure)
+  bool unfused = false;             // also run it on each backend without graph passes (the ops' own lowerings)
   double floor = 1e-6;
 };
 
@@ -271,7 +272,11 @@ void check_case(const OpCase& c, const Backends& backends) {
     EXPECT_TRUE(any_nonzero) << where << ": every reference output is zero (a degenerate case)";
   }
 
-  for (const auto& [bname, make] : backends) {
+  Backends runs = backends;
+  if (c.unfused)
+    for (const auto& [bname, make] : backends)
+      runs.emplace_back(bname + " without graph passes", [name = bname] { return make_backend(name, BackendOptions{.graph_passes = false}); });
+  for (const auto& [bname, make] : runs) {
     const std::string at = where + ", backend " + bname;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Program> program;
@@ -725,6 +730,7 @@ const std::vector<Head>& head_shapes() {
 }
 
 void head_cases(std::vector<OpCase>& t) {
+  const size_t first = t.size();
   const std::vector<std::pair<DType, DType>> dts = {{F32, F32}, {BF16, BF16}, {F32, BF16}};
   for (const Head& s : head_shapes()) {
     Shape hs = s.lead;
@@ -783,6 +789,41 @@ void head_cases(std::vector<OpCase>& t) {
                  for (ValueId v : c.b.token_logprobs_backward(h, w, tg, dl)) c.out(v);
                  for (ValueId v : c.b.entropy_backward(h, w, de)) c.out(v);
                });
+  // The ops above also run unfused (a graph compiled without fuse_vocabulary_ops): each op's own lowering.
+  for (size_t i = first; i < t.size(); ++i) t[i].unfused = true;
+  // vocab_stats itself, every row, with and without targets and entropy. Quarter inputs make the logits exact, so
+  // the match row is compared exactly too (up to the f32 exp of logp, H and lse).
+  using graph::VocabStat;
+  for (const Head& s : head_shapes()) {
+    Shape hs = s.lead;
+    hs.push_back(s.C);
+    const int64_t R = shape_numel(s.lead);
+    for (const auto& [hd, wd] : dts)
+      for (const auto& [with_targets, with_entropy] : {std::pair{true, true}, {false, true}, {true, false}}) {
+        const std::string shape = fmt::format("h {} {} w {} {}x{}{}{}", dn(hd), dims(hs), dn(wd), s.V, s.C, with_targets ? " targets" : "",
+                                              with_entropy ? " entropy" : "");
+        add_case(t, Op::VocabStats, shape + " quarters", kF32, [=](Ctx& c) {
+          const ValueId h = c.quarters("h", hs, hd), w = c.quarters("w", {s.V, s.C}, wd);
+          const ValueId tg = with_targets ? c.i32("t", s.lead, argmax_targets(c, R, s.C, s.V, hd)) : kNone;
+          const ValueId st = c.b.vocab_stats(h, w, tg, with_entropy, false);
+          for (VocabStat k : {VocabStat::Logprob, VocabStat::Entropy, VocabStat::Match, VocabStat::Lse}) c.out(c.b.vocab_stat(st, k));
+        }).zeros_expected = s.V == 1;
+      }
+  }
+  // Backward nodes reading a vocab_stats node (in bf16 also its kept logits) instead of recomputing the pass.
+  for (DType dt : {F32, BF16})
+    for (bool keep : {false, true}) {
+      if (keep && dt != BF16) continue;
+      add_case(t, Op::TokenLogprobsBackward, fmt::format("{} h 2x5x16 w 4097x16 reading vocab_stats{}", dn(dt), keep ? " and its kept logits" : ""),
+               tol_of(dt), [=](Ctx& c) {
+                 const ValueId h = c.rand("h", {2, 5, 16}, dt), w = c.rand("w", {4097, 16}, dt), tg = c.i32("t", {2, 5}, edge_targets(c.rng, 10, 4097));
+                 const ValueId dl = c.rand("dlogp", {2, 5}, F32), de = c.rand("dH", {2, 5}, F32);
+                 const ValueId st = c.b.vocab_stats(h, w, tg, true, keep);
+                 c.out(c.b.vocab_stat(st, VocabStat::Logprob));
+                 for (ValueId v : c.b.token_logprobs_backward(h, w, tg, dl, "", st)) c.out(v);
+                 for (ValueId v : c.b.entropy_backward(h, w, de, "", st)) c.out(v);
+               });
+    }
 }
 
 std::string param_name(const std::string& op, const std::string& name) {
@@ -1191,6 +1232,12 @@ std::vector<PerfCase> perf_table() {
        6 * n * V},
       {Op::TokenArgmaxMatch, "bf16 h 512x1024 w 8192x1024",
        [](Ctx& c) { c.out(c.b.token_argmax_match(c.rand("h", {R, C}, BF16), c.rand("w", {V, C}, BF16), c.ids("t", {R}, V))); }, 2 * n * V},
+      {Op::VocabStats, "bf16 h 512x1024 w 8192x1024 targets entropy keep_logits",
+       [](Ctx& c) {
+         const ValueId st = c.b.vocab_stats(c.rand("h", {R, C}, BF16), c.rand("w", {V, C}, BF16), c.ids("t", {R}, V), true, true);
+         c.out(c.b.vocab_stat(st, graph::VocabStat::Logprob));
+       },
+       2 * n * V},
       {Op::View, "f32 packed 2x512x1024 at 512x1024 (zero-copy)", [](Ctx& c) { c.out(c.b.view(c.rand("x", {2 * R * C}, F32), R * C, {R, C}, F32)); }},
   };
   return t;

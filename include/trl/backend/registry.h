@@ -24,6 +24,9 @@ struct BackendOptions {
   bool share_arena = false;
   // CPU: OpenMP threads (0: TRL_NUM_THREADS, else the visible cores).
   int num_threads = 0;
+  // Compiled backends: run graph::optimize's passes (fusion) before lowering. false lowers the graph as written
+  // (dead code aside): to compare a fused program with the unfused one, and to test each op's own lowering.
+  bool graph_passes = true;
 };
 
 struct BackendInfo {

@@ -48,11 +48,17 @@ enum class Op : uint8_t {
   RmsNormBackW,           // x:[...,C], dy:[...,C] -> dw:[C]
   SwiGLUBackward,         // gate, up, dy:[...,F] -> packed [dgate | dup]
   AttentionBackward,      // q, k, v, key_mask|none, dy -> packed [dq | dk | dv]
-  TokenLogprobsBackward,  // h, w, targets, dlogp -> packed [dh | dw]
+  TokenLogprobsBackward,  // h, w, targets, dlogp, stats|none -> packed [dh | dw]
   Entropy,                // h:[...,C], w:[V,C] -> [...] f32                      entropy of softmax(h·wᵀ), chunked over V
-  EntropyBackward,        // h, w, dH -> packed [dh | dw]
+  EntropyBackward,        // h, w, dH, stats|none -> packed [dh | dw]
   TokenArgmaxMatch,       // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   1 where target = argmax(h·wᵀ) (first of ties), else 0
-                          //   (a metric: no VJP; backends compute it in the same pass over V as token_logprobs/entropy)
+                          //   (a metric: no VJP)
+  VocabStats,             // h:[...,C], w:[V,C], targets:[R] i32|none -> packed f32, R = rows of h:
+                          //   [logp | entropy | match | lse] (R each; logp, match 0 without targets; entropy 0 unless
+                          //   attrs.entropy), then with attrs.keep_logits the bf16 logits [R, V] (R·V/2 f32 slots).
+                          //   The fused vocabulary pass: fuse_vocabulary_ops (graph/passes.h) puts one in place of the
+                          //   forward ops above on the same (h, w), and hands it to their backward nodes as `stats`
+                          //   (they then skip recomputing lse, entropy and, kept, the logits). No VJP.
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -73,7 +79,15 @@ struct Attrs {
   int64_t rows = 0;              // EmbeddingBackward: V
   int64_t offset = 0;            // View: element offset into the packed input
   double value = 0;              // Fill
+  bool entropy = false;          // VocabStats: compute the entropy row
+  bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
 };
+
+// VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
+enum class VocabStat : int64_t { Logprob = 0, Entropy = 1, Match = 2, Lse = 3 };
+constexpr int64_t kVocabStatRows = 4;
+// Elements (f32) of a VocabStats result over R rows and a vocabulary of V.
+int64_t vocab_stats_numel(int64_t R, int64_t V, bool keep_logits);
 
 struct Node {
   Op op = Op::Input;
@@ -141,8 +155,13 @@ class Builder {
   std::vector<ValueId> swiglu_backward(ValueId gate, ValueId up, ValueId dy, const std::string& name = "");
   std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId key_mask, ValueId dy, double scale, bool causal,
                                           const std::string& name = "");
-  std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "");
-  std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "");
+  // `stats`: a VocabStats of the same (h, w) computed earlier (with attrs.entropy for entropy_backward), or kNone.
+  std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "",
+                                               ValueId stats = kNone);
+  std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "", ValueId stats = kNone);
+  // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.
+  ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "");
+  ValueId vocab_stat(ValueId stats, VocabStat which, const std::string& name = "");
   ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
   // Marks v as the next output, optionally named (callers read results by name: Graph::output_index).

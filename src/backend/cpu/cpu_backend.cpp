@@ -50,11 +50,12 @@ constexpr LowerFn table_entry(Op op) {
     case Op::Rope: return lower_rope;
     case Op::Attention: return lower_attention;
     case Op::AttentionBackward: return lower_attention_backward;
+    case Op::VocabStats: return lower_vocab_stats;
     case Op::TokenLogprobs:
-    case Op::TokenLogprobsBackward:
     case Op::Entropy:
-    case Op::EntropyBackward:
-    case Op::TokenArgmaxMatch: return lower_vocab;
+    case Op::TokenArgmaxMatch: return lower_vocab_forward;
+    case Op::TokenLogprobsBackward:
+    case Op::EntropyBackward: return lower_vocab_backward;
   }
   return nullptr;
 }
@@ -73,7 +74,7 @@ bool env_is(const char* name, const char* value) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& o) : shared_(o.share_arena ? std::make_shared<Arena>() : nullptr) {
+  explicit CpuBackend(const CpuBackendOptions& o) : shared_(o.share_arena ? std::make_shared<Arena>() : nullptr), graph_passes_(o.graph_passes) {
     options_.num_threads = o.num_threads > 0 ? o.num_threads : num_threads();
   }
   std::string name() const override { return "cpu"; }
@@ -90,10 +91,11 @@ class CpuBackend final : public Backend {
     ProgramOptions o = options_;
     o.check_guards = env_is("TRL_CHECK_GUARDS", "1");
     o.profile = env_is("TRL_PROFILE", "1");
-    return std::make_unique<CpuProgram>(graph::eliminate_dead_code(graph), o, shared_, plan, used);
+    return std::make_unique<CpuProgram>(graph_passes_ ? graph::optimize(graph) : graph::eliminate_dead_code(graph), o, shared_, plan, used);
   }
   ProgramOptions options_;
   std::shared_ptr<Arena> shared_;  // null: each program owns its arena
+  bool graph_passes_;
 };
 
 }  // namespace

@@ -9,12 +9,11 @@
 //   ops_norm.cpp        rms_norm, rms_norm_back_x, rms_norm_back_w
 //   ops_rope.cpp        rope
 //   ops_attention.cpp   attention (blocked, at cache positions), attention_backward
-//   ops_vocab.cpp       token_logprobs, entropy, token_argmax_match and their backward (one pass over V)
+//   ops_vocab.cpp       vocab_stats (the fused pass over V), token_logprobs, entropy, token_argmax_match, backward
 #pragma once
 
 #include <cstddef>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,14 +51,6 @@ class ProgramContext {
     return at;
   }
   char* scratch(size_t offset) const;
-  // State shared by the lowerings of one op family within this program (e.g. the vocabulary pass of ops_vocab.cpp),
-  // made on first use.
-  template <class T>
-  T& family_state(const std::string& key) {
-    auto& slot = family_state_[key];
-    if (!slot) slot = std::make_shared<T>();
-    return *static_cast<T*>(slot.get());
-  }
 
  protected:
   explicit ProgramContext(graph::Graph g) : g_(std::move(g)) {}
@@ -71,7 +62,6 @@ class ProgramContext {
   std::shared_ptr<Arena> arena_;
   size_t arena_bytes_ = 0;    // the planned buffers
   size_t scratch_bytes_ = 0;  // kernels' own state, after the planned buffers
-  std::map<std::string, std::shared_ptr<void>> family_state_;
 };
 
 // Lowers node `id` of c->graph(); a null Kernel means the node needs no work (aliases such as reshape).
@@ -106,7 +96,9 @@ Kernel lower_rope(ProgramContext* c, graph::ValueId id);
 // ops_attention.cpp
 Kernel lower_attention(ProgramContext* c, graph::ValueId id);
 Kernel lower_attention_backward(ProgramContext* c, graph::ValueId id);
-// ops_vocab.cpp: TokenLogprobs, Entropy, TokenArgmaxMatch, TokenLogprobsBackward, EntropyBackward
-Kernel lower_vocab(ProgramContext* c, graph::ValueId id);
+// ops_vocab.cpp
+Kernel lower_vocab_stats(ProgramContext* c, graph::ValueId id);
+Kernel lower_vocab_forward(ProgramContext* c, graph::ValueId id);   // TokenLogprobs, Entropy, TokenArgmaxMatch
+Kernel lower_vocab_backward(ProgramContext* c, graph::ValueId id);  // TokenLogprobsBackward, EntropyBackward
 
 }  // namespace trl::cpu

@@ -190,7 +190,7 @@ void CpuProgram::plan() {
 }
 
 // The plan as text: a header line, then "offset inplace" per node (offset - for none).
-static constexpr const char* kPlanMagic = "trl-cpu-plan 1";
+static constexpr const char* kPlanMagic = "trl-cpu-plan 2";
 std::string CpuProgram::plan_blob() const {
   std::string out = fmt::format("{} {} {}\n", kPlanMagic, g_.nodes.size(), arena_bytes_);
   for (size_t i = 0; i < g_.nodes.size(); ++i)

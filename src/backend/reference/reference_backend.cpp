@@ -278,6 +278,34 @@ void entropy(const Tensor& h, const Tensor& w, Tensor& out) {
   }
 }
 
+// h:[R,C], w:[V,C], targets:[R]|none -> packed f32 [logp | H | match | lse] (R each; see graph::Op::VocabStats),
+// then with keep_logits the bf16 logits [R, V] in the bytes after them.
+void vocab_stats(const Tensor& h, const Tensor& w, const Tensor* targets, const graph::Attrs& a, Tensor& out) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  std::vector<double> z(static_cast<size_t>(V));
+  void* o = out.mutable_data();
+  auto* kept = reinterpret_cast<uint16_t*>(static_cast<float*>(o) + graph::kVocabStatRows * R);
+  for (int64_t r = 0; r < R; ++r) {
+    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
+    double pz = 0;
+    for (int64_t v = 0; v < V; ++v) pz += std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
+    double logp = 0, match = 0;
+    if (targets) {
+      const int32_t t = targets->data_as<int32_t>()[r];
+      if (t < 0 || t >= V) fail("vocab_stats: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
+      logp = z[static_cast<size_t>(t)] - lse;
+      match = std::max_element(z.begin(), z.end()) - z.begin() == t ? 1.0 : 0.0;
+    }
+    store_element(o, DType::F32, r, logp);
+    store_element(o, DType::F32, R + r, a.entropy ? lse - pz : 0.0);
+    store_element(o, DType::F32, 2 * R + r, match);
+    store_element(o, DType::F32, 3 * R + r, lse);
+    if (a.keep_logits)
+      for (int64_t v = 0; v < V; ++v) kept[r * V + v] = f32_to_bf16(static_cast<float>(z[static_cast<size_t>(v)]));
+  }
+}
+
 // dH:[R] -> packed [dh | dw].  dz_v = -dH·p_v·(log p_v + H).
 void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, Tensor& out) {
   logits_backward(h, w, dent, out, [](int64_t, double g, const std::vector<double>& z, double lse, std::vector<double>& dz) {
@@ -503,6 +531,7 @@ class ReferenceProgram final : public Program {
           case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;
           case Op::Entropy: entropy(in(n, 0), in(n, 1), out); break;
           case Op::TokenArgmaxMatch: token_argmax_match(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::VocabStats: vocab_stats(in(n, 0), in(n, 1), opt(n, 2), n.attrs, out); break;
           case Op::WeightedSum: {
             double acc = 0;
             for (int64_t i = 0; i < in(n, 0).numel(); ++i) {

@@ -16,6 +16,8 @@ struct CpuBackendOptions {
   // OpenMP threads of the kernels and oneDNN (0: runtime's num_threads(), i.e. TRL_NUM_THREADS or the visible
   // cores). Set only while a program compiles or runs; the process's own setting is left as it was.
   int num_threads = 0;
+  // Run graph::optimize (the fusion passes) before lowering; false: the graph as written, dead code aside.
+  bool graph_passes = true;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
