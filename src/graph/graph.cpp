@@ -115,10 +115,30 @@ std::string Graph::key() const {
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
+  k.pod(static_cast<uint64_t>(seed_inputs.size()));
+  for (const std::string& s : seed_inputs) {
+    k.pod(static_cast<uint64_t>(s.size()));
+    k.span(s.data(), s.size());
+  }
   return std::move(k.out);
 }
 
 uint64_t Graph::hash() const { return hash_key(key()); }
+
+size_t stage_boundary(const Graph& g) {
+  std::vector<bool> late(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op == Op::Input) {
+      late[i] = std::find(g.seed_inputs.begin(), g.seed_inputs.end(), n.name) != g.seed_inputs.end();
+      continue;
+    }
+    for (ValueId in : n.inputs)
+      if (in != kNone && late[static_cast<size_t>(in)]) late[i] = true;
+    if (late[i]) return i;
+  }
+  return g.nodes.size();
+}
 
 uint64_t hash_key(const std::string& key, uint64_t seed) {
   Hasher h;
@@ -570,6 +590,13 @@ void Builder::output(ValueId v, const std::string& name) {
     fail("graph builder: output '{}' declared twice", name);
   graph_.outputs.push_back(v);
   graph_.output_names.push_back(name);
+}
+
+void Builder::mark_seed(ValueId v) {
+  check(v, "mark_seed");
+  if (node(v).op != Op::Input) fail("graph builder: only an input can be a seed, not %{} ({})", v, op_name(node(v).op));
+  if (std::find(graph_.seed_inputs.begin(), graph_.seed_inputs.end(), node(v).name) == graph_.seed_inputs.end())
+    graph_.seed_inputs.push_back(node(v).name);
 }
 
 size_t Graph::output_index(const std::string& name) const {

@@ -31,6 +31,7 @@ Graph eliminate_dead_code(const Graph& g) {
     if (live[static_cast<size_t>(in)]) out.inputs.push_back(remap[static_cast<size_t>(in)]);
   for (ValueId o : g.outputs) out.outputs.push_back(remap[static_cast<size_t>(o)]);
   out.output_names = g.output_names;
+  out.seed_inputs = g.seed_inputs;
   return out;
 }
 
@@ -72,6 +73,7 @@ Graph rematerialize(const Graph& g, size_t forward_nodes) {
   for (ValueId in : g.inputs) out.inputs.push_back(id_map[static_cast<size_t>(in)]);
   for (ValueId o : g.outputs) out.outputs.push_back(id_map[static_cast<size_t>(o)]);
   out.output_names = g.output_names;
+  out.seed_inputs = g.seed_inputs;
   return out;
 }
 
@@ -136,6 +138,8 @@ Graph fuse_vocabulary_ops(const Graph& g) {
   // backward nodes reading it.
   Graph out;
   std::vector<ValueId> remap(n, kNone);
+  std::vector<bool> is_output(n, false);
+  for (ValueId o : g.outputs) is_output[static_cast<size_t>(o)] = true;
   auto emit = [&](Node node) {
     out.nodes.push_back(std::move(node));
     return static_cast<ValueId>(out.nodes.size() - 1);
@@ -179,10 +183,23 @@ Graph fuse_vocabulary_ops(const Graph& g) {
     v.attrs.offset = static_cast<int64_t>(row_of(nd.op)) * R;
     v.segment = nd.segment;
     remap[i] = emit(std::move(v));
+    if (gr.keep_logits && is_output[i]) {
+      // An output row is copied out (R floats), so that the kept logits (R·V·2 bytes) need not outlive the
+      // backward nodes that read them.
+      Node copy;
+      copy.op = Op::Cast;
+      copy.inputs = {remap[i]};
+      copy.shape = lead;
+      copy.dtype = DType::F32;
+      copy.name = nd.name + ".out";
+      copy.segment = nd.segment;
+      remap[i] = emit(std::move(copy));
+    }
   }
   for (ValueId in : g.inputs) out.inputs.push_back(remap[static_cast<size_t>(in)]);
   for (ValueId o : g.outputs) out.outputs.push_back(remap[static_cast<size_t>(o)]);
   out.output_names = g.output_names;
+  out.seed_inputs = g.seed_inputs;
   return out;
 }
 

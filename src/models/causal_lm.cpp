@@ -285,13 +285,14 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   const ValueId h = build_hidden(b, B, T, &head);
   const ValueId labels = b.input("labels", {B, T}, DType::I32);
   const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
+  b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
   const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
-  const ValueId loss = b.weighted_sum(logp, weights, "loss");
   ValueId entropy = kNone, match = kNone;
-  if (metrics) {  // computed in the loss's pass over the vocabulary on the CPU backend
+  if (metrics) {  // in the loss's pass over the vocabulary (graph::fuse_vocabulary_ops)
     entropy = b.entropy(h, head, "entropy");
     match = b.token_argmax_match(h, head, labels, "token_accuracy");
   }
+  const ValueId loss = b.weighted_sum(logp, weights, "loss");
   const size_t forward_nodes = b.size();
   std::vector<std::string> names;
   for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
@@ -299,6 +300,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   b.output(loss, "loss");
   for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
   if (metrics) b.output(entropy, "entropy"), b.output(match, "token_accuracy");
+  b.output(logp, "token_logprobs");
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }

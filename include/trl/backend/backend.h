@@ -19,6 +19,13 @@ class Program {
   virtual ~Program() = default;
   // Every graph input must be bound in `inputs` with its exact dtype and shape (a clear error otherwise).
   virtual std::vector<Tensor> run(const TensorMap& inputs) = 0;
+  // A two-stage program (graph::Graph::seed_inputs): stage 0 binds every input but the seeds, runs the nodes
+  // before graph::stage_boundary and returns the outputs they produce (the others are empty tensors); stage 1
+  // binds the seeds and runs the rest, returning every output. The stage-0 inputs must stay alive and unchanged
+  // until stage 1 has run, and the program must not run anything else in between (on a backend whose programs
+  // share an arena, neither may any other program of that backend: stage 1 then fails and names the cause).
+  // run() is both stages at once. The default implementation refuses: a backend opts in by overriding it.
+  virtual std::vector<Tensor> run_stage(const TensorMap& inputs, int stage);
   // Bytes of the program's planned working memory (its arena); 0 where the backend does not plan one.
   virtual size_t arena_bytes() const { return 0; }
   // The program's plan in a form the backend can reuse for the same graph (the on-disk cache keeps it); empty
@@ -58,5 +65,8 @@ std::unique_ptr<Backend> make_reference_backend();
 
 // Looks up and checks the binding of every graph input (shared by all backends).
 std::vector<Tensor> bind_inputs(const graph::Graph& graph, const TensorMap& inputs);
+// The same for the inputs of one stage of a two-stage program (stage 0: all but the seeds; stage 1: the seeds);
+// the others are left as empty tensors.
+std::vector<Tensor> bind_stage_inputs(const graph::Graph& graph, const TensorMap& inputs, int stage);
 
 }  // namespace trl

@@ -104,6 +104,11 @@ struct Graph {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::vector<std::string> output_names;  // one per output ("" for an unnamed one); not part of key()
+  // Seed inputs (by name) make a two-stage program: stage 0 runs every node up to the first one that depends on a
+  // seed, stage 1 the rest, with the seeds bound only then (Program::run_stage). A trainer whose loss is a
+  // nonlinear function of the stage-0 outputs (DPO's sequence log-probs) computes the loss and its derivative on
+  // the host between the stages and feeds that derivative as the seed of the backward pass (docs/COMPILER.md).
+  std::vector<std::string> seed_inputs;
 
   // The position of the output named `name` in Program::run's result (an error listing the names otherwise).
   size_t output_index(const std::string& name) const;
@@ -120,6 +125,10 @@ struct Graph {
 
 // The 64-bit digest of a key (another `seed` gives an independent digest).
 uint64_t hash_key(const std::string& key, uint64_t seed = 0);
+
+// The first node of stage 1: the first that depends (through any path) on a seed input; nodes.size() when the
+// graph has no seed (or none is used). An output of a node before it is a stage-0 output.
+size_t stage_boundary(const Graph& g);
 
 // Builds a graph with shape inference; every misuse throws trl::Error naming the op and the shapes.
 class Builder {
@@ -166,6 +175,8 @@ class Builder {
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
   // Marks v as the next output, optionally named (callers read results by name: Graph::output_index).
   void output(ValueId v, const std::string& name = "");
+  // Makes input v a seed input (see Graph::seed_inputs).
+  void mark_seed(ValueId v);
   // Nodes pushed from now on belong to checkpoint segment `s` (-1: none); see rematerialize() in passes.h.
   void set_segment(int32_t s) { segment_ = s; }
   size_t size() const { return graph_.nodes.size(); }

@@ -44,6 +44,7 @@ CpuProgram::CpuProgram(graph::Graph g, const ProgramOptions& options, std::share
     : ProgramContext(std::move(g)), options_(options) {
   ThreadScope threads(options_.num_threads);  // oneDNN sizes its primitives for the threads they will run on
   arena_ = arena ? std::move(arena) : std::make_shared<Arena>();
+  stage_boundary_ = graph::stage_boundary(g_);
   const auto t0 = std::chrono::steady_clock::now();
   const bool reused = cached_plan != nullptr && load_plan(*cached_plan);
   if (used) *used = reused;
@@ -79,13 +80,12 @@ void CpuProgram::lower_all() {
   }
 }
 
-std::vector<Tensor> CpuProgram::run(const TensorMap& inputs) {
-  ThreadScope threads(options_.num_threads);
-  const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+void CpuProgram::execute(const std::vector<Tensor>& bound, size_t begin, size_t end) {
   arena_->reserve(arena_bytes_ + scratch_bytes_);  // a no-op unless an allocation failed since this program was made
   if (bound_version_ != arena_->version) bind_arena();
-  for (size_t i = 0; i < g_.inputs.size(); ++i) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
-  for (size_t i = 0; i < g_.nodes.size(); ++i) {
+  for (size_t i = 0; i < g_.inputs.size(); ++i)
+    if (bound[i].defined() && bound[i].data() != nullptr) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
+  for (size_t i = begin; i < end; ++i) {
     const Node& n = g_.nodes[i];
     if (n.op == Op::Reshape || n.op == Op::View) {
       ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
@@ -102,16 +102,52 @@ std::vector<Tensor> CpuProgram::run(const TensorMap& inputs) {
       if (options_.check_guards) verify_guard(i);
     }
   }
+  ++arena_->runs;
+  arena_->last_runner = this;
+}
+
+std::vector<Tensor> CpuProgram::run(const TensorMap& inputs) {
+  ThreadScope threads(options_.num_threads);
+  const std::vector<Tensor> bound = bind_inputs(g_, inputs);
+  stage0_run_ = 0;
+  staged_.clear();
+  execute(bound, 0, g_.nodes.size());
   // Outputs are views into the arena (no copy): valid until this program runs again (clone() to keep one).
   return outputs(bound);
 }
 
-std::vector<Tensor> CpuProgram::outputs(const std::vector<Tensor>& bound) {
+std::vector<Tensor> CpuProgram::run_stage(const TensorMap& inputs, int stage) {
+  ThreadScope threads(options_.num_threads);
+  std::vector<Tensor> part = bind_stage_inputs(g_, inputs, stage);
+  if (stage == 0) {
+    staged_ = std::move(part);
+    execute(staged_, 0, stage_boundary_);
+    stage0_run_ = arena_->runs;
+    return outputs(staged_, stage_boundary_);
+  }
+  if (stage0_run_ == 0) fail("cpu backend: stage 1 of a two-stage program needs its stage 0 first (Program::run_stage)");
+  if (arena_->runs != stage0_run_ || arena_->last_runner != this) {
+    stage0_run_ = 0;
+    fail("cpu backend: another program ran on this program's arena between its stage 0 and stage 1, so stage 0's "
+         "values are gone; run the other program before stage 0 or after stage 1, or give it a backend of its own");
+  }
+  for (size_t i = 0; i < part.size(); ++i)
+    if (part[i].defined() && part[i].data() != nullptr) staged_[i] = part[i];
+  execute(staged_, stage_boundary_, g_.nodes.size());
+  stage0_run_ = 0;
+  return outputs(staged_);
+}
+
+std::vector<Tensor> CpuProgram::outputs(const std::vector<Tensor>& bound, size_t end) {
   std::vector<Tensor> out;
   for (graph::ValueId v : g_.outputs) {
     const Node& n = g_.node(v);
     if (n.op == Op::Input) {
       out.push_back(bound[static_cast<size_t>(std::find(g_.inputs.begin(), g_.inputs.end(), v) - g_.inputs.begin())]);
+      continue;
+    }
+    if (static_cast<size_t>(v) >= end) {
+      out.emplace_back();
       continue;
     }
     out.push_back(Tensor::view(ptr_[static_cast<size_t>(v)], n.dtype, n.shape, arena_->keepalive, StorageKind::View));

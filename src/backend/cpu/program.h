@@ -21,6 +21,8 @@ struct Arena {
   std::shared_ptr<const void> keepalive;  // held by output views, so a replaced buffer outlives the views into it
   size_t bytes = 0;
   uint64_t version = 0;
+  uint64_t runs = 0;                // counts program runs (and stages) on this arena
+  const void* last_runner = nullptr;  // the program that ran last: a two-stage program's stage 1 checks it
   // Makes the buffer at least `need` bytes (letting the old one go first, so that growing never holds both).
   void reserve(size_t need);
 };
@@ -40,6 +42,7 @@ class CpuProgram final : public Program, public ProgramContext {
   ~CpuProgram() override;
 
   std::vector<Tensor> run(const TensorMap& inputs) override;
+  std::vector<Tensor> run_stage(const TensorMap& inputs, int stage) override;
   size_t arena_bytes() const override { return arena_bytes_ + scratch_bytes_; }
   std::string plan_blob() const override;
   double compile_seconds() const { return compile_seconds_; }
@@ -49,7 +52,10 @@ class CpuProgram final : public Program, public ProgramContext {
   bool load_plan(const std::string& blob);
   void bind_arena();
   void lower_all();
-  std::vector<Tensor> outputs(const std::vector<Tensor>& bound);
+  // Binds the arena and the given inputs (empty tensors are left as they are), then runs nodes [begin, end).
+  void execute(const std::vector<Tensor>& bound, size_t begin, size_t end);
+  // The outputs of nodes before `end` (the others as empty tensors).
+  std::vector<Tensor> outputs(const std::vector<Tensor>& bound, size_t end = SIZE_MAX);
   size_t data_bytes(size_t i) const;
   void fill_guard(size_t i);
   void verify_guard(size_t i) const;
@@ -58,6 +64,9 @@ class CpuProgram final : public Program, public ProgramContext {
   std::vector<size_t> offsets_;  // arena offset of each node's buffer; SIZE_MAX: none (inputs, aliases)
   std::vector<Kernel> kernels_;
   uint64_t bound_version_ = 0;
+  size_t stage_boundary_ = 0;        // graph::stage_boundary of the graph
+  std::vector<Tensor> staged_;        // a two-stage run's inputs, held from stage 0 to stage 1
+  uint64_t stage0_run_ = 0;           // arena_->runs right after this program's stage 0; 0: no stage 0 pending
   double compile_seconds_ = 0;
   std::array<double, 64> op_seconds_{};
 };

@@ -476,14 +476,52 @@ class ReferenceProgram final : public Program {
   explicit ReferenceProgram(Graph graph) : graph_(std::move(graph)) {}
 
   std::vector<Tensor> run(const TensorMap& inputs) override {
-    std::vector<Tensor> bound = bind_inputs(graph_, inputs);
-    std::vector<Tensor> values(graph_.nodes.size());
-    for (size_t i = 0; i < graph_.inputs.size(); ++i) values[static_cast<size_t>(graph_.inputs[i])] = bound[i];
+    start(bind_inputs(graph_, inputs));
+    execute(0, graph_.nodes.size());
+    return finish();
+  }
+
+  std::vector<Tensor> run_stage(const TensorMap& inputs, int stage) override {
+    const std::vector<Tensor> part = bind_stage_inputs(graph_, inputs, stage);
+    const size_t boundary = graph::stage_boundary(graph_);
+    if (stage == 0) {
+      start(part);
+      staged_ = true;
+      execute(0, boundary);
+      std::vector<Tensor> out;
+      for (graph::ValueId v : graph_.outputs) out.push_back(static_cast<size_t>(v) < boundary ? values_[static_cast<size_t>(v)] : Tensor());
+      return out;
+    }
+    if (!staged_) fail("reference backend: stage 1 of a two-stage program needs its stage 0 first (Program::run_stage)");
+    for (size_t i = 0; i < graph_.inputs.size(); ++i)
+      if (part[i].data() != nullptr) values_[static_cast<size_t>(graph_.inputs[i])] = part[i];
+    staged_ = false;
+    execute(boundary, graph_.nodes.size());
+    return finish();
+  }
+
+ private:
+  void start(const std::vector<Tensor>& bound) {
+    values_.assign(graph_.nodes.size(), Tensor());
+    for (size_t i = 0; i < graph_.inputs.size(); ++i) values_[static_cast<size_t>(graph_.inputs[i])] = bound[i];
+  }
+
+  // The outputs, then the values let go (the oracle holds nothing between runs).
+  std::vector<Tensor> finish() {
+    std::vector<Tensor> out;
+    for (graph::ValueId v : graph_.outputs) out.push_back(values_[static_cast<size_t>(v)]);
+    values_.clear();
+    return out;
+  }
+
+  // Runs nodes [begin, end) on values_.
+  void execute(size_t begin, size_t end) {
+    std::vector<Tensor>& values = values_;
     auto in = [&](const Node& n, size_t i) -> const Tensor& { return values[static_cast<size_t>(n.inputs[i])]; };
     auto opt = [&](const Node& n, size_t i) -> const Tensor* {
       return n.inputs.size() > i && n.inputs[i] != kNone ? &values[static_cast<size_t>(n.inputs[i])] : nullptr;
     };
-    for (size_t id = 0; id < graph_.nodes.size(); ++id) {
+    for (size_t id = begin; id < end; ++id) {
       const Node& n = graph_.nodes[id];
       if (n.op == Op::Input) continue;
       if (n.op == Op::Reshape) {
@@ -567,12 +605,8 @@ class ReferenceProgram final : public Program {
       // Free values no later node reads (keeps the oracle's memory at the working set, not the whole graph).
       release_dead(values, id);
     }
-    std::vector<Tensor> outputs;
-    for (graph::ValueId v : graph_.outputs) outputs.push_back(values[static_cast<size_t>(v)]);
-    return outputs;
   }
 
- private:
   void release_dead(std::vector<Tensor>& values, size_t current) {
     if (last_use_.empty()) {
       last_use_.assign(graph_.nodes.size(), 0);
@@ -592,6 +626,8 @@ class ReferenceProgram final : public Program {
 
   Graph graph_;
   std::vector<size_t> last_use_;
+  std::vector<Tensor> values_;  // during a run, and from a stage 0 to its stage 1
+  bool staged_ = false;
 };
 
 class ReferenceBackend final : public Backend {

@@ -1,0 +1,171 @@
+#include "data/preference.h"
+
+#include <algorithm>
+
+#include "trl/core/error.h"
+#include "trl/tokenizer/chat_template.h"
+
+namespace trl {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool is_message_list(const ojson& v) {
+  if (!v.is_array() || v.empty()) return false;
+  for (const auto& m : v)
+    if (!m.is_object() || !m.contains("role") || !m.contains("content")) return false;
+  return true;
+}
+
+// A field's kind: "text", "messages"; anything else is an error naming the row and the field.
+std::string kind_of(const ojson& row, const char* field, const std::string& where) {
+  if (!row.contains(field)) {
+    std::string keys;
+    for (const auto& [k, v] : row.items()) keys += (keys.empty() ? "" : ", ") + k;
+    fail("{}: preference row has no \"{}\" (keys: {}); DPO and reward data need \"chosen\" and \"rejected\", and optionally \"prompt\"",
+         where, field, keys);
+  }
+  const ojson& v = row[field];
+  if (v.is_string()) {
+    if (v.get<std::string>().empty() && std::string(field) != "prompt") fail("{}: \"{}\" is empty", where, field);
+    return "text";
+  }
+  if (v.is_array()) {
+    if (v.empty()) {
+      if (std::string(field) == "prompt") return "messages";
+      fail("{}: \"{}\" is an empty list of messages", where, field);
+    }
+    if (!is_message_list(v)) fail("{}: \"{}\" must be a string or a list of {{\"role\", \"content\"}} messages", where, field);
+    return "messages";
+  }
+  fail("{}: \"{}\" must be a string or a list of messages, not {}", where, field, v.type_name());
+}
+
+// TRL's extract_prompt: the longest common prefix of chosen and rejected (turns for messages, characters for
+// text, giving back a space that ends the prompt to the completions). When one is a prefix of the other, the
+// prompt stops one turn (character) short of the shorter, as TRL's loop leaves it, so both keep a completion.
+void split_implicit_prompt(ojson& prompt, ojson& chosen, ojson& rejected, bool messages) {
+  if (messages) {
+    const size_t n = std::min(chosen.size(), rejected.size());
+    size_t i = 0;
+    while (i < n && chosen[i] == rejected[i]) ++i;
+    if (i == n && n > 0) i = n - 1;
+    prompt = ojson::array();
+    for (size_t k = 0; k < i; ++k) prompt.push_back(chosen[k]);
+    ojson c = ojson::array(), r = ojson::array();
+    for (size_t k = i; k < chosen.size(); ++k) c.push_back(chosen[k]);
+    for (size_t k = i; k < rejected.size(); ++k) r.push_back(rejected[k]);
+    chosen = c, rejected = r;
+    return;
+  }
+  const std::string a = chosen.get<std::string>(), b = rejected.get<std::string>();
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  if (i == n && n > 0) i = n - 1;
+  else if (i > 0 && a[i - 1] == ' ') --i;
+  prompt = a.substr(0, i);
+  chosen = a.substr(i);
+  rejected = b.substr(i);
+}
+
+ojson concat(const ojson& a, const ojson& b) {
+  ojson out = a;
+  for (const auto& m : b) out.push_back(m);
+  return out;
+}
+
+}  // namespace
+
+std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& o,
+                                                          PreferenceDataStats* stats) {
+  if (o.truncation_mode != "keep_start" && o.truncation_mode != "keep_end")
+    fail("truncation_mode: '{}' is not supported (keep_start or keep_end)", o.truncation_mode);
+  const std::string eos = o.eos_token.empty() ? tok.eos_token() : o.eos_token;
+  if (eos.empty()) fail("preference data: the tokenizer has no eos_token; set eos_token");
+  PreferenceDataStats st;
+  std::vector<PreferenceExample> out;
+  for (size_t r = 0; r < data.rows.size(); ++r) {
+    const ojson& row = data.rows[r];
+    const std::string& where = data.where[r];
+    if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
+    const std::string kc = kind_of(row, "chosen", where), kr = kind_of(row, "rejected", where);
+    const bool explicit_prompt = row.contains("prompt");
+    const std::string kp = explicit_prompt ? kind_of(row, "prompt", where) : kc;
+    if (kc != kr || kp != kc)
+      fail("{}: \"prompt\", \"chosen\" and \"rejected\" must all be strings or all be lists of messages (got {} / {} / {})", where, kp, kc, kr);
+    const bool messages = kc == "messages";
+    ojson prompt = explicit_prompt ? row["prompt"] : ojson(), chosen = row["chosen"], rejected = row["rejected"];
+    if (!explicit_prompt) split_implicit_prompt(prompt, chosen, rejected, messages);
+    if ((messages && (chosen.empty() || rejected.empty())) || (!messages && (chosen.get<std::string>().empty() || rejected.get<std::string>().empty())))
+      fail("{}: chosen and rejected are identical (the implicit prompt is all of them): no completion to compare", where);
+    PreferenceExample ex;
+    ex.where = where;
+    std::vector<int32_t> with_chosen, with_rejected;
+    try {
+      if (messages) {
+        ChatTemplateOptions co;
+        if (row.contains("chat_template_kwargs") && row["chat_template_kwargs"].is_object()) co.extra = row["chat_template_kwargs"];
+        if (row.contains("tools")) co.tools = row["tools"];
+        ChatTemplateOptions po = co;
+        po.add_generation_prompt = true;
+        ex.prompt_ids = apply_chat_template_ids(tok, prompt, po).input_ids;
+        with_chosen = apply_chat_template_ids(tok, concat(prompt, chosen), co).input_ids;
+        with_rejected = apply_chat_template_ids(tok, concat(prompt, rejected), co).input_ids;
+      } else {
+        auto with_eos = [&](std::string s) { return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0 ? s : s + eos; };
+        const std::string p = prompt.get<std::string>();
+        ex.prompt_ids = tok.encode(p, true);
+        with_chosen = tok.encode(p + with_eos(chosen.get<std::string>()), true);
+        with_rejected = tok.encode(p + with_eos(rejected.get<std::string>()), true);
+      }
+    } catch (const Error& e) {
+      fail("{}: {}", where, e.what());
+    }
+    const size_t np = ex.prompt_ids.size();
+    auto prefixed = [&](const std::vector<int32_t>& v) { return v.size() >= np && std::equal(ex.prompt_ids.begin(), ex.prompt_ids.end(), v.begin()); };
+    if (!prefixed(with_chosen) || !prefixed(with_rejected)) ++st.mismatched;
+    ex.chosen_ids.assign(with_chosen.begin() + static_cast<std::ptrdiff_t>(std::min(np, with_chosen.size())), with_chosen.end());
+    ex.rejected_ids.assign(with_rejected.begin() + static_cast<std::ptrdiff_t>(std::min(np, with_rejected.size())), with_rejected.end());
+    if (ex.chosen_ids.empty() || ex.rejected_ids.empty()) fail("{}: the {} completion has no tokens after the prompt", where, ex.chosen_ids.empty() ? "chosen" : "rejected");
+    if (o.max_length > 0 && o.truncation_mode == "keep_start" && static_cast<int64_t>(np) >= o.max_length) {
+      ++st.dropped;
+      continue;
+    }
+    out.push_back(std::move(ex));
+  }
+  if (stats) *stats = st;
+  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.rows.size(), st.dropped, o.max_length);
+  return out;
+}
+
+std::vector<SFTExample> preference_rows(const std::vector<const PreferenceExample*>& pairs, const PreferenceDataOptions& o) {
+  std::vector<SFTExample> rows;
+  rows.reserve(2 * pairs.size());
+  for (int side = 0; side < 2; ++side)
+    for (const PreferenceExample* p : pairs) {
+      const std::vector<int32_t>& completion = side == 0 ? p->chosen_ids : p->rejected_ids;
+      SFTExample ex;
+      ex.where = p->where;
+      ex.input_ids = p->prompt_ids;
+      ex.input_ids.insert(ex.input_ids.end(), completion.begin(), completion.end());
+      ex.labels_mask.assign(p->prompt_ids.size(), 0);
+      ex.labels_mask.resize(ex.input_ids.size(), 1);
+      const int64_t n = static_cast<int64_t>(ex.input_ids.size());
+      if (o.max_length > 0 && n > o.max_length) {
+        const auto cut = static_cast<std::ptrdiff_t>(o.max_length);
+        if (o.truncation_mode == "keep_end") {
+          ex.input_ids.erase(ex.input_ids.begin(), ex.input_ids.end() - cut);
+          ex.labels_mask.erase(ex.labels_mask.begin(), ex.labels_mask.end() - cut);
+        } else {
+          ex.input_ids.resize(static_cast<size_t>(cut));
+          ex.labels_mask.resize(static_cast<size_t>(cut));
+        }
+      }
+      rows.push_back(std::move(ex));
+    }
+  return rows;
+}
+
+}  // namespace trl

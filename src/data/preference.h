@@ -1,0 +1,47 @@
+// Preference data (DPO, reward models; KTO after unpairing): TRL's formats turned into token ids, and the rows a
+// batch of pairs becomes (docs/TRAINING.md, "Preference data").
+//
+// A row has "chosen" and "rejected", and an explicit "prompt" or none (the implicit prompt: their longest common
+// prefix, turn by turn for messages, character by character for text, as TRL's extract_prompt does). Standard rows
+// hold strings, conversational rows lists of {"role", "content"}; the eos token is appended to standard
+// completions that lack it. prompt_ids = the prompt (with the chat template's generation prompt for messages);
+// chosen_ids = tokens(prompt + chosen) after the first |prompt_ids|, the same for rejected.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trl/data/dataset.h"
+#include "trl/data/sft.h"
+#include "trl/tokenizer/tokenizer.h"
+
+namespace trl {
+
+struct PreferenceExample {
+  std::vector<int32_t> prompt_ids, chosen_ids, rejected_ids;
+  std::string where;  // the dataset row it came from
+};
+
+struct PreferenceDataOptions {
+  int64_t max_length = 1024;                // <= 0: none
+  std::string truncation_mode = "keep_start";  // keep_start | keep_end (applied per sequence when batching)
+  std::string eos_token;                     // "" = the tokenizer's
+};
+
+struct PreferenceDataStats {
+  int64_t dropped = 0;     // keep_start rows whose prompt alone fills max_length (no completion token would remain)
+  int64_t mismatched = 0;  // rows whose tokenized prompt is not a prefix of tokenized prompt + completion
+};
+
+// Tokenizes every row. A row without chosen or rejected, with an empty one, or mixing text and messages is an
+// error naming the row and the field.
+std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& options,
+                                                          PreferenceDataStats* stats = nullptr);
+
+// The 2·N rows of a batch of N pairs, [all chosen; all rejected]: prompt + completion, truncated to max_length by
+// truncation_mode, labels_mask 1 on the completion tokens. collate_padded() (sft.h) turns them into one batch whose
+// `weights` are 1 where position t predicts a completion token.
+std::vector<SFTExample> preference_rows(const std::vector<const PreferenceExample*>& pairs, const PreferenceDataOptions& options);
+
+}  // namespace trl
