@@ -279,6 +279,15 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   return h;
 }
 
+graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T) const {
+  Builder b;
+  ValueId head = kNone;
+  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId labels = b.input("labels", {B, T}, DType::I32);
+  b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
+  return b.finish();
+}
+
 graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics) const {
   Builder b;
   ValueId head = kNone;

@@ -11,21 +11,6 @@ namespace trl {
 
 double SequenceScore::perplexity() const { return n_scored > 0 ? std::exp(nll / static_cast<double>(n_scored)) : 1.0; }
 
-namespace {
-
-// log p(labels[b, t] | ids[b, ≤t]) for every position: [B, T] f32. The lm_head and the log-softmax are one chunked
-// pass over the vocabulary (token_logprobs), so the [B, T, V] logits are never held.
-graph::Graph score_graph(const CausalLM& model, int64_t B, int64_t T) {
-  graph::Builder b;
-  graph::ValueId head = graph::kNone;
-  const graph::ValueId h = model.build_hidden(b, B, T, &head);
-  const graph::ValueId labels = b.input("labels", {B, T}, DType::I32);
-  b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
-  return b.finish();
-}
-
-}  // namespace
-
 std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend,
                                            int64_t batch_size) {
   if (batch_size < 1) fail("score: batch_size must be at least 1");
@@ -58,7 +43,7 @@ std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vec
     }
     TensorMap inputs = model.weights();
     inputs["input_ids"] = ids, inputs["attention_mask"] = mask, inputs["position_ids"] = default_position_ids(mask), inputs["labels"] = labels;
-    const graph::Graph g = score_graph(model, B, T);
+    const graph::Graph g = model.logprobs_graph(B, T);
     const Tensor logp = programs.get(g).run(inputs).at(g.output_index("token_logprobs"));
     for (size_t i = first; i < last; ++i) {
       SequenceScore s;

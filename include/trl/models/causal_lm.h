@@ -62,6 +62,10 @@ class CausalLM {
   // model's dtype.
   graph::ValueId build_forward(graph::Builder& b, int64_t batch, int64_t tokens) const;
   graph::Graph forward_graph(int64_t batch, int64_t tokens) const;
+  // log p(labels[b, t] | ids[b, ≤t]) for every position: inputs as forward_graph plus labels [B,T] i32; output
+  // token_logprobs [B,T] f32, one chunked pass over the vocabulary (no [B,T,V] logits). `trl score` and the
+  // frozen reference model of DPO and KTO run it.
+  graph::Graph logprobs_graph(int64_t batch, int64_t tokens) const;
   // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
   // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
   struct CacheSpec {
