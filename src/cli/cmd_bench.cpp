@@ -23,6 +23,8 @@
 
 namespace trl::cli {
 
+void register_bench_dpo(CLI::App* bench);  // cmd_bench_dpo.cpp
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -154,6 +156,7 @@ void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks that print one JSON line of figures");
   bench->require_subcommand(1);
   register_bench_generate(bench);
+  register_bench_dpo(bench);
   auto* cmd = bench->add_subcommand("train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
