@@ -288,6 +288,28 @@ graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T) const {
   return b.finish();
 }
 
+graph::Graph CausalLM::reward_training_graph(int64_t B, int64_t T, bool gradient_checkpointing) const {
+  Builder b;
+  ValueId head = kNone;
+  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId score = b.input("score.weight", {1, config_.hidden_size}, dtype_);
+  const ValueId seed = b.input("reward_weights", {B, T}, DType::F32);
+  b.mark_seed(seed);
+  const ValueId rewards = b.cast(b.reshape(b.matmul(h, score, kNone, dtype_, "score"), {B, T}, "score.squeeze"), DType::F32, "rewards");
+  const ValueId loss = b.weighted_sum(rewards, seed, "loss");
+  const size_t forward_nodes = b.size();
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : parameter_shapes(config_))
+    if (name != "lm_head.weight") names.push_back(name);
+  names.push_back("score.weight");
+  const auto grads = graph::add_backward(b, loss, names);
+  b.output(loss, "loss");
+  for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
+  b.output(rewards, "rewards");
+  graph::Graph g = b.finish();
+  return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
+}
+
 graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics) const {
   Builder b;
   ValueId head = kNone;

@@ -66,6 +66,12 @@ class CausalLM {
   // token_logprobs [B,T] f32, one chunked pass over the vocabulary (no [B,T,V] logits). `trl score` and the
   // frozen reference model of DPO and KTO run it.
   graph::Graph logprobs_graph(int64_t batch, int64_t tokens) const;
+  // A reward model's training program (AutoModelForSequenceClassification with num_labels 1): the backbone, then
+  // the `score` head (score.weight [1, C], no bias, in the model dtype) at every position: rewards [B,T] f32, a
+  // stage-0 output. reward_weights [B,T] f32 is the seed: the trainer pools each row's reward at its last real
+  // token, computes the loss on the host and seeds dL/dreward there (0 elsewhere). Outputs: loss (Σ rewards·seed,
+  // not the trainer's loss), grad.<p> for every backbone parameter and score.weight (lm_head has none), rewards.
+  graph::Graph reward_training_graph(int64_t batch, int64_t tokens, bool gradient_checkpointing = false) const;
   // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
   // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
   struct CacheSpec {
