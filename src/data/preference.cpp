@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "data/messages.h"
 #include "trl/core/error.h"
 #include "trl/tokenizer/chat_template.h"
 
@@ -10,13 +11,6 @@ namespace trl {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-bool is_message_list(const ojson& v) {
-  if (!v.is_array() || v.empty()) return false;
-  for (const auto& m : v)
-    if (!m.is_object() || !m.contains("role") || !m.contains("content")) return false;
-  return true;
-}
 
 // A field's kind: "text", "messages"; anything else is an error naming the row and the field.
 std::string kind_of(const ojson& row, const char* field, const std::string& where) {

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <set>
 
+#include "data/messages.h"
 #include "trl/core/error.h"
 #include "trl/tokenizer/chat_template.h"
 
@@ -13,13 +14,6 @@ namespace trl {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-bool is_messages(const ojson& v) {
-  if (!v.is_array() || v.empty()) return false;
-  for (const auto& m : v)
-    if (!m.is_object() || !m.contains("role") || !m.contains("content")) return false;
-  return true;
-}
 
 // ShareGPT-style {"from", "value"} turns become ChatML messages, as TRL converts them.
 ojson to_messages(const ojson& v) {
@@ -90,7 +84,7 @@ std::vector<SFTExample> prepare_sft_dataset(const Dataset& data, const Tokenizer
         if (row.contains("tools")) co.tools = row["tools"];
         if (fmt == "conversational") {
           const ojson messages = to_messages(row.contains("messages") ? row["messages"] : row["conversations"]);
-          if (!is_messages(messages)) fail("messages must be a non-empty list of {{\"role\", \"content\"}}");
+          if (!is_message_list(messages)) fail("messages must be a non-empty list of {{\"role\", \"content\"}}");
           const ChatEncoding enc = apply_chat_template_ids(tok, messages, co);
           ex.input_ids = enc.input_ids;
           assistant = enc.assistant_masks;
