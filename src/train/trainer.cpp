@@ -1,4 +1,4 @@
-#include "trl/train/sft_trainer.h"
+#include "train/trainer.h"
 
 #include <unistd.h>
 
@@ -75,8 +75,9 @@ std::string jsonl(const std::vector<ojson>& entries) {
   return out;
 }
 
-// The file the rows came from: "data.jsonl" of "data.jsonl:12" or "data.json[3]"; "" when unknown.
-std::string source_file(const Dataset& d) {
+}  // namespace
+
+std::string dataset_source_file(const Dataset& d) {
   if (d.where.empty()) return "";
   const std::string& w = d.where.front();
   if (const size_t b = w.rfind('['); b != std::string::npos && w.back() == ']') return w.substr(0, b);
@@ -86,6 +87,8 @@ std::string source_file(const Dataset& d) {
     if (w[i] < '0' || w[i] > '9') return w;
   return w.substr(0, c);
 }
+
+namespace {
 
 void print_progress(int64_t step, int64_t total, int64_t start_step, double elapsed, double loss, double lr, double tps) {
   const int64_t done = step - start_step, left = total - step;
@@ -142,40 +145,14 @@ void publish_files(const std::string& dir, const std::string& what, const Folder
   }, advice);
 }
 
-// The sums TRL averages over a logging window.
-struct LogWindow {
-  double loss = 0, entropy = 0, accuracy = 0;
-  int64_t batches = 0;  // micro-batches: TRL averages its per-batch metrics over them
-  int64_t steps = 0;
-};
-
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0;
 };
 
-// TRL's per-batch metrics from the per-token outputs: entropy averaged over the real tokens (attention_mask != 0),
-// accuracy (label = argmax) over the tokens in the loss (weight != 0).
-struct TokenMetrics {
-  double entropy = 0, accuracy = 0;
-};
-TokenMetrics token_metrics(const SFTBatch& b, const Tensor& entropy, const Tensor& match) {
-  const int32_t* mask = b.attention_mask.data_as<int32_t>();
-  const float* w = b.weights.data_as<float>();
-  const float* e = entropy.data_as<float>();
-  const float* m = match.data_as<float>();
-  double es = 0, ms = 0;
-  int64_t en = 0, mn = 0;
-  for (int64_t i = 0; i < b.attention_mask.numel(); ++i) {
-    if (mask[i] != 0) es += e[i], ++en;
-    if (w[i] != 0) ms += m[i], ++mn;
-  }
-  return {en ? es / static_cast<double>(en) : 0.0, mn ? ms / static_cast<double>(mn) : 0.0};
-}
-
 }  // namespace
 
-void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
-  auto bad = [](const char* name, const std::string& why) { fail("SFTConfig: {} {}", name, why); };
+void check_training_arguments(const TrainingArguments& c, const char* config_name) {
+  auto bad = [&](const char* name, const std::string& why) { fail("{}: {} {}", config_name, name, why); };
   // torch.optim.AdamW's checks (lr >= 0, 0 <= beta < 1, weight_decay >= 0), plus eps > 0 (it divides the update)
   // and finite values everywhere: an inf or NaN option would only show up as NaN weights later.
   auto at_least = [&](const char* name, double v, double lo, const char* hint = "") {
@@ -206,7 +183,6 @@ void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
   count_at_least("save_steps", c.save_steps, 1);
   if (c.save_total_limit) count_at_least("save_total_limit", *c.save_total_limit, 1);
   if (c.eval_steps) count_at_least("eval_steps", *c.eval_steps, 1);
-  count_at_least("max_length", c.max_length, 2);
   // Transformers' set_seed seeds numpy too, which takes 32 bits; a larger value here is usually a negative one
   // that wrapped around.
   if (c.seed > 0xFFFFFFFFull)
@@ -217,16 +193,6 @@ void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
   if (c.eval_strategy != "no" && c.eval_strategy != "steps" && c.eval_strategy != "epoch")
     bad("eval_strategy", fmt::format("'{}' is not no, steps or epoch", c.eval_strategy));
-  // packing with padding_free is accepted, as in TRL (its bfd packing is padding-free): packed rows are already
-  // padding-free, so packing decides the layout.
-  // TRL raises when eos_token is not in the vocabulary: the string appended to every text must be one token.
-  if (tok && !c.eos_token.empty()) {
-    const std::vector<int32_t> ids = tok->encode(c.eos_token, false);
-    if (ids.size() != 1)
-      bad("eos_token", fmt::format("'{}' is not a single token of the tokenizer (it encodes to {} tokens); give one of its tokens, such as its "
-                                   "eos_token '{}', or leave eos_token unset",
-                                   c.eos_token, ids.size(), tok->eos_token()));
-  }
 }
 
 double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup) {
@@ -237,34 +203,48 @@ double scheduled_lr(const std::string& type, double base, int64_t step, int64_t 
   return base * std::max(0.0, (static_cast<double>(total) - static_cast<double>(step)) / span);  // linear
 }
 
-struct SFTTrainer::State {
-  SFTConfig cfg;
+void MetricWindow::add(const std::string& name, double value) {
+  for (auto& [n, s] : sums_)
+    if (n == name) {
+      s.first += value, ++s.second;
+      return;
+    }
+  sums_.push_back({name, {value, 1}});
+}
+
+ojson MetricWindow::means() const {
+  ojson out = ojson::object();
+  for (const auto& [n, s] : sums_) out[n] = s.first / static_cast<double>(std::max<int64_t>(1, s.second));
+  return out;
+}
+
+ojson TrainingMethod::evaluate(MethodContext&) { fail("evaluate: {} has no eval dataset", name()); }
+
+struct Trainer::State {
+  TrainingArguments cfg;
+  std::string config_name;
   CausalLM model;  // the architecture (weights in the compute dtype; the graph inputs are bound explicitly)
-  const Tokenizer& tok;
   DType save_dtype;
   std::string source_dir;  // the model folder: tokenizer and generation files are copied from it
-  std::vector<SFTExample> train, eval;
-  std::vector<std::vector<size_t>> items;  // a training item: one example, or a packed row of several
   TensorMap master, compute;
   // The step's gradients: the program's own outputs when a step is one micro-batch (views into its arena, used
   // before the next program runs), else sums in `accumulated` (allocated at the first accumulating step).
   TensorMap grads, accumulated;
   AdamW opt;
-  std::unique_ptr<Backend> backend;
   std::unique_ptr<ProgramCache> programs;
-  int64_t multiple = 0;
-  int32_t pad = 0;
+  TrainingMethod* method = nullptr;
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<ojson> log_history;
-  std::string model_name, dataset_name;  // for the report
+  std::string model_name;  // for the report
 
-  State(const CausalLM& m, const Tokenizer& t, SFTConfig c)
-      : cfg(std::move(c)), model(m), tok(t), save_dtype(m.dtype()), source_dir(m.path()),
+  State(const CausalLM& m, const TrainingArguments& c, const char* name)
+      : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
         opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
         model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path) {}
 
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg}; }
   int64_t micro_batches() const {
-    const int64_t n = static_cast<int64_t>(items.size()), b = cfg.per_device_train_batch_size;
+    const int64_t n = static_cast<int64_t>(method->num_items()), b = cfg.per_device_train_batch_size;
     return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
   }
   int64_t steps_per_epoch() const {
@@ -279,48 +259,21 @@ struct SFTTrainer::State {
   }
   // The order of the items in `epoch`: a seeded Fisher-Yates shuffle, the same on every run and on resume.
   std::vector<size_t> order(int64_t epoch) const {
-    std::vector<size_t> o(items.size());
+    std::vector<size_t> o(method->num_items());
     std::iota(o.begin(), o.end(), 0);
     SplitMix64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
     for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
     return o;
   }
-  SFTBatch collate(const std::vector<size_t>& chosen, const std::vector<SFTExample>& pool, int64_t max_length) const {
-    if (cfg.packing) {
-      std::vector<std::vector<const SFTExample*>> rows;
-      for (size_t i : chosen) {
-        rows.emplace_back();
-        for (size_t e : items[i]) rows.back().push_back(&pool[e]);
-      }
-      return collate_packed(rows, pad, padded_length(max_length, multiple));
-    }
-    std::vector<const SFTExample*> ex;
-    for (size_t i : chosen)
-      for (size_t e : (&pool == &train ? items[i] : std::vector<size_t>{i})) ex.push_back(&pool[e]);
-    if (cfg.padding_free) {
-      // The whole micro-batch as one row of segments (positions restart per example), padded to the bucket.
-      int64_t total = 0;
-      for (const SFTExample* e : ex) total += static_cast<int64_t>(e->input_ids.size());
-      return collate_packed({ex}, pad, padded_length(total, multiple));
-    }
-    return collate_padded(ex, pad, multiple, max_length);
-  }
-  TensorMap inputs(const SFTBatch& b, float scale) const {
-    TensorMap in = compute;
-    Tensor w = b.weights.clone();
-    for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data_as<float>()[i] *= scale;
-    in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
-    in["labels"] = b.labels, in["loss_weights"] = w;
-    return in;
-  }
   std::string out_path(const std::string& name) const { return (stdfs::path(cfg.output_dir) / name).string(); }
 
   // Training (below).
   void resume(const std::string& spec);
-  std::vector<SFTBatch> step_batches(const std::vector<size_t>& order, int64_t within, int64_t* items) const;
-  double forward_backward(const std::vector<SFTBatch>& micro, int64_t items, LogWindow& window);
+  void check_resumed_layout(const ojson& state, const std::string& dir) const;
+  std::vector<std::vector<size_t>> step_items(const std::vector<size_t>& order, int64_t within) const;
+  void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
-  StepResult train_step(const std::vector<size_t>& order, LogWindow& window);
+  StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics);
   // log.jsonl always holds log_history: rewritten atomically at the start, then appended to entry by entry.
   void start_log() const;
   void log(ojson entry);
@@ -334,58 +287,47 @@ struct SFTTrainer::State {
   void save_final(const RunSummary* summary) const;
 };
 
-SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset train, SFTConfig config, std::optional<Dataset> eval)
-    : s_(std::make_unique<State>(model, tok, std::move(config))) {
-  State& s = *s_;
-  check_sft_config(s.cfg, &tok);
-  s.dataset_name = s.cfg.dataset_name.empty() ? source_file(train) : s.cfg.dataset_name;
+Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const char* config_name) {
+  check_training_arguments(args, config_name);
+  device_ = args.torch_compile ? model.device() : "reference";
   // The trainer consumes each program's outputs before it runs the next, so its programs share one arena (the
   // largest one's): keeping a program per length costs its plan and kernels, not another ~3.6 GB of buffers.
-  s.backend = make_backend(s.cfg.torch_compile ? model.device() : "reference", BackendOptions{.share_arena = true});
-  s.multiple = parse_pad_to_multiple_of(s.cfg.pad_to_multiple_of, s.backend->auto_pad_multiple());
-  // Each program still holds its plan, kernels and oneDNN primitives (megabytes): a bucketed run keeps all of its
-  // (at most max_length / multiple + 2, eval included); an unbucketed one the 64 most recently used.
-  const size_t buckets = s.multiple > 0 ? static_cast<size_t>(s.cfg.max_length / s.multiple + 2) : 0;
-  s.programs = std::make_unique<ProgramCache>(*s.backend, ProgramCacheOptions{s.multiple > 0 ? 2 * buckets : 64, ""});
-  const auto pad = tok.pad_token_id();
-  if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
-  s.pad = *pad;
-  SFTDataOptions o;
-  o.max_length = s.cfg.max_length;
-  o.completion_only_loss = s.cfg.completion_only_loss;
-  o.assistant_only_loss = s.cfg.assistant_only_loss;
-  o.dataset_text_field = s.cfg.dataset_text_field;
-  o.eos_token = s.cfg.eos_token;
-  int64_t dropped = 0;
-  s.train = prepare_sft_dataset(train, tok, o, &dropped);
-  if (dropped > 0) std::fprintf(stderr, "[trl] dropped %lld training rows whose labels are all masked\n", static_cast<long long>(dropped));
-  if (eval) s.eval = prepare_sft_dataset(*eval, tok, o);
-  if (s.cfg.eval_strategy != "no" && s.eval.empty()) fail("SFTConfig: eval_strategy '{}' needs an eval dataset", s.cfg.eval_strategy);
-  if (s.cfg.packing) {
-    std::vector<int64_t> lengths;
-    for (const auto& e : s.train) lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
-    s.items = pack_best_fit_decreasing(lengths, s.cfg.max_length);
-  } else {
-    for (size_t i = 0; i < s.train.size(); ++i) s.items.push_back({i});
-  }
-  if (s.micro_batches() == 0) fail("SFT: {} training items and dataloader_drop_last leave no full batch of {}", s.items.size(), s.cfg.per_device_train_batch_size);
+  backend_ = make_backend(device_, BackendOptions{.share_arena = true});
+  s_ = std::make_unique<State>(model, args, config_name);
+  State& s = *s_;
   // f32 master weights; bf16 compute copies refreshed by AdamW in the same pass.
   for (const auto& [name, w] : model.weights()) {
     s.master[name] = w.to(DType::F32).clone();
-    s.compute[name] = s.cfg.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
+    s.compute[name] = args.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
   }
-  if (s.cfg.bf16 || s.model.dtype() != DType::F32) {
-    ModelConfig mc = model.config();
-    s.model = CausalLM::from_weights(mc, s.compute, "trainer");
-  }
+  if (args.bf16 || s.model.dtype() != DType::F32) s.model = CausalLM::from_weights(model.config(), s.compute, "trainer");
 }
 
-SFTTrainer::~SFTTrainer() = default;
+Trainer::~Trainer() = default;
 
-const TensorMap& SFTTrainer::master_weights() const { return s_->master; }
-const ProgramCacheStats& SFTTrainer::program_stats() const { return s_->programs->stats(); }
+void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
+  State& s = *s_;
+  method_ = std::move(method);
+  s.method = method_.get();
+  if (s.cfg.eval_strategy != "no" && !method_->has_eval())
+    fail("{}: eval_strategy '{}' needs an eval dataset", s.config_name, s.cfg.eval_strategy);
+  if (s.micro_batches() == 0)
+    fail("{}: {} training items and dataloader_drop_last leave no full batch of {}", method_->name(), method_->num_items(),
+         s.cfg.per_device_train_batch_size);
+  s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
+}
 
-void SFTTrainer::save_model(const std::string& dir) const {
+const TensorMap& Trainer::master_weights() const { return s_->master; }
+const TensorMap& Trainer::compute_weights() const { return s_->compute; }
+const CausalLM& Trainer::model() const { return s_->model; }
+const ProgramCacheStats& Trainer::program_stats() const { return s_->programs->stats(); }
+
+ojson Trainer::evaluate() {
+  MethodContext ctx = s_->context();
+  return method_->evaluate(ctx);
+}
+
+void Trainer::save_model(const std::string& dir) const {
   const State& s = *s_;
   std::error_code ec;
   stdfs::create_directories(dir, ec);
@@ -393,10 +335,9 @@ void SFTTrainer::save_model(const std::string& dir) const {
   publish_files(dir, "the model to " + dir, [&](const std::string& tmp) { s.write_model_files(tmp); },
                 [&](bool) { return fmt::format("the files already in {} are unchanged", dir); });
 }
-
 // Weights in the dtype the model was loaded with, config, and the tokenizer and generation files (copied from the
 // source model folder, else the bundled tokenizer).
-void SFTTrainer::State::write_model_files(const std::string& dir) const {
+void Trainer::State::write_model_files(const std::string& dir) const {
   TensorMap out;
   for (const auto& [name, w] : master) out[name] = save_dtype == DType::F32 ? w : w.to(save_dtype);
   const CausalLM m = CausalLM::from_weights(model.config(), out, "trainer");
@@ -414,7 +355,7 @@ void SFTTrainer::State::write_model_files(const std::string& dir) const {
   if (!tokenizer_copied) write_tokenizer_files(dir);
 }
 
-ojson SFTTrainer::State::trainer_state() const {
+ojson Trainer::State::trainer_state() const {
   const int64_t spe = steps_per_epoch();
   ojson st;
   st["global_step"] = global_step;
@@ -425,11 +366,16 @@ ojson SFTTrainer::State::trainer_state() const {
   st["save_steps"] = cfg.save_steps;
   st["train_batch_size"] = cfg.per_device_train_batch_size;
   st["log_history"] = log_history;
-  st["trl_cpp"] = ojson{{"optimizer_steps", opt.steps()}, {"num_tokens", tokens_seen}, {"seed", cfg.seed}, {"steps_per_epoch", spe}};
+  // What a resume checks: the data order and the batch layout must be this run's (check_resumed_layout).
+  st["trl_cpp"] = ojson{{"optimizer_steps", opt.steps()}, {"num_tokens", tokens_seen}, {"seed", cfg.seed}, {"steps_per_epoch", spe},
+                        {"method", method->name()}, {"train_items", method->num_items()},
+                        {"per_device_train_batch_size", cfg.per_device_train_batch_size},
+                        {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}, {"dataloader_drop_last", cfg.dataloader_drop_last},
+                        {"world_size", 1}};
   return st;
 }
 
-void SFTTrainer::State::write_checkpoint_files(const std::string& dir) const {
+void Trainer::State::write_checkpoint_files(const std::string& dir) const {
   write_model_files(dir);
   TensorMap moments;
   for (const auto& [name, w] : master) {
@@ -446,7 +392,7 @@ void SFTTrainer::State::write_checkpoint_files(const std::string& dir) const {
 }
 
 // What to do after a failed save: where training can resume from.
-std::string SFTTrainer::State::resume_advice(bool disk_full) const {
+std::string Trainer::State::resume_advice(bool disk_full) const {
   const std::string fix = disk_full ? "free some disk space (or choose an output_dir on another disk)" : "fix the cause";
   const auto all = list_checkpoints(cfg.output_dir);
   if (all.empty()) return fmt::format("there is no complete checkpoint in {}: {}, then train again", cfg.output_dir, fix);
@@ -455,7 +401,7 @@ std::string SFTTrainer::State::resume_advice(bool disk_full) const {
 }
 
 // checkpoint-N is written into checkpoint-N.tmp and renamed, so a checkpoint-N folder is always complete.
-std::string SFTTrainer::State::save_checkpoint() {
+std::string Trainer::State::save_checkpoint() {
   const std::string name = fmt::format("checkpoint-{}", global_step);
   const stdfs::path dir = stdfs::path(cfg.output_dir) / name, tmp = stdfs::path(cfg.output_dir) / (name + ".tmp");
   write_folder_or_clean_up(
@@ -472,7 +418,7 @@ std::string SFTTrainer::State::save_checkpoint() {
 }
 
 // Keeps the newest save_total_limit checkpoints.
-void SFTTrainer::State::rotate_checkpoints() const {
+void Trainer::State::rotate_checkpoints() const {
   if (!cfg.save_total_limit) return;
   const auto all = list_checkpoints(cfg.output_dir);
   std::error_code ec;
@@ -480,7 +426,7 @@ void SFTTrainer::State::rotate_checkpoints() const {
 }
 
 // The final model, trainer_state.json and the report, all or nothing; checkpoints stay whatever happens.
-void SFTTrainer::State::save_final(const RunSummary* summary) const {
+void Trainer::State::save_final(const RunSummary* summary) const {
   publish_files(
       cfg.output_dir, "the final model to " + cfg.output_dir,
       [&](const std::string& tmp) {
@@ -491,41 +437,29 @@ void SFTTrainer::State::save_final(const RunSummary* summary) const {
       [&](bool full) { return fmt::format("the files already in {} are unchanged; {}", cfg.output_dir, resume_advice(full)); });
 }
 
-double SFTTrainer::evaluate() { return evaluate_metrics().at("eval_loss").get<double>(); }
-
-nlohmann::ordered_json SFTTrainer::evaluate_metrics() {
-  State& s = *s_;
-  if (s.eval.empty()) fail("evaluate: no eval dataset");
-  double nll = 0, entropy = 0, accuracy = 0;
-  int64_t items = 0, batches = 0;
-  for (size_t i = 0; i < s.eval.size(); i += static_cast<size_t>(s.cfg.per_device_eval_batch_size)) {
-    std::vector<const SFTExample*> ex;
-    for (size_t k = i; k < std::min(s.eval.size(), i + static_cast<size_t>(s.cfg.per_device_eval_batch_size)); ++k) ex.push_back(&s.eval[k]);
-    const SFTBatch b = collate_padded(ex, s.pad, s.multiple, s.cfg.max_length);
-    const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-    graph::Builder g;
-    graph::ValueId head = graph::kNone;
-    const graph::ValueId h = s.model.build_hidden(g, B, T, &head);
-    const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
-    const graph::ValueId logp = g.token_logprobs(h, head, labels, "token_logprobs");
-    g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"), "loss");
-    g.output(g.entropy(h, head, "entropy"), "entropy");
-    g.output(g.token_argmax_match(h, head, labels, "token_accuracy"), "token_accuracy");
-    const graph::Graph graph = g.finish();
-    const auto out = s.programs->get(graph).run(s.inputs(b, -1.0f));
-    nll += out[graph.output_index("loss")].data_as<float>()[0];
-    const TokenMetrics m = token_metrics(b, out[graph.output_index("entropy")], out[graph.output_index("token_accuracy")]);
-    entropy += m.entropy, accuracy += m.accuracy;
-    items += b.num_items;
-    ++batches;
+// A checkpoint resumes only the run that wrote it: the seed, the method, the number of training items and the
+// batch layout decide the data order and the position in it (checkpoints from before these were recorded have
+// only the seed).
+void Trainer::State::check_resumed_layout(const ojson& st, const std::string& dir) const {
+  if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object()) fail("resume_from_checkpoint {}: trainer_state.json has no trl_cpp section", dir);
+  const ojson& saved = st["trl_cpp"];
+  const ojson now = trainer_state()["trl_cpp"];
+  for (const char* field : {"seed", "method", "train_items", "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
+                            "world_size"}) {
+    if (!saved.contains(field) || saved[field] == now[field]) continue;
+    const bool option = std::string(field) != "method" && std::string(field) != "train_items" && std::string(field) != "world_size";
+    fail("resume_from_checkpoint {}: the checkpoint was written with {} = {}, this run has {} = {}; {}", dir, field, saved[field].dump(), field,
+         now[field].dump(),
+         option ? fmt::format("resume with --{} {} (the data order and the position in it depend on it), or start a new run", field,
+                              saved[field].dump())
+                : std::string(field) == "train_items"
+                    ? "the training data changed since the checkpoint: resume with the same dataset and max_length, or start a new run"
+                    : "resume with the same trainer and number of processes, or start a new run");
   }
-  return ojson{{"eval_loss", nll / static_cast<double>(std::max<int64_t>(1, items))},
-               {"eval_entropy", entropy / static_cast<double>(batches)},
-               {"eval_mean_token_accuracy", accuracy / static_cast<double>(batches)}};
 }
 
 // Resume: weights, moments, step, log and the position in the data order.
-void SFTTrainer::State::resume(const std::string& spec) {
+void Trainer::State::resume(const std::string& spec) {
   std::string dir = spec;
   if (dir == "last" || dir == "true" || dir == "True") {
     const auto all = list_checkpoints(cfg.output_dir);
@@ -535,6 +469,13 @@ void SFTTrainer::State::resume(const std::string& spec) {
   const std::string opt_file = (stdfs::path(dir) / "optimizer.safetensors").string(), state_file = (stdfs::path(dir) / "trainer_state.json").string();
   if (!stdfs::is_regular_file(opt_file) || !stdfs::is_regular_file(state_file))
     fail("resume_from_checkpoint {}: not a checkpoint (needs optimizer.safetensors and trainer_state.json)", dir);
+  ojson st;
+  try {
+    st = ojson::parse(read_text_file(state_file));
+  } catch (const ojson::exception& e) {
+    fail("resume_from_checkpoint {}: {} is not valid JSON: {}", dir, state_file, e.what());
+  }
+  check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
   TensorMap m, v;
   for (auto& [name, w] : master) {
@@ -545,7 +486,6 @@ void SFTTrainer::State::resume(const std::string& spec) {
     v[name] = f.get("exp_avg_sq/" + name).clone();
     if (cfg.bf16) compute[name].copy_from(w.to(DType::BF16));
   }
-  const ojson st = ojson::parse(read_text_file(state_file));
   global_step = st.at("global_step").get<int64_t>();
   opt.set_state(std::move(m), std::move(v), st.at("trl_cpp").at("optimizer_steps").get<int64_t>());
   tokens_seen = st.at("trl_cpp").at("num_tokens").get<int64_t>();
@@ -556,9 +496,9 @@ void SFTTrainer::State::resume(const std::string& spec) {
 
 // A fresh run starts log.jsonl anew; a resume keeps the checkpoint's entries (the steps after it are redone).
 // Written atomically, so a crash leaves the old file or the new one, never a torn line.
-void SFTTrainer::State::start_log() const { write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history)); }
+void Trainer::State::start_log() const { write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history)); }
 
-void SFTTrainer::State::log(ojson e) {
+void Trainer::State::log(ojson e) {
   e["epoch"] = static_cast<double>(global_step) / static_cast<double>(steps_per_epoch());
   e["step"] = global_step;
   const std::string line = e.dump() + "\n";
@@ -571,60 +511,48 @@ void SFTTrainer::State::log(ojson e) {
   if (cfg.progress && !isatty(2)) std::fprintf(stderr, "%s", line.c_str());
 }
 
-// Step `within` of the epoch's `order`, collated first: num_items_in_batch counts the labels of all micro-batches.
-std::vector<SFTBatch> SFTTrainer::State::step_batches(const std::vector<size_t>& order, int64_t within, int64_t* items) const {
+// The item indices of each micro-batch of step `within` of the epoch's `order`.
+std::vector<std::vector<size_t>> Trainer::State::step_items(const std::vector<size_t>& order, int64_t within) const {
   const int64_t ga = cfg.gradient_accumulation_steps, bsz = cfg.per_device_train_batch_size;
-  std::vector<SFTBatch> micro;
-  *items = 0;
+  std::vector<std::vector<size_t>> micro;
   for (int64_t k = within * ga; k < std::min(micro_batches(), (within + 1) * ga); ++k) {
-    std::vector<size_t> chosen;
-    for (int64_t i = k * bsz; i < std::min<int64_t>(static_cast<int64_t>(order.size()), (k + 1) * bsz); ++i) chosen.push_back(order[static_cast<size_t>(i)]);
-    micro.push_back(collate(chosen, train, cfg.max_length));
-    *items += micro.back().num_items;
+    micro.emplace_back();
+    for (int64_t i = k * bsz; i < std::min<int64_t>(static_cast<int64_t>(order.size()), (k + 1) * bsz); ++i)
+      micro.back().push_back(order[static_cast<size_t>(i)]);
   }
   return micro;
 }
 
-// Forward and backward over the step's micro-batches; the gradients (summed) are left in `grads`.
-double SFTTrainer::State::forward_backward(const std::vector<SFTBatch>& micro, int64_t items, LogWindow& window) {
-  double step_loss = 0;
-  const auto shapes = parameter_shapes(model.config());
-  for (size_t k = 0; k < micro.size(); ++k) {
-    const SFTBatch& b = micro[k];
-    const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-    const graph::Graph graph = model.training_graph(B, T, DType::F32, cfg.gradient_checkpointing, true);
-    const std::map<std::string, size_t> at = graph.output_indices();
-    Program& prog = programs->get(graph);
-    const auto out = prog.run(inputs(b, -1.0f / static_cast<float>(std::max<int64_t>(1, items))));
-    step_loss += out[at.at("loss")].data_as<float>()[0];
-    const TokenMetrics m = token_metrics(b, out[at.at("entropy")], out[at.at("token_accuracy")]);
-    window.entropy += m.entropy, window.accuracy += m.accuracy, ++window.batches;
-    for (size_t p = 0; p < shapes.size(); ++p) {
-      const std::string& name = shapes[p].first;
-      const Tensor& grad = out[at.at("grad." + name)];
-      if (micro.size() == 1) {
-        grads[name] = grad;
-        continue;
-      }
-      if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, grad.shape());
-      Tensor& acc_t = accumulated.at(name);
-      float* acc = acc_t.mutable_data_as<float>();
-      const float* g = grad.data_as<float>();
-      const int64_t n = grad.numel();
-      if (k == 0) std::memcpy(acc, g, static_cast<size_t>(n) * sizeof(float));
-      else {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
-      }
-      grads[name] = acc_t;
+// Micro-batch k of n: a single micro-batch's gradients are used where they are (views into the arena, consumed by
+// the optimizer before the next program runs); several are summed into `accumulated`.
+void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n) {
+  for (const auto& [name, w] : master) {
+    const auto it = out.find("grad." + name);
+    if (it == out.end()) fail("{}: micro-batch {} has no gradient for {}", method->name(), k, name);
+    const Tensor& grad = it->second;
+    if (grad.dtype() != DType::F32 || grad.shape() != w.shape())
+      fail("{}: the gradient of {} is {} {}, the parameter {} {}", method->name(), name, dtype_name(grad.dtype()), shape_str(grad.shape()),
+           dtype_name(w.dtype()), shape_str(w.shape()));
+    if (n == 1) {
+      grads[name] = grad;
+      continue;
     }
-    tokens_seen += b.num_tokens;
+    if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, grad.shape());
+    Tensor& acc_t = accumulated.at(name);
+    float* acc = acc_t.mutable_data_as<float>();
+    const float* g = grad.data_as<float>();
+    const int64_t numel = grad.numel();
+    if (k == 0) std::memcpy(acc, g, static_cast<size_t>(numel) * sizeof(float));
+    else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < numel; ++i) acc[i] += g[i];
+    }
+    grads[name] = acc_t;
   }
-  return step_loss;
 }
 
 // Global-norm clipping; returns the norm before clipping (the logged grad_norm, as in Transformers).
-double SFTTrainer::State::clip_gradients(double step_loss) {
+double Trainer::State::clip_gradients(double step_loss) {
   double sq = 0;
   for (const auto& [name, g] : grads) {
     const float* x = g.data_as<float>();
@@ -646,46 +574,55 @@ double SFTTrainer::State::clip_gradients(double step_loss) {
   return norm;
 }
 
-StepResult SFTTrainer::State::train_step(const std::vector<size_t>& order, LogWindow& window) {
+StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWindow& metrics) {
   const auto t_step = Clock::now();
   StepResult r;
-  int64_t items = 0;
-  const std::vector<SFTBatch> micro = step_batches(order, global_step % steps_per_epoch(), &items);
-  r.data_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
-  r.loss = forward_backward(micro, items, window);
+  const std::vector<std::vector<size_t>> micro = step_items(order, global_step % steps_per_epoch());
+  size_t k = 0;
+  MethodContext ctx = context();
+  const MethodStep m = method->step(micro, ctx, metrics, [&](const std::map<std::string, Tensor>& out) { add_gradients(out, k++, micro.size()); });
+  if (k != micro.size()) fail("{}: the step handed gradients for {} of its {} micro-batches", method->name(), k, micro.size());
+  r.data_seconds = m.data_seconds;
+  r.loss = m.loss;
+  tokens_seen += m.tokens;
   r.grad_norm = clip_gradients(r.loss);
   r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
   opt.step(master, grads, r.lr, cfg.bf16 ? &compute : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
   ++global_step;
-  window.loss += r.loss;
-  ++window.steps;
   r.step_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
   return r;
 }
 
-TrainOutput SFTTrainer::train() {
+TrainOutput Trainer::train() {
+  if (!method_) fail("Trainer::train: no training method attached");
   State& s = *s_;
-  const SFTConfig& c = s.cfg;
+  const TrainingArguments& c = s.cfg;
   std::error_code ec;
   stdfs::create_directories(c.output_dir, ec);
   if (ec) fail("output_dir {}: cannot create: {}", c.output_dir, ec.message());
   if (!c.resume_from_checkpoint.empty()) s.resume(c.resume_from_checkpoint);
+  {
+    MethodContext ctx = s.context();
+    method_->before_training(ctx);
+  }
   s.start_log();
   const int64_t total = s.total_steps(), spe = s.steps_per_epoch();
   TrainOutput result;
   const bool tty = c.progress && isatty(2);
   const auto t_start = Clock::now();
   const int64_t start_step = s.global_step, tokens_at_start = s.tokens_seen;
-  LogWindow window;
-  int64_t saved_step = -1;
+  MetricWindow metrics;
+  double window_loss = 0;
+  int64_t window_steps = 0, saved_step = -1;
   std::vector<size_t> order;
   int64_t order_epoch = -1;
   {
     const SigintScope sigint;
     while (s.global_step < total) {
       if (s.global_step / spe != order_epoch) order_epoch = s.global_step / spe, order = s.order(order_epoch);
-      const StepResult r = s.train_step(order, window);
+      const StepResult r = s.train_step(order, metrics);
+      window_loss += r.loss, ++window_steps;
       if (on_step)
         on_step(ojson{{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}, {"num_tokens", s.tokens_seen},
                       {"step_seconds", r.step_seconds}, {"data_seconds", r.data_seconds}});
@@ -693,15 +630,20 @@ TrainOutput SFTTrainer::train() {
       const double tps = static_cast<double>(s.tokens_seen - tokens_at_start) / std::max(elapsed, 1e-9);
       if (tty) print_progress(s.global_step, total, start_step, elapsed, r.loss, r.lr, tps);
       if (s.global_step % c.logging_steps == 0 || s.global_step == total) {
-        const double nb = static_cast<double>(std::max<int64_t>(1, window.batches));
-        s.log(ojson{{"loss", window.loss / static_cast<double>(window.steps)}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr},
-                    {"entropy", window.entropy / nb}, {"mean_token_accuracy", window.accuracy / nb}, {"num_tokens", s.tokens_seen},
-                    {"train_tokens_per_s", tps}, {"step_seconds", r.step_seconds}, {"data_seconds", r.data_seconds}});
-        window = LogWindow{};
+        ojson e{{"loss", window_loss / static_cast<double>(window_steps)}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}};
+        const ojson means = metrics.means();
+        for (const auto& [name, v] : means.items()) e[name] = v;
+        e["num_tokens"] = s.tokens_seen;
+        e["train_tokens_per_s"] = tps;
+        e["step_seconds"] = r.step_seconds;
+        e["data_seconds"] = r.data_seconds;
+        s.log(std::move(e));
+        metrics.clear();
+        window_loss = 0, window_steps = 0;
       }
       if ((c.eval_strategy == "steps" && s.global_step % c.eval_steps.value_or(c.logging_steps) == 0) ||
           (c.eval_strategy == "epoch" && s.global_step % spe == 0))
-        s.log(evaluate_metrics());
+        s.log(evaluate());
       // As in Transformers, the last step too is saved when it is a multiple of save_steps.
       if (s.global_step % c.save_steps == 0) s.save_checkpoint(), saved_step = s.global_step;
       if (g_interrupted) {
@@ -715,8 +657,8 @@ TrainOutput SFTTrainer::train() {
   if (tty) std::fprintf(stderr, "\n");
   if (!result.interrupted) {
     RunSummary summary;
-    summary.title = "trl.cpp SFT: " + c.output_dir;
-    summary.model = s.model_name, summary.dataset = s.dataset_name, summary.output_dir = c.output_dir;
+    summary.title = fmt::format("trl.cpp {}: {}", method_->name(), c.output_dir);
+    summary.model = s.model_name, summary.dataset = c.dataset_name, summary.output_dir = c.output_dir;
     summary.steps_done = s.global_step, summary.total_steps = total;
     summary.epochs = static_cast<double>(s.global_step) / static_cast<double>(spe);
     summary.tokens = s.tokens_seen;

@@ -1,0 +1,70 @@
+// Transformers' TrainingArguments as trl.cpp's trainers share them (docs/TRAINING.md, "The Trainer"): one struct
+// that every method's config (SFTConfig, DPOConfig, ...) extends with its own fields, as TRL's configs extend
+// TrainingArguments. Option names and defaults are Transformers' with TRL's overrides (logging_steps 10, bf16 on);
+// each config sets its own learning rate.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trl/backend/program_cache.h"
+
+namespace trl {
+
+struct TrainingArguments {
+  std::string output_dir = "trainer_output";
+  double learning_rate = 5e-5;
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double num_train_epochs = 3;
+  int64_t max_steps = -1;
+  std::string lr_scheduler_type = "linear";  // linear | cosine | constant | constant_with_warmup
+  double warmup_ratio = 0;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  int64_t logging_steps = 10;
+  int64_t save_steps = 500;
+  std::optional<int64_t> save_total_limit;
+  std::string eval_strategy = "no";  // no | steps | epoch
+  std::optional<int64_t> eval_steps;  // default: logging_steps
+  uint64_t seed = 42;
+  bool bf16 = true;
+  bool torch_compile = true;  // the compiled CPU backend; false: the reference backend (the oracle; slow)
+  // Transformers' default (TRL's configs say true): trl.cpp checks the memory a run needs before its first step and
+  // names this option when it would make the run fit.
+  bool gradient_checkpointing = false;
+  bool dataloader_drop_last = false;
+  std::string resume_from_checkpoint;  // a checkpoint folder, or "last" / "true" for the newest in output_dir
+  bool report = true;    // write training_report.html in output_dir
+  bool progress = true;  // progress bar on a terminal, plain lines otherwise
+  // Names shown in the report's run summary (TRL's ModelConfig.model_name_or_path and ScriptArguments.dataset_name;
+  // the trainer itself never loads by them). Default: the model's folder and the training rows' file.
+  std::string model_name_or_path;
+  std::string dataset_name;
+};
+
+// Checks every option as TrainingArguments and torch.optim.AdamW do: finite numbers in range (learning_rate >= 0,
+// adam_beta1/2 in [0, 1), adam_epsilon > 0, weight_decay >= 0, max_grad_norm >= 0, warmup_ratio in [0, 1],
+// num_train_epochs > 0), whole-number options >= 1, known names, seed in numpy's [0, 2^32 - 1]. Throws trl::Error
+// "<config_name>: <option> must be ..., got <value>".
+void check_training_arguments(const TrainingArguments& args, const char* config_name);
+
+struct TrainOutput {
+  int64_t global_step = 0;
+  double training_loss = 0;  // mean of the logged step losses
+  std::vector<nlohmann::ordered_json> log_history;
+  ProgramCacheStats programs;
+  bool interrupted = false;
+};
+
+// The learning rate at `step` (0-based) of `total` steps with `warmup` warm-up steps.
+double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup);
+
+}  // namespace trl

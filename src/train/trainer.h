@@ -1,0 +1,121 @@
+// The Trainer: one loop for every training method (docs/TRAINING.md, "The Trainer and its methods").
+//
+// The Trainer owns what every method shares: f32 master weights and their compute copies, AdamW, the schedule,
+// the seeded data order, micro-batches and gradient accumulation, global-norm clipping, logging (log.jsonl,
+// trainer_state.json, progress, the HTML report), evaluation times, checkpoints with exact resume and Ctrl-C, and
+// the policy's backend and program cache. A method (SFT, DPO, ...) says what the rest is: how many training items
+// there are, how the items of a micro-batch become fixed-shape batches, which programs compute the loss, its
+// metrics and the gradients, and which frozen models it keeps beside the policy.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trl/backend/backend.h"
+#include "trl/backend/program_cache.h"
+#include "trl/data/dataset.h"
+#include "trl/models/causal_lm.h"
+#include "trl/train/training_args.h"
+
+namespace trl {
+
+// Per-micro-batch metrics a logging window averages, in the order they were first added (TRL stores each metric
+// per batch and logs the mean of what was stored since the last log).
+class MetricWindow {
+ public:
+  void add(const std::string& name, double value);
+  bool empty() const { return sums_.empty(); }
+  // name → mean over the values added since the last clear().
+  nlohmann::ordered_json means() const;
+  void clear() { sums_.clear(); }
+
+ private:
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> sums_;
+};
+
+// What a method sees of the policy while it computes a step or an evaluation.
+struct MethodContext {
+  const CausalLM& model;      // the policy's architecture, bound to the compute weights
+  const TensorMap& weights;   // the compute weights by parameter name (graph inputs)
+  ProgramCache& programs;     // the policy's programs: they share one arena, so a program's outputs are read
+                              // before the next one runs
+  const TrainingArguments& args;
+};
+
+// A micro-batch's gradients, by graph output name ("grad.<parameter>"), of its share of the step's loss (the
+// method has already normalised it for accumulation). Views into the program's arena may be passed: the Trainer
+// copies or sums them before the next program runs.
+using GradientSink = std::function<void(const std::map<std::string, Tensor>& grads)>;
+
+struct MethodStep {
+  double loss = 0;          // the step's loss as logged (the micro-batches' normalised losses, summed)
+  int64_t tokens = 0;       // real tokens the step consumed (num_tokens)
+  double data_seconds = 0;  // of the step's time: tokenized items → batches
+};
+
+class TrainingMethod {
+ public:
+  virtual ~TrainingMethod() = default;
+  // "SFT", "DPO": messages and the report's title.
+  virtual const char* name() const = 0;
+  // The training items (rows, pairs or packed rows) that batches draw from; the Trainer shuffles their indices.
+  virtual size_t num_items() const = 0;
+  // How many programs the policy's cache keeps (each bucket of lengths is one program).
+  virtual size_t programs_to_keep() const = 0;
+  // Called once before the first step (a resumed run included): frozen-model passes such as
+  // precompute_ref_log_probs.
+  virtual void before_training(MethodContext&) {}
+  // One optimizer step: micro[k] are the item indices of micro-batch k. Calls `add` once per micro-batch and adds
+  // its per-micro-batch metrics to `metrics`.
+  virtual MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) = 0;
+  virtual bool has_eval() const { return false; }
+  // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
+  virtual nlohmann::ordered_json evaluate(MethodContext& ctx);
+};
+
+// The file a dataset's rows came from ("data.jsonl" of "data.jsonl:12" or "data.json[3]"); "" when unknown. The
+// report's default dataset name.
+std::string dataset_source_file(const Dataset& data);
+
+class Trainer {
+ public:
+  // `model` supplies the architecture and the starting weights (f32 masters; bf16 compute copies when args.bf16).
+  // `config_name` ("SFTConfig") prefixes option errors. The method is attached after construction, because it may
+  // need the backend's bucket (auto_pad_multiple()).
+  Trainer(const CausalLM& model, const TrainingArguments& args, const char* config_name);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  int64_t auto_pad_multiple() const { return backend_->auto_pad_multiple(); }
+  const std::string& device() const { return device_; }
+  // Checks that the method has items and a full batch, and sizes the program cache by it.
+  void set_method(std::unique_ptr<TrainingMethod> method);
+  TrainingMethod& method() { return *method_; }
+  // The training loop: see SFTTrainer::train (include/trl/train/sft_trainer.h) for what it saves and when.
+  TrainOutput train();
+  nlohmann::ordered_json evaluate();
+  void save_model(const std::string& dir) const;
+  const TensorMap& master_weights() const;
+  const TensorMap& compute_weights() const;
+  const CausalLM& model() const;
+  const ProgramCacheStats& program_stats() const;
+  std::function<void(const nlohmann::ordered_json&)> on_step;
+
+ private:
+  struct State;
+  std::unique_ptr<Backend> backend_;
+  std::string device_;
+  std::unique_ptr<TrainingMethod> method_;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace trl

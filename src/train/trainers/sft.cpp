@@ -1,0 +1,212 @@
+// SFT on the Trainer: TRL's SFT data (language modelling, prompt-completion, conversations) tokenized once, then
+// per micro-batch collated as padded rows, one padding-free row, or best-fit-decreasing packed rows; the loss is the
+// token mean over the whole accumulated batch (Σ token NLL / num_items_in_batch, as Transformers does for models
+// that accept num_items_in_batch). Metrics per micro-batch: entropy over the real tokens, mean_token_accuracy over
+// the tokens in the loss.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "train/trainer.h"
+#include "trl/core/error.h"
+#include "trl/runtime/shapes.h"
+#include "trl/train/sft_trainer.h"
+
+namespace trl {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// TRL's per-batch metrics from the per-token outputs: entropy averaged over the real tokens (attention_mask != 0),
+// accuracy (label = argmax) over the tokens in the loss (weight != 0).
+struct TokenMetrics {
+  double entropy = 0, accuracy = 0;
+};
+TokenMetrics token_metrics(const SFTBatch& b, const Tensor& entropy, const Tensor& match) {
+  const int32_t* mask = b.attention_mask.data_as<int32_t>();
+  const float* w = b.weights.data_as<float>();
+  const float* e = entropy.data_as<float>();
+  const float* m = match.data_as<float>();
+  double es = 0, ms = 0;
+  int64_t en = 0, mn = 0;
+  for (int64_t i = 0; i < b.attention_mask.numel(); ++i) {
+    if (mask[i] != 0) es += e[i], ++en;
+    if (w[i] != 0) ms += m[i], ++mn;
+  }
+  return {en ? es / static_cast<double>(en) : 0.0, mn ? ms / static_cast<double>(mn) : 0.0};
+}
+
+class SftMethod final : public TrainingMethod {
+ public:
+  SftMethod(const SFTConfig& c, const Tokenizer& tok, const Dataset& train, const std::optional<Dataset>& eval, int64_t auto_multiple) : cfg_(c) {
+    multiple_ = parse_pad_to_multiple_of(c.pad_to_multiple_of, auto_multiple);
+    const auto pad = tok.pad_token_id();
+    if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
+    pad_ = *pad;
+    SFTDataOptions o;
+    o.max_length = c.max_length;
+    o.completion_only_loss = c.completion_only_loss;
+    o.assistant_only_loss = c.assistant_only_loss;
+    o.dataset_text_field = c.dataset_text_field;
+    o.eos_token = c.eos_token;
+    int64_t dropped = 0;
+    train_ = prepare_sft_dataset(train, tok, o, &dropped);
+    if (dropped > 0) std::fprintf(stderr, "[trl] dropped %lld training rows whose labels are all masked\n", static_cast<long long>(dropped));
+    if (eval) eval_ = prepare_sft_dataset(*eval, tok, o);
+    if (c.packing) {
+      std::vector<int64_t> lengths;
+      for (const auto& e : train_) lengths.push_back(static_cast<int64_t>(e.input_ids.size()));
+      items_ = pack_best_fit_decreasing(lengths, c.max_length);
+    } else {
+      for (size_t i = 0; i < train_.size(); ++i) items_.push_back({i});
+    }
+  }
+
+  const char* name() const override { return "SFT"; }
+  size_t num_items() const override { return items_.size(); }
+  // Each program holds its plan, kernels and oneDNN primitives (megabytes): a bucketed run keeps all of its (at most
+  // max_length / multiple + 2, eval included); an unbucketed one the 64 most recently used.
+  size_t programs_to_keep() const override {
+    return multiple_ > 0 ? 2 * static_cast<size_t>(cfg_.max_length / multiple_ + 2) : 64;
+  }
+  bool has_eval() const override { return !eval_.empty(); }
+
+  MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
+    const auto t0 = Clock::now();
+    // Collated first: num_items_in_batch counts the labels of all micro-batches.
+    std::vector<SFTBatch> batches;
+    int64_t items = 0;
+    for (const auto& chosen : micro) {
+      batches.push_back(collate_train(chosen));
+      items += batches.back().num_items;
+    }
+    MethodStep out;
+    out.data_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const float scale = -1.0f / static_cast<float>(std::max<int64_t>(1, items));
+    for (const SFTBatch& b : batches) {
+      const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
+      const graph::Graph graph = ctx.model.training_graph(B, T, DType::F32, cfg_.gradient_checkpointing, true);
+      const std::map<std::string, size_t> at = graph.output_indices();
+      const auto result = ctx.programs.get(graph).run(inputs(ctx.weights, b, scale));
+      out.loss += result[at.at("loss")].data_as<float>()[0];
+      const TokenMetrics m = token_metrics(b, result[at.at("entropy")], result[at.at("token_accuracy")]);
+      metrics.add("entropy", m.entropy);
+      metrics.add("mean_token_accuracy", m.accuracy);
+      std::map<std::string, Tensor> grads;
+      for (const auto& [n, i] : at)
+        if (n.rfind("grad.", 0) == 0) grads[n] = result[i];
+      add(grads);
+      out.tokens += b.num_tokens;
+    }
+    return out;
+  }
+
+  ojson evaluate(MethodContext& ctx) override {
+    if (eval_.empty()) fail("evaluate: no eval dataset");
+    double nll = 0, entropy = 0, accuracy = 0;
+    int64_t items = 0, batches = 0;
+    const size_t bsz = static_cast<size_t>(cfg_.per_device_eval_batch_size);
+    for (size_t i = 0; i < eval_.size(); i += bsz) {
+      std::vector<const SFTExample*> ex;
+      for (size_t k = i; k < std::min(eval_.size(), i + bsz); ++k) ex.push_back(&eval_[k]);
+      const SFTBatch b = collate_padded(ex, pad_, multiple_, cfg_.max_length);
+      const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
+      graph::Builder g;
+      graph::ValueId head = graph::kNone;
+      const graph::ValueId h = ctx.model.build_hidden(g, B, T, &head);
+      const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
+      const graph::ValueId logp = g.token_logprobs(h, head, labels, "token_logprobs");
+      g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"), "loss");
+      g.output(g.entropy(h, head, "entropy"), "entropy");
+      g.output(g.token_argmax_match(h, head, labels, "token_accuracy"), "token_accuracy");
+      const graph::Graph graph = g.finish();
+      const auto out = ctx.programs.get(graph).run(inputs(ctx.weights, b, -1.0f));
+      nll += out[graph.output_index("loss")].data_as<float>()[0];
+      const TokenMetrics m = token_metrics(b, out[graph.output_index("entropy")], out[graph.output_index("token_accuracy")]);
+      entropy += m.entropy, accuracy += m.accuracy;
+      items += b.num_items;
+      ++batches;
+    }
+    return ojson{{"eval_loss", nll / static_cast<double>(std::max<int64_t>(1, items))},
+                 {"eval_entropy", entropy / static_cast<double>(batches)},
+                 {"eval_mean_token_accuracy", accuracy / static_cast<double>(batches)}};
+  }
+
+ private:
+  SFTBatch collate_train(const std::vector<size_t>& chosen) const {
+    if (cfg_.packing) {
+      std::vector<std::vector<const SFTExample*>> rows;
+      for (size_t i : chosen) {
+        rows.emplace_back();
+        for (size_t e : items_[i]) rows.back().push_back(&train_[e]);
+      }
+      return collate_packed(rows, pad_, padded_length(cfg_.max_length, multiple_));
+    }
+    std::vector<const SFTExample*> ex;
+    for (size_t i : chosen)
+      for (size_t e : items_[i]) ex.push_back(&train_[e]);
+    if (cfg_.padding_free) {
+      // The whole micro-batch as one row of segments (positions restart per example), padded to the bucket.
+      int64_t total = 0;
+      for (const SFTExample* e : ex) total += static_cast<int64_t>(e->input_ids.size());
+      return collate_packed({ex}, pad_, padded_length(total, multiple_));
+    }
+    return collate_padded(ex, pad_, multiple_, cfg_.max_length);
+  }
+  static TensorMap inputs(const TensorMap& weights, const SFTBatch& b, float scale) {
+    TensorMap in = weights;
+    Tensor w = b.weights.clone();
+    for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data_as<float>()[i] *= scale;
+    in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
+    in["labels"] = b.labels, in["loss_weights"] = w;
+    return in;
+  }
+
+  SFTConfig cfg_;
+  int64_t multiple_ = 0;
+  int32_t pad_ = 0;
+  std::vector<SFTExample> train_, eval_;
+  std::vector<std::vector<size_t>> items_;  // a training item: one example, or a packed row of several
+};
+
+}  // namespace
+
+void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
+  check_training_arguments(c, "SFTConfig");
+  if (c.max_length < 2) fail("SFTConfig: max_length must be >= 2, got {}", c.max_length);
+  // packing with padding_free is accepted, as in TRL (its bfd packing is padding-free): packed rows are already
+  // padding-free, so packing decides the layout.
+  // TRL raises when eos_token is not in the vocabulary: the string appended to every text must be one token.
+  if (tok && !c.eos_token.empty()) {
+    const std::vector<int32_t> ids = tok->encode(c.eos_token, false);
+    if (ids.size() != 1)
+      fail("SFTConfig: eos_token '{}' is not a single token of the tokenizer (it encodes to {} tokens); give one of its tokens, such as its "
+           "eos_token '{}', or leave eos_token unset",
+           c.eos_token, ids.size(), tok->eos_token());
+  }
+}
+
+SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset train, SFTConfig config, std::optional<Dataset> eval) {
+  check_sft_config(config, &tok);
+  if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  trainer_ = std::make_unique<Trainer>(model, config, "SFTConfig");
+  trainer_->set_method(std::make_unique<SftMethod>(config, tok, train, eval, trainer_->auto_pad_multiple()));
+}
+
+SFTTrainer::~SFTTrainer() = default;
+
+TrainOutput SFTTrainer::train() {
+  trainer_->on_step = on_step;
+  return trainer_->train();
+}
+double SFTTrainer::evaluate() { return evaluate_metrics().at("eval_loss").get<double>(); }
+ojson SFTTrainer::evaluate_metrics() { return trainer_->evaluate(); }
+void SFTTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
+const TensorMap& SFTTrainer::master_weights() const { return trainer_->master_weights(); }
+const ProgramCacheStats& SFTTrainer::program_stats() const { return trainer_->program_stats(); }
+
+}  // namespace trl
