@@ -42,5 +42,6 @@ void register_bench(CLI::App& app);
 void register_compile(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_sft(CLI::App& app);
+void register_dpo(CLI::App& app);
 
 }  // namespace trl::cli

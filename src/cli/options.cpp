@@ -302,6 +302,7 @@ Opt Options::add(const std::string& n, std::string& t, const std::string& h) { r
 Opt Options::add(const std::string& n, std::optional<std::string>& t, const std::string& h) { return add_spec(optional_spec(t), n, h); }
 Opt Options::add(const std::string& n, std::vector<int32_t>& t, const std::string& h) { return add_spec(list_spec(t), n, h); }
 Opt Options::add(const std::string& n, std::vector<std::string>& t, const std::string& h) { return add_spec(list_spec(t), n, h); }
+Opt Options::add(const std::string& n, std::vector<double>& t, const std::string& h) { return add_spec(list_spec(t), n, h); }
 
 OptionSpec* Options::find(const std::string& name) const {
   const std::string u = underscored(name);

@@ -99,6 +99,7 @@ class Options {
   Opt add(const std::string& names, std::optional<std::string>& target, const std::string& help);
   Opt add(const std::string& names, std::vector<int32_t>& target, const std::string& help);
   Opt add(const std::string& names, std::vector<std::string>& target, const std::string& help);
+  Opt add(const std::string& names, std::vector<double>& target, const std::string& help);
 
   // `--config FILE`: every key must name an option; a key also given on the command line keeps the command line's
   // value; null keeps the default. Errors name the file and the key.

@@ -26,6 +26,23 @@ struct DpoStepOptions {
   PreferenceDataOptions data;   // max_length, truncation_mode
   int64_t pad_to_multiple_of = 0;  // the batch length is rounded up to it (0: the longest row)
   int32_t pad_token_id = 0;
+  // All 2N sequences in one row, back to back (positions restart per sequence, no attention across them), padded
+  // to pad_to_multiple_of: TRL's padding_free.
+  bool padding_free = false;
+  bool gradient_checkpointing = false;
+  // The gradients are those of loss_scale · loss (1 / the micro-batches of a step: the Trainer's accumulation);
+  // the reported loss is unscaled.
+  double loss_scale = 1.0;
+};
+
+// A batch of pairs as the programs take it, and where each of its 2N sequences lies: sequence i (chosen i < N,
+// rejected N + i) is positions [begin, end) of batch row `row`.
+struct DpoBatch {
+  SFTBatch batch;
+  struct Span {
+    int64_t row = 0, begin = 0, end = 0;
+  };
+  std::vector<Span> spans;
 };
 
 struct DpoStepResult {
@@ -33,11 +50,18 @@ struct DpoStepResult {
   std::map<std::string, Tensor> grads;  // "grad.<parameter>" → f32 gradient (views into the program's arena)
   std::vector<DpoPair> pairs;          // the sequence log-probs the loss saw
   int64_t num_tokens = 0;              // real tokens of the 2N rows
+  // TRL's per-batch metrics: the mean entropy over every completion token, the argmax accuracy over the chosen
+  // completions' tokens.
+  double entropy = 0, mean_token_accuracy = 0;
 };
 
-// The rows of a batch of pairs as the training and reference programs take them ([chosen...; rejected...]).
-SFTBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
+// The rows of a batch of pairs as the training and reference programs take them: [chosen...; rejected...] as
+// padded rows, or back to back in one row with padding_free.
+DpoBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
 
+// The summed completion log-probs of each pair under `model` with `weights` bound, forward only.
+std::vector<RefLogps> dpo_sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs,
+                                         const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
 // The reference model's log-probs of each pair, on its own programs (a frozen model: forward only).
 std::vector<RefLogps> dpo_reference_logps(const CausalLM& reference, ProgramCache& programs, const std::vector<const PreferenceExample*>& pairs,
                                           const DpoStepOptions& options);

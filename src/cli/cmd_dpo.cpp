@@ -1,0 +1,63 @@
+// `trl dpo`: Direct Preference Optimization with TRL's option names (DPOConfig), from flags or a YAML config.
+#include <cstdio>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "cli/train_options.h"
+#include "trl/core/error.h"
+#include "trl/train/dpo_trainer.h"
+
+namespace trl::cli {
+
+void register_dpo(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "dpo", "Direct Preference Optimization (TRL's DPOTrainer): trl dpo --model_name_or_path M --dataset_name pairs.jsonl");
+  struct Args {
+    DPOConfig c;
+    TrainCommandArgs t;
+    std::string ref_model;
+  };
+  auto a = std::make_shared<Args>();
+  auto o = std::make_shared<Options>(cmd);
+  DPOConfig& c = a->c;
+  add_training_options(*o, c, a->t);
+  o->add("ref_model_name_or_path", a->ref_model, "The frozen reference model (default: a copy of the starting model)").default_text("None");
+  o->add("max_length", c.max_length, "Truncate each prompt + completion to this many tokens").min(2);
+  o->add("truncation_mode", c.truncation_mode, "Which end of a long sequence is kept").choices({"keep_start", "keep_end"});
+  o->add("padding_free", c.padding_free, "All sequences of a micro-batch in one row, no padding between them");
+  o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
+  o->add("precompute_ref_log_probs", c.precompute_ref_log_probs, "Run the reference once before training, then release it");
+  o->add("precompute_ref_batch_size", c.precompute_ref_batch_size, "Pairs per reference batch when precomputing").min(1).default_text(
+      "None (per_device_train_batch_size)");
+  o->add("loss_type", c.loss_type, "One or more DPO losses (sigmoid, hinge, ipo, robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, "
+                                  "aot_unpaired, apo_zero, apo_down, discopop, sigmoid_norm, sft)");
+  o->add("loss_weights", c.loss_weights, "One weight per loss_type").default_text("None (1 each)");
+  o->add("beta", c.beta, "Temperature of the implicit reward").above(0);
+  o->add("label_smoothing", c.label_smoothing, "Label smoothing (robust, exo_pair; conservative DPO)").min(0).max(0.5);
+  o->add("f_divergence_type", c.f_divergence_type, "Divergence of the implicit reward")
+      .choices({"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"});
+  o->add("f_alpha_divergence_coef", c.f_alpha_divergence_coef, "alpha of alpha_divergence");
+  o->add("discopop_tau", c.discopop_tau, "Temperature of the discopop loss").above(0);
+  o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
+  cmd->callback([a, o] {
+    if (!a->t.config.empty()) o->apply_yaml(a->t.config);
+    DPOConfig cfg = a->c;
+    finish_training_options("dpo", cfg, a->t);
+    check_dpo_config(cfg);  // before loading anything
+    TrainRun run = load_train_run(a->t, cfg);
+    std::optional<CausalLM> ref;
+    if (!a->ref_model.empty() && !is_none(a->ref_model)) {
+      LoadOptions lo;
+      lo.revision = a->t.revision;
+      lo.dtype = cfg.bf16 ? DType::BF16 : DType::F32;  // the compute dtype: a frozen model needs no f32 masters
+      ref = CausalLM::from_pretrained(a->ref_model, lo);
+    }
+    std::fprintf(stderr, "[trl] dpo: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
+    DPOTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval), ref ? &*ref : nullptr);
+    print_train_output(trainer.train());
+  });
+}
+
+}  // namespace trl::cli

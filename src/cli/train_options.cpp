@@ -1,0 +1,114 @@
+#include "cli/train_options.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "trl/core/error.h"
+
+namespace trl::cli {
+
+namespace {
+
+void add_compat_options(Options& o, CompatArgs& x) {
+  o.add("report_to", x.report_to, "Accepted for TRL compatibility: logs go to output_dir/log.jsonl and the HTML report");
+  o.add("run_name", x.run_name, "Accepted for TRL compatibility (shown in the report)");
+  o.add("logging_dir", x.logging_dir, "Accepted for TRL compatibility (logs are written to output_dir)");
+  o.add("push_to_hub", x.push_to_hub, "Not available (no network): the model stays in output_dir");
+  o.add("hub_model_id", x.hub_model_id, "Accepted for TRL compatibility (nothing is pushed)");
+  o.add("overwrite_output_dir", x.overwrite_output_dir, "Accepted for TRL compatibility");
+  o.add("do_train", x.do_train, "Accepted for TRL compatibility (trl sft always trains)");
+  o.add("do_eval", x.do_eval, "Accepted for TRL compatibility (see eval_strategy)");
+  o.add("trust_remote_code", x.trust_remote_code, "Accepted for TRL compatibility (no remote code runs here)");
+  o.add("attn_implementation", x.attn_implementation, "Accepted for TRL compatibility (trl.cpp's own fused attention is used)");
+  o.add("dataset_config", x.dataset_config, "Hub dataset configuration: not used for local files");
+  o.add("dataloader_num_workers", x.dataloader_num_workers, "Accepted for TRL compatibility (data loading is in-process)");
+  o.add("save_strategy", x.save_strategy, "steps (every save_steps) | no").choices({"steps", "no"});
+  o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
+  o.add("logging_first_step", x.logging_first_step, "Accepted for TRL compatibility");
+  o.add("save_only_model", x.save_only_model, "Accepted for TRL compatibility (checkpoints keep the optimizer state for exact resume)");
+  o.add("use_peft", x.use_peft, "LoRA adapters (PEFT): not implemented yet");
+  o.add("lora_r", x.lora_r, "LoRA rank (with --use_peft)");
+  o.add("lora_alpha", x.lora_alpha, "LoRA alpha (with --use_peft)");
+  o.add("lora_dropout", x.lora_dropout, "LoRA dropout (with --use_peft)");
+  o.add("lora_target_modules", x.lora_target_modules, "LoRA target modules (with --use_peft)");
+}
+
+void check_compat(const CompatArgs& x) {
+  if (x.use_peft) fail("--use_peft: LoRA/PEFT adapters are not implemented yet in trl.cpp; train without --use_peft (full fine-tuning)");
+  if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
+  if (!x.dataset_config.empty()) std::fprintf(stderr, "[trl] note: --dataset_config %s ignored: local datasets have no configurations\n", x.dataset_config.c_str());
+  for (const auto& r : x.report_to) {
+    if (r != "none" && r != "all") std::fprintf(stderr, "[trl] note: --report_to %s: no such integration here; logs go to output_dir/log.jsonl and training_report.html\n", r.c_str());
+  }
+}
+
+}  // namespace
+
+void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a) {
+  o.add("config", a.config, "A YAML file of options (keys as the flags; flags on the command line win)");
+  o.add("model_name_or_path", a.model, "Model folder or Hugging Face id (local cache only; required)");
+  o.add("dataset_name", a.dataset, "A .jsonl/.json file or a folder with <split>.jsonl (required)");
+  o.add("dataset_train_split", a.train_split, "Training split");
+  o.add("dataset_test_split", a.test_split, "Evaluation split (used when eval_strategy is not no)");
+  o.add("torch_dtype,dtype", a.dtype, "Load the weights as").choices({"auto", "f32", "float32", "bf16", "bfloat16"}).default_text("auto (the checkpoint's)");
+  o.add("model_revision,revision", a.revision, "Hub cache revision");
+  o.add("output_dir", c.output_dir, "Where checkpoints, logs and the final model go");
+  o.add("learning_rate", c.learning_rate, "Peak learning rate").min(0);
+  o.add("per_device_train_batch_size", c.per_device_train_batch_size, "Rows per micro-batch").min(1);
+  o.add("per_device_eval_batch_size", c.per_device_eval_batch_size, "Rows per eval batch").min(1);
+  o.add("gradient_accumulation_steps", c.gradient_accumulation_steps, "Micro-batches per optimizer step").min(1);
+  o.add("num_train_epochs", c.num_train_epochs, "Epochs (when max_steps is not set)").above(0);
+  o.add("max_steps", c.max_steps, "Optimizer steps (overrides epochs; -1 = off)").min(-1);
+  o.add("lr_scheduler_type", c.lr_scheduler_type, "Learning-rate schedule").choices({"linear", "cosine", "constant", "constant_with_warmup"});
+  o.add("warmup_ratio", c.warmup_ratio, "Warm-up as a fraction of the steps").min(0).max(1);
+  o.add("warmup_steps", c.warmup_steps, "Warm-up steps (wins over warmup_ratio)").min(0);
+  o.add("weight_decay", c.weight_decay, "AdamW weight decay (not on norms and biases)").min(0);
+  o.add("adam_beta1", c.adam_beta1, "AdamW beta1").min(0).below(1);
+  o.add("adam_beta2", c.adam_beta2, "AdamW beta2").min(0).below(1);
+  o.add("adam_epsilon", c.adam_epsilon, "AdamW epsilon").above(0);
+  o.add("max_grad_norm", c.max_grad_norm, "Global-norm clipping (0 = off)").min(0);
+  o.add("logging_steps", c.logging_steps, "Log every N steps").min(1);
+  o.add("save_steps", c.save_steps, "Save a checkpoint every N steps").min(1);
+  o.add("save_total_limit", a.save_total_limit, "Keep at most N checkpoints (None: all)").min(1);
+  o.add("eval_strategy", c.eval_strategy, "When to evaluate").choices({"no", "steps", "epoch"});
+  o.add("eval_steps", a.eval_steps, "Evaluate every N steps").min(1).default_text("None (logging_steps)");
+  o.add("seed", c.seed, "Seed of the data order");
+  o.add("bf16", c.bf16, "bf16 compute with f32 master weights (--bf16 false: f32)");
+  o.add("torch_compile", c.torch_compile, "The compiled CPU backend (--torch_compile false: the reference backend)");
+  o.add("gradient_checkpointing", c.gradient_checkpointing, "Recompute each layer in the backward pass");
+  o.add("dataloader_drop_last", c.dataloader_drop_last, "Drop the last incomplete batch");
+  o.add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
+  o.add("report", c.report, "Write training_report.html");
+  add_compat_options(o, a.compat);
+}
+
+void finish_training_options(const char* command, TrainingArguments& c, const TrainCommandArgs& a) {
+  if (a.model.empty()) fail("trl {}: --model_name_or_path is required (on the command line or in --config)", command);
+  if (a.dataset.empty()) fail("trl {}: --dataset_name is required (on the command line or in --config)", command);
+  check_compat(a.compat);
+  c.save_total_limit = a.save_total_limit;
+  c.eval_steps = a.eval_steps;
+  if (a.compat.save_strategy == "no") c.save_steps = std::numeric_limits<int64_t>::max();
+  if (is_none(c.resume_from_checkpoint) || c.resume_from_checkpoint == "false" || c.resume_from_checkpoint == "False") c.resume_from_checkpoint.clear();
+  c.model_name_or_path = a.model;
+  c.dataset_name = a.dataset;
+}
+
+TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
+  LoadOptions lo;
+  lo.revision = a.revision;
+  if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
+  TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split), std::nullopt};
+  if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split);
+  return run;
+}
+
+void print_train_output(const TrainOutput& out) {
+  std::printf("{\"global_step\": %lld, \"training_loss\": %.6f, \"programs_compiled\": %lld, \"cache_hits\": %lld, \"interrupted\": %s}\n",
+              static_cast<long long>(out.global_step), out.training_loss, static_cast<long long>(out.programs.compilations),
+              static_cast<long long>(out.programs.hits), out.interrupted ? "true" : "false");
+  if (out.interrupted) std::exit(130);
+}
+
+}  // namespace trl::cli

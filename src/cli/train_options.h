@@ -1,0 +1,54 @@
+// What `trl sft`, `trl dpo` (and the later trainers) share on the command line: the model and dataset options of
+// TRL's ModelConfig and ScriptArguments, every TrainingArguments option, and the Transformers/TRL options that
+// change nothing here (accepted so that pasted command lines and YAML files run unchanged).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/options.h"
+#include "trl/data/dataset.h"
+#include "trl/models/causal_lm.h"
+#include "trl/tokenizer/tokenizer.h"
+#include "trl/train/training_args.h"
+
+namespace trl::cli {
+
+struct CompatArgs {
+  std::vector<std::string> report_to;
+  std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
+  bool push_to_hub = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
+  bool use_peft = false, logging_first_step = false, save_only_model = false;
+  std::optional<int64_t> dataloader_num_workers, lora_r, lora_alpha;
+  std::optional<double> lora_dropout;
+  std::vector<std::string> lora_target_modules;
+};
+
+struct TrainCommandArgs {
+  std::string config, model, dataset, train_split = "train", test_split = "test", dtype = "auto", revision = "main";
+  std::optional<int64_t> save_total_limit, eval_steps;
+  CompatArgs compat;
+};
+
+// Registers --config, the model and dataset options, every TrainingArguments option and the compatibility ones.
+void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a);
+
+// After parsing (and --config): the required options, the compatibility notes, and the fields the command line
+// holds apart (save_total_limit, eval_steps, save_strategy no, resume_from_checkpoint None/false) copied into `c`.
+void finish_training_options(const char* command, TrainingArguments& c, const TrainCommandArgs& a);
+
+struct TrainRun {
+  CausalLM model;
+  Tokenizer tokenizer;
+  Dataset train;
+  std::optional<Dataset> eval;
+};
+// Loads the model (dtype, revision), its tokenizer, and the train split (and the test split when evaluating).
+TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c);
+
+// The one-line JSON summary a training command prints on stdout; exits 130 when interrupted.
+void print_train_output(const TrainOutput& out);
+
+}  // namespace trl::cli

@@ -1,0 +1,232 @@
+// DPO on the Trainer. A training item is one preference pair; a micro-batch of N pairs is 2N sequences
+// ([chosen...; rejected...], or back to back with padding_free). Per micro-batch: the reference log-probs (from a
+// frozen model's forward-only programs on a backend of its own, or precomputed once before training), then the
+// policy's two-stage program (dpo_step.h). As in TRL (model_accepts_loss_kwargs = False) each micro-batch's mean
+// pair loss is divided by the number of micro-batches of the step.
+#include <chrono>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "data/preference.h"
+#include "train/dpo_step.h"
+#include "train/trainer.h"
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
+#include "trl/runtime/shapes.h"
+#include "trl/train/dpo_trainer.h"
+
+namespace trl {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+DpoLossConfig loss_config(const DPOConfig& c) {
+  DpoLossConfig l;
+  l.loss_type = c.loss_type;
+  l.loss_weights = c.loss_weights;
+  l.beta = c.beta;
+  l.label_smoothing = c.label_smoothing;
+  l.f_divergence_type = c.f_divergence_type;
+  l.f_alpha_divergence_coef = c.f_alpha_divergence_coef;
+  l.discopop_tau = c.discopop_tau;
+  return l;
+}
+
+void add_loss_metrics(MetricWindow& m, const DpoLoss& l, const char* prefix = "") {
+  const std::string p = prefix;
+  m.add(p + "rewards/chosen", l.rewards_chosen);
+  m.add(p + "rewards/rejected", l.rewards_rejected);
+  m.add(p + "rewards/accuracies", l.rewards_accuracies);
+  m.add(p + "rewards/margins", l.rewards_margins);
+  m.add(p + "logps/chosen", l.logps_chosen);
+  m.add(p + "logps/rejected", l.logps_rejected);
+}
+
+class DpoMethod final : public TrainingMethod {
+ public:
+  DpoMethod(const DPOConfig& c, const Tokenizer& tok, const Dataset& train, const std::optional<Dataset>& eval, const CausalLM* ref,
+            const Trainer& trainer)
+      : cfg_(c) {
+    opt_.loss = loss_config(c);
+    opt_.data.max_length = c.max_length;
+    opt_.data.truncation_mode = c.truncation_mode;
+    opt_.data.eos_token = c.eos_token;
+    opt_.pad_to_multiple_of = parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer.auto_pad_multiple());
+    opt_.padding_free = c.padding_free;
+    opt_.gradient_checkpointing = c.gradient_checkpointing;
+    const auto pad = tok.pad_token_id();
+    if (!pad) fail("DPO: the tokenizer has neither a pad_token nor an eos_token");
+    opt_.pad_token_id = *pad;
+    PreferenceDataStats stats;
+    train_ = prepare_preference_dataset(train, tok, opt_.data, &stats);
+    report_stats("training", stats);
+    if (eval) {
+      PreferenceDataStats es;
+      eval_ = prepare_preference_dataset(*eval, tok, opt_.data, &es);
+      report_stats("eval", es);
+    }
+    if (train_.empty()) fail("DPO: no training pair is left (every prompt fills max_length {})", c.max_length);
+    // The reference: the given model, else a frozen copy of the policy's starting weights in the compute dtype
+    // (no f32 masters, no gradients, no optimizer state). Its programs run on a backend of their own, between the
+    // two stages of the policy's program.
+    if (ref) {
+      if (ref->config().vocab_size != trainer.model().config().vocab_size)
+        fail("DPO: the reference model's vocabulary ({}) differs from the policy's ({})", ref->config().vocab_size,
+             trainer.model().config().vocab_size);
+      reference_ = std::make_unique<CausalLM>(*ref);
+    } else {
+      TensorMap frozen;
+      for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
+      reference_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), frozen, "reference"));
+    }
+    ref_backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
+    ref_programs_ = std::make_unique<ProgramCache>(*ref_backend_, ProgramCacheOptions{programs_to_keep(), ""});
+  }
+
+  const char* name() const override { return "DPO"; }
+  size_t num_items() const override { return train_.size(); }
+  size_t programs_to_keep() const override {
+    return opt_.pad_to_multiple_of > 0 ? 2 * static_cast<size_t>(2 * cfg_.max_length / opt_.pad_to_multiple_of + 2) : 64;
+  }
+  bool has_eval() const override { return !eval_.empty(); }
+
+  // precompute_ref_log_probs: one pass of the reference over every pair, then the reference is released.
+  void before_training(MethodContext&) override {
+    if (!cfg_.precompute_ref_log_probs || !train_ref_.empty()) return;
+    train_ref_ = reference_logps(train_, cfg_.precompute_ref_batch_size.value_or(cfg_.per_device_train_batch_size));
+    if (!eval_.empty()) eval_ref_ = reference_logps(eval_, cfg_.precompute_ref_batch_size.value_or(cfg_.per_device_eval_batch_size));
+    ref_programs_.reset();
+    ref_backend_.reset();
+    reference_.reset();
+    std::fprintf(stderr, "[trl] dpo: reference log-probs of %zu pairs computed; the reference model is released\n", train_.size());
+  }
+
+  MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
+    MethodStep out;
+    DpoStepOptions o = opt_;
+    o.loss_scale = 1.0 / static_cast<double>(micro.size());
+    for (const auto& items : micro) {
+      const auto t0 = Clock::now();
+      std::vector<const PreferenceExample*> pairs;
+      for (size_t i : items) pairs.push_back(&train_[i]);
+      const std::vector<RefLogps> ref = reference_for(pairs, items, train_ref_);
+      out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      const DpoStepResult r = dpo_step(ctx.model, ctx.weights, ctx.programs, pairs, ref, o);
+      out.loss += r.loss.loss * o.loss_scale;
+      out.tokens += r.num_tokens;
+      metrics.add("entropy", r.entropy);
+      metrics.add("mean_token_accuracy", r.mean_token_accuracy);
+      add_loss_metrics(metrics, r.loss);
+      add(r.grads);
+    }
+    return out;
+  }
+
+  // Forward only: the policy's and the reference's sequence log-probs per eval batch, the loss and metrics of
+  // each batch averaged over the batches (TRL's prediction_step and its stored eval metrics).
+  ojson evaluate(MethodContext& ctx) override {
+    if (eval_.empty()) fail("evaluate: no eval dataset");
+    MetricWindow m;
+    const size_t bsz = static_cast<size_t>(cfg_.per_device_eval_batch_size);
+    for (size_t i = 0; i < eval_.size(); i += bsz) {
+      std::vector<const PreferenceExample*> pairs;
+      std::vector<size_t> items;
+      for (size_t k = i; k < std::min(eval_.size(), i + bsz); ++k) pairs.push_back(&eval_[k]), items.push_back(k);
+      const std::vector<RefLogps> ref = reference_for(pairs, items, eval_ref_);
+      const std::vector<RefLogps> pol = dpo_sequence_logps(ctx.model, ctx.weights, ctx.programs, pairs, opt_);
+      std::vector<DpoPair> dp;
+      const DpoBatch b = dpo_batch(pairs, opt_);
+      const float* w = b.batch.weights.data_as<float>();
+      const int64_t T = b.batch.input_ids.size(1), N = static_cast<int64_t>(pairs.size());
+      auto tokens = [&](int64_t q) {
+        const DpoBatch::Span& s = b.spans[static_cast<size_t>(q)];
+        int64_t n = 0;
+        for (int64_t t = s.begin; t < s.end; ++t) n += w[s.row * T + t] != 0;
+        return n;
+      };
+      for (int64_t k = 0; k < N; ++k) {
+        const size_t q = static_cast<size_t>(k);
+        dp.push_back({pol[q].chosen, pol[q].rejected, ref[q].chosen, ref[q].rejected, tokens(k), tokens(N + k)});
+      }
+      const DpoLoss l = dpo_loss(opt_.loss, dp);
+      m.add("eval_loss", l.loss);
+      add_loss_metrics(m, l, "eval_");
+    }
+    return m.means();
+  }
+
+ private:
+  static void report_stats(const char* split, const PreferenceDataStats& s) {
+    if (s.dropped > 0)
+      std::fprintf(stderr, "[trl] dpo: dropped %lld %s rows whose prompt alone fills max_length\n", static_cast<long long>(s.dropped), split);
+    if (s.mismatched > 0)
+      std::fprintf(stderr, "[trl] dpo: %lld %s rows: the tokenized prompt is not a prefix of prompt + completion (the completion starts after "
+                   "the prompt's tokens)\n", static_cast<long long>(s.mismatched), split);
+  }
+  std::vector<RefLogps> reference_logps(const std::vector<PreferenceExample>& data, int64_t batch) {
+    std::vector<RefLogps> out;
+    for (size_t i = 0; i < data.size(); i += static_cast<size_t>(batch)) {
+      std::vector<const PreferenceExample*> pairs;
+      for (size_t k = i; k < std::min(data.size(), i + static_cast<size_t>(batch)); ++k) pairs.push_back(&data[k]);
+      for (const RefLogps& r : dpo_reference_logps(*reference_, *ref_programs_, pairs, opt_)) out.push_back(r);
+    }
+    return out;
+  }
+  std::vector<RefLogps> reference_for(const std::vector<const PreferenceExample*>& pairs, const std::vector<size_t>& items,
+                                      const std::vector<RefLogps>& precomputed) {
+    if (!precomputed.empty()) {
+      std::vector<RefLogps> out;
+      for (size_t i : items) out.push_back(precomputed.at(i));
+      return out;
+    }
+    return dpo_reference_logps(*reference_, *ref_programs_, pairs, opt_);
+  }
+
+  DPOConfig cfg_;
+  DpoStepOptions opt_;
+  std::vector<PreferenceExample> train_, eval_;
+  std::vector<RefLogps> train_ref_, eval_ref_;  // precompute_ref_log_probs
+  std::unique_ptr<CausalLM> reference_;
+  std::unique_ptr<Backend> ref_backend_;
+  std::unique_ptr<ProgramCache> ref_programs_;
+};
+
+}  // namespace
+
+void check_dpo_config(const DPOConfig& c) {
+  check_training_arguments(c, "DPOConfig");
+  if (c.max_length < 2) fail("DPOConfig: max_length must be >= 2, got {}", c.max_length);
+  if (c.truncation_mode != "keep_start" && c.truncation_mode != "keep_end")
+    fail("DPOConfig: truncation_mode '{}' is not keep_start or keep_end", c.truncation_mode);
+  if (c.precompute_ref_batch_size && *c.precompute_ref_batch_size < 1)
+    fail("DPOConfig: precompute_ref_batch_size must be >= 1, got {}", *c.precompute_ref_batch_size);
+  try {
+    validate(loss_config(c));
+  } catch (const Error& e) {
+    fail("DPOConfig: {}", e.what());
+  }
+}
+
+DPOTrainer::DPOTrainer(const CausalLM& model, const Tokenizer& tok, Dataset train, DPOConfig config, std::optional<Dataset> eval,
+                       const CausalLM* ref_model) {
+  check_dpo_config(config);
+  if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  trainer_ = std::make_unique<Trainer>(model, config, "DPOConfig");
+  trainer_->set_method(std::make_unique<DpoMethod>(config, tok, train, eval, ref_model, *trainer_));
+}
+
+DPOTrainer::~DPOTrainer() = default;
+
+TrainOutput DPOTrainer::train() {
+  trainer_->on_step = on_step;
+  return trainer_->train();
+}
+ojson DPOTrainer::evaluate_metrics() { return trainer_->evaluate(); }
+void DPOTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
+const TensorMap& DPOTrainer::master_weights() const { return trainer_->master_weights(); }
+const ProgramCacheStats& DPOTrainer::program_stats() const { return trainer_->program_stats(); }
+
+}  // namespace trl
