@@ -224,5 +224,43 @@ TEST(Cli, SftFromFlagsAndYaml) {
   }
 }
 
+// `trl dpo` as TRL's quickstart runs it: a YAML config with a command-line override; conversational pairs with an
+// implicit prompt beside standard ones with an explicit prompt; a precomputed reference; bad rows and options name
+// where they are.
+TEST(Cli, DpoFromFlagsAndYaml) {
+  test::TempDir dir;
+  std::string out;
+  const std::string trl = std::string(TRL_BINARY);
+  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  test::write_file(dir.file("pairs.jsonl"),
+                   "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green\"}\n"
+                   "{\"chosen\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}], "
+                   "\"rejected\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Go away.\"}]}\n");
+  test::write_file(dir.file("dpo.yaml"), "model_name_or_path: " + dir.file("m") + "\ndataset_name: " + dir.file("pairs.jsonl") + "\noutput_dir: " +
+                                             dir.file("o") + "\nmax_steps: 3\nlearning_rate: 1.0e-3\nbeta: 0.2\nloss_type: [sigmoid, sft]\n"
+                                             "loss_weights: [1.0, 0.5]\nper_device_train_batch_size: 2\nbf16: false\n");
+  ASSERT_EQ(test::run_command(trl + " dpo --config " + dir.file("dpo.yaml") + " --max_steps 2 --logging_steps 1 --precompute_ref_log_probs 2>&1", &out), 0)
+      << out;
+  EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
+  const auto state = nlohmann::json::parse(test::read_file(dir.file("o/trainer_state.json")));
+  ASSERT_EQ(state["log_history"].size(), 2u);
+  for (const char* key : {"loss", "rewards/chosen", "rewards/margins", "logps/rejected", "entropy"})
+    EXPECT_TRUE(state["log_history"][0].contains(key)) << key;
+  EXPECT_EQ(state["trl_cpp"]["method"], "DPO");
+  for (const char* f : {"o/model.safetensors", "o/config.json", "o/tokenizer.json", "o/log.jsonl", "o/training_report.html"})
+    EXPECT_TRUE(std::filesystem::exists(dir.file(f))) << f;
+  test::write_file(dir.file("bad.jsonl"), "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"chosen\": \" b\"}\n");
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"dpo --config " + dir.file("dpo.yaml") + " --dataset_name " + dir.file("bad.jsonl"), "bad.jsonl:2"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --loss_type wavy", "unknown loss type 'wavy'"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --beta 0", "--beta"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --loss_weights 1", "loss_weights: 1 weights for 2 loss types"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --ref_model_name_or_path " + dir.file("none"), "none"},
+           {"dpo --dataset_name " + dir.file("pairs.jsonl"), "--model_name_or_path is required"}}) {
+    EXPECT_NE(test::run_command(trl + " " + args + " 2>&1", &out), 0) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
+}
+
 }  // namespace
 }  // namespace trl
