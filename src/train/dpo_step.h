@@ -10,6 +10,7 @@
 
 #include "data/preference.h"
 #include "train/losses/dpo_loss.h"
+#include "train/sequence_step.h"
 #include "trl/backend/program_cache.h"
 #include "trl/models/causal_lm.h"
 
@@ -35,16 +36,6 @@ struct DpoStepOptions {
   double loss_scale = 1.0;
 };
 
-// A batch of pairs as the programs take it, and where each of its 2N sequences lies: sequence i (chosen i < N,
-// rejected N + i) is positions [begin, end) of batch row `row`.
-struct DpoBatch {
-  SFTBatch batch;
-  struct Span {
-    int64_t row = 0, begin = 0, end = 0;
-  };
-  std::vector<Span> spans;
-};
-
 struct DpoStepResult {
   DpoLoss loss;                        // the loss, its metrics, dL/dc and dL/dr per pair
   std::map<std::string, Tensor> grads;  // "grad.<parameter>" → f32 gradient (views into the program's arena)
@@ -57,7 +48,7 @@ struct DpoStepResult {
 
 // The rows of a batch of pairs as the training and reference programs take them: [chosen...; rejected...] as
 // padded rows, or back to back in one row with padding_free.
-DpoBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
+SequenceBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
 
 // The summed completion log-probs of each pair under `model` with `weights` bound, forward only.
 std::vector<RefLogps> dpo_sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs,

@@ -137,20 +137,11 @@ class DpoMethod final : public TrainingMethod {
       for (size_t k = i; k < std::min(eval_.size(), i + bsz); ++k) pairs.push_back(&eval_[k]), items.push_back(k);
       const std::vector<RefLogps> ref = reference_for(pairs, items, eval_ref_);
       const std::vector<RefLogps> pol = dpo_sequence_logps(ctx.model, ctx.weights, ctx.programs, pairs, opt_);
+      const SequenceBatch b = dpo_batch(pairs, opt_);
+      const size_t N = pairs.size();
       std::vector<DpoPair> dp;
-      const DpoBatch b = dpo_batch(pairs, opt_);
-      const float* w = b.batch.weights.data_as<float>();
-      const int64_t T = b.batch.input_ids.size(1), N = static_cast<int64_t>(pairs.size());
-      auto tokens = [&](int64_t q) {
-        const DpoBatch::Span& s = b.spans[static_cast<size_t>(q)];
-        int64_t n = 0;
-        for (int64_t t = s.begin; t < s.end; ++t) n += w[s.row * T + t] != 0;
-        return n;
-      };
-      for (int64_t k = 0; k < N; ++k) {
-        const size_t q = static_cast<size_t>(k);
-        dp.push_back({pol[q].chosen, pol[q].rejected, ref[q].chosen, ref[q].rejected, tokens(k), tokens(N + k)});
-      }
+      for (size_t q = 0; q < N; ++q)
+        dp.push_back({pol[q].chosen, pol[q].rejected, ref[q].chosen, ref[q].rejected, b.completion_tokens[q], b.completion_tokens[N + q]});
       const DpoLoss l = dpo_loss(opt_.loss, dp);
       m.add("eval_loss", l.loss);
       add_loss_metrics(m, l, "eval_");

@@ -1,0 +1,99 @@
+#include "train/sequence_step.h"
+
+#include "trl/core/error.h"
+#include "trl/runtime/shapes.h"
+
+namespace trl {
+
+namespace {
+
+TensorMap batch_inputs(const TensorMap& weights, const SFTBatch& batch) {
+  TensorMap in = weights;
+  in["input_ids"] = batch.input_ids;
+  in["attention_mask"] = batch.attention_mask;
+  in["position_ids"] = batch.position_ids;
+  in["labels"] = batch.labels;
+  return in;
+}
+
+}  // namespace
+
+SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const SequenceLayout& layout) {
+  if (sequences.empty()) fail("a batch needs at least one sequence");
+  std::vector<const SFTExample*> ptrs;
+  for (const SFTExample& s : sequences) ptrs.push_back(&s);
+  SequenceBatch out;
+  if (layout.padding_free) {
+    int64_t total = 0;
+    for (const SFTExample* s : ptrs) {
+      const int64_t n = static_cast<int64_t>(s->input_ids.size());
+      out.spans.push_back({0, total, total + n});
+      total += n;
+    }
+    out.batch = collate_packed({ptrs}, layout.pad_token_id, padded_length(total, layout.pad_to_multiple_of));
+  } else {
+    out.batch = collate_padded(ptrs, layout.pad_token_id, layout.pad_to_multiple_of, layout.max_length);
+    for (size_t i = 0; i < ptrs.size(); ++i) out.spans.push_back({static_cast<int64_t>(i), 0, out.batch.input_ids.size(1)});
+  }
+  const int64_t T = out.batch.input_ids.size(1);
+  const float* w = out.batch.weights.data_as<float>();
+  for (const SequenceBatch::Span& s : out.spans) {
+    int64_t n = 0;
+    for (int64_t t = s.begin; t < s.end; ++t) n += w[s.row * T + t] != 0;
+    out.completion_tokens.push_back(n);
+  }
+  return out;
+}
+
+std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token) {
+  const int64_t T = b.batch.input_ids.size(1);
+  if (per_token.shape() != b.batch.weights.shape()) fail("sequence_sums: {} values for a {} batch", shape_str(per_token.shape()), shape_str(b.batch.weights.shape()));
+  const float* v = per_token.data_as<float>();
+  const float* w = b.batch.weights.data_as<float>();
+  std::vector<double> out;
+  for (const SequenceBatch::Span& s : b.spans) {
+    double sum = 0;
+    for (int64_t t = s.begin; t < s.end; ++t)
+      if (w[s.row * T + t] != 0) sum += static_cast<double>(w[s.row * T + t]) * v[s.row * T + t];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b) {
+  const graph::Graph g = model.logprobs_graph(b.batch.input_ids.size(0), b.batch.input_ids.size(1));
+  return sequence_sums(b, programs.get(g).run(batch_inputs(weights, b.batch)).at(g.output_index("token_logprobs")));
+}
+
+SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing) {
+  const int64_t R = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
+  const graph::Graph g = model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true);
+  Program& program = programs.get(g);
+  // Stage 0: the per-token log-probs and metrics; the host sums them per sequence.
+  const TensorMap inputs = batch_inputs(weights, b.batch);
+  const std::vector<Tensor> first = program.run_stage(inputs, 0);
+  SequenceStepResult out;
+  out.logps = sequence_sums(b, first.at(g.output_index("token_logprobs")));
+  out.entropy_sums = sequence_sums(b, first.at(g.output_index("entropy")));
+  out.match_sums = sequence_sums(b, first.at(g.output_index("token_accuracy")));
+  std::vector<double> d(out.logps.size(), 0.0);
+  out.loss = loss(out.logps, d);
+  // Stage 1: seeded with loss_scale · dL/dlogp_q · weights[b, t] over each sequence's span.
+  Tensor seed = Tensor::zeros(DType::F32, {R, T});
+  float* s = seed.mutable_data_as<float>();
+  const float* w = b.batch.weights.data_as<float>();
+  for (size_t q = 0; q < b.spans.size(); ++q) {
+    const double dq = loss_scale * d[q];
+    const SequenceBatch::Span& sp = b.spans[q];
+    for (int64_t t = sp.begin; t < sp.end; ++t) s[sp.row * T + t] = static_cast<float>(dq * w[sp.row * T + t]);
+  }
+  TensorMap seeds;
+  seeds["loss_weights"] = seed;
+  const std::vector<Tensor> results = program.run_stage(seeds, 1);
+  for (const auto& [name, index] : g.output_indices())
+    if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
+  return out;
+}
+
+}  // namespace trl

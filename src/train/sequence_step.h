@@ -1,0 +1,61 @@
+// Training on losses of whole-sequence log-probs (DPO, KTO; later GRPO): a batch of sequences in fixed-shape rows,
+// their summed completion log-probs from a forward-only program, and one training step through the two-stage
+// training program: stage 0 gives the per-token log-probs, the host sums them per sequence and evaluates the loss
+// and its derivative, stage 1 runs the backward pass seeded with dL/dlogp[b, t] = dL/d(sum of the sequence) on the
+// sequence's completion tokens. docs/COMPILER.md, "two-stage programs".
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trl/backend/program_cache.h"
+#include "trl/data/sft.h"
+#include "trl/models/causal_lm.h"
+
+namespace trl {
+
+// Sequences in a batch, and where each lies: sequence q is positions [begin, end) of batch row `row`.
+struct SequenceBatch {
+  SFTBatch batch;
+  struct Span {
+    int64_t row = 0, begin = 0, end = 0;
+  };
+  std::vector<Span> spans;
+  std::vector<int64_t> completion_tokens;  // per sequence: the positions its log-prob sums over
+};
+
+struct SequenceLayout {
+  int32_t pad_token_id = 0;
+  int64_t pad_to_multiple_of = 0;  // rows are padded up to it (0: the longest row)
+  int64_t max_length = 0;          // padded rows are capped at it (the sequences are already truncated)
+  // Every sequence in one row, back to back (positions restart per sequence, no attention across them), padded to
+  // pad_to_multiple_of: TRL's padding_free.
+  bool padding_free = false;
+};
+
+SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const SequenceLayout& layout);
+
+// Σ over each sequence's completion tokens of a per-token [B, T] f32 tensor (log-probs, entropies, matches).
+std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token);
+
+// The summed completion log-probs of every sequence under `model` with `weights` bound; forward only.
+std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b);
+
+// The loss of the sequences' log-probs: returns the loss and sets d_logps[q] = dL/dlogp_q.
+using SequenceLoss = std::function<double(const std::vector<double>& logps, std::vector<double>& d_logps)>;
+
+struct SequenceStepResult {
+  double loss = 0;
+  std::vector<double> logps;                 // what the loss saw
+  std::map<std::string, Tensor> grads;       // "grad.<parameter>": views into the program's arena
+  std::vector<double> entropy_sums, match_sums;  // per sequence, over its completion tokens
+};
+
+// One micro-batch: forward, the loss on the host, backward. The gradients are those of loss_scale · loss. The
+// policy's programs must not run anything else between the two stages (frozen models use their own backend).
+SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing);
+
+}  // namespace trl
