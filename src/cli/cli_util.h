@@ -43,5 +43,6 @@ void register_compile(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_sft(CLI::App& app);
 void register_dpo(CLI::App& app);
+void register_kto(CLI::App& app);
 
 }  // namespace trl::cli

@@ -74,6 +74,8 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("eval_strategy", c.eval_strategy, "When to evaluate").choices({"no", "steps", "epoch"});
   o.add("eval_steps", a.eval_steps, "Evaluate every N steps").min(1).default_text("None (logging_steps)");
   o.add("seed", c.seed, "Seed of the data order");
+  o.add("train_sampling_strategy", c.train_sampling_strategy, "random (shuffled every epoch) | sequential (the dataset's order)")
+      .choices({"random", "sequential"});
   o.add("bf16", c.bf16, "bf16 compute with f32 master weights (--bf16 false: f32)");
   o.add("torch_compile", c.torch_compile, "The compiled CPU backend (--torch_compile false: the reference backend)");
   o.add("gradient_checkpointing", c.gradient_checkpointing, "Recompute each layer in the backward pass");

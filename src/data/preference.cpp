@@ -6,6 +6,8 @@
 #include "trl/core/error.h"
 #include "trl/tokenizer/chat_template.h"
 
+#include <fmt/format.h>
+
 namespace trl {
 
 namespace {
@@ -70,6 +72,33 @@ ojson concat(const ojson& a, const ojson& b) {
   return out;
 }
 
+// The prompt's ids (with the chat template's generation prompt for messages) and the ids of prompt + each
+// completion (the eos string appended to text completions that lack it).
+std::vector<int32_t> tokenize_prompt_and_completions(const Tokenizer& tok, const ojson& row, const ojson& prompt, const std::vector<const ojson*>& completions,
+                                                     bool messages, const std::string& eos, const std::string& where,
+                                                     std::vector<std::vector<int32_t>>* full) {
+  std::vector<int32_t> prompt_ids;
+  try {
+    if (messages) {
+      ChatTemplateOptions co;
+      if (row.contains("chat_template_kwargs") && row["chat_template_kwargs"].is_object()) co.extra = row["chat_template_kwargs"];
+      if (row.contains("tools")) co.tools = row["tools"];
+      ChatTemplateOptions po = co;
+      po.add_generation_prompt = true;
+      prompt_ids = apply_chat_template_ids(tok, prompt, po).input_ids;
+      for (const ojson* c : completions) full->push_back(apply_chat_template_ids(tok, concat(prompt, *c), co).input_ids);
+    } else {
+      auto with_eos = [&](std::string s) { return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0 ? s : s + eos; };
+      const std::string p = prompt.get<std::string>();
+      prompt_ids = tok.encode(p, true);
+      for (const ojson* c : completions) full->push_back(tok.encode(p + with_eos(c->get<std::string>()), true));
+    }
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  return prompt_ids;
+}
+
 }  // namespace
 
 std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& o,
@@ -96,27 +125,10 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
       fail("{}: chosen and rejected are identical (the implicit prompt is all of them): no completion to compare", where);
     PreferenceExample ex;
     ex.where = where;
-    std::vector<int32_t> with_chosen, with_rejected;
-    try {
-      if (messages) {
-        ChatTemplateOptions co;
-        if (row.contains("chat_template_kwargs") && row["chat_template_kwargs"].is_object()) co.extra = row["chat_template_kwargs"];
-        if (row.contains("tools")) co.tools = row["tools"];
-        ChatTemplateOptions po = co;
-        po.add_generation_prompt = true;
-        ex.prompt_ids = apply_chat_template_ids(tok, prompt, po).input_ids;
-        with_chosen = apply_chat_template_ids(tok, concat(prompt, chosen), co).input_ids;
-        with_rejected = apply_chat_template_ids(tok, concat(prompt, rejected), co).input_ids;
-      } else {
-        auto with_eos = [&](std::string s) { return s.size() >= eos.size() && s.compare(s.size() - eos.size(), eos.size(), eos) == 0 ? s : s + eos; };
-        const std::string p = prompt.get<std::string>();
-        ex.prompt_ids = tok.encode(p, true);
-        with_chosen = tok.encode(p + with_eos(chosen.get<std::string>()), true);
-        with_rejected = tok.encode(p + with_eos(rejected.get<std::string>()), true);
-      }
-    } catch (const Error& e) {
-      fail("{}: {}", where, e.what());
-    }
+    std::vector<std::vector<int32_t>> full;
+    ex.prompt_ids = tokenize_prompt_and_completions(tok, row, prompt, {&chosen, &rejected}, messages, eos, where, &full);
+    const std::vector<int32_t>& with_chosen = full[0];
+    const std::vector<int32_t>& with_rejected = full[1];
     const size_t np = ex.prompt_ids.size();
     auto prefixed = [&](const std::vector<int32_t>& v) { return v.size() >= np && std::equal(ex.prompt_ids.begin(), ex.prompt_ids.end(), v.begin()); };
     if (!prefixed(with_chosen) || !prefixed(with_rejected)) ++st.mismatched;
@@ -134,32 +146,107 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
   return out;
 }
 
+SFTExample prompt_completion_row(const std::vector<int32_t>& prompt_ids, const std::vector<int32_t>& completion_ids, const PreferenceDataOptions& o,
+                                 const std::string& where) {
+  SFTExample ex;
+  ex.where = where;
+  ex.input_ids = prompt_ids;
+  ex.input_ids.insert(ex.input_ids.end(), completion_ids.begin(), completion_ids.end());
+  ex.labels_mask.assign(prompt_ids.size(), 0);
+  ex.labels_mask.resize(ex.input_ids.size(), 1);
+  const int64_t n = static_cast<int64_t>(ex.input_ids.size());
+  if (o.max_length > 0 && n > o.max_length) {
+    const auto cut = static_cast<std::ptrdiff_t>(o.max_length);
+    if (o.truncation_mode == "keep_end") {
+      ex.input_ids.erase(ex.input_ids.begin(), ex.input_ids.end() - cut);
+      ex.labels_mask.erase(ex.labels_mask.begin(), ex.labels_mask.end() - cut);
+    } else {
+      ex.input_ids.resize(static_cast<size_t>(cut));
+      ex.labels_mask.resize(static_cast<size_t>(cut));
+    }
+  }
+  return ex;
+}
+
 std::vector<SFTExample> preference_rows(const std::vector<const PreferenceExample*>& pairs, const PreferenceDataOptions& o) {
   std::vector<SFTExample> rows;
   rows.reserve(2 * pairs.size());
   for (int side = 0; side < 2; ++side)
-    for (const PreferenceExample* p : pairs) {
-      const std::vector<int32_t>& completion = side == 0 ? p->chosen_ids : p->rejected_ids;
-      SFTExample ex;
-      ex.where = p->where;
-      ex.input_ids = p->prompt_ids;
-      ex.input_ids.insert(ex.input_ids.end(), completion.begin(), completion.end());
-      ex.labels_mask.assign(p->prompt_ids.size(), 0);
-      ex.labels_mask.resize(ex.input_ids.size(), 1);
-      const int64_t n = static_cast<int64_t>(ex.input_ids.size());
-      if (o.max_length > 0 && n > o.max_length) {
-        const auto cut = static_cast<std::ptrdiff_t>(o.max_length);
-        if (o.truncation_mode == "keep_end") {
-          ex.input_ids.erase(ex.input_ids.begin(), ex.input_ids.end() - cut);
-          ex.labels_mask.erase(ex.labels_mask.begin(), ex.labels_mask.end() - cut);
-        } else {
-          ex.input_ids.resize(static_cast<size_t>(cut));
-          ex.labels_mask.resize(static_cast<size_t>(cut));
-        }
-      }
-      rows.push_back(std::move(ex));
-    }
+    for (const PreferenceExample* p : pairs) rows.push_back(prompt_completion_row(p->prompt_ids, side == 0 ? p->chosen_ids : p->rejected_ids, o, p->where));
   return rows;
+}
+
+// TRL's unpair_preference_dataset (a batched map of 1000 rows): each chunk's chosen completions (label true), then
+// its rejected ones (label false), with the prompt repeated.
+Dataset unpair_preference_rows(const Dataset& data) {
+  Dataset out;
+  const size_t chunk = 1000;
+  for (size_t start = 0; start < data.rows.size(); start += chunk) {
+    const size_t end = std::min(data.rows.size(), start + chunk);
+    for (int side = 0; side < 2; ++side)
+      for (size_t r = start; r < end; ++r) {
+        const ojson& row = data.rows[r];
+        const std::string& where = data.where[r];
+        if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
+        const char* field = side == 0 ? "chosen" : "rejected";
+        kind_of(row, "chosen", where), kind_of(row, "rejected", where);
+        ojson u = row;
+        u.erase("chosen"), u.erase("rejected");
+        ojson prompt = row.contains("prompt") ? row["prompt"] : ojson(), chosen = row["chosen"], rejected = row["rejected"];
+        if (!row.contains("prompt")) split_implicit_prompt(prompt, chosen, rejected, chosen.is_array());
+        u["prompt"] = prompt;
+        u["completion"] = side == 0 ? chosen : rejected;
+        u["label"] = side == 0;
+        out.rows.push_back(std::move(u));
+        out.where.push_back(fmt::format("{} ({})", where, field));
+      }
+  }
+  return out;
+}
+
+std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, const Tokenizer& tok, const PreferenceDataOptions& o,
+                                                      PreferenceDataStats* stats) {
+  if (o.truncation_mode != "keep_start" && o.truncation_mode != "keep_end")
+    fail("truncation_mode: '{}' is not supported (keep_start or keep_end)", o.truncation_mode);
+  const std::string eos = o.eos_token.empty() ? tok.eos_token() : o.eos_token;
+  if (eos.empty()) fail("preference data: the tokenizer has no eos_token; set eos_token");
+  const bool paired = !input.rows.empty() && input.rows[0].is_object() && input.rows[0].contains("chosen") && input.rows[0].contains("rejected");
+  const Dataset data = paired ? unpair_preference_rows(input) : input;
+  PreferenceDataStats st;
+  std::vector<UnpairedExample> out;
+  for (size_t r = 0; r < data.rows.size(); ++r) {
+    const ojson& row = data.rows[r];
+    const std::string& where = data.where[r];
+    if (!row.is_object()) fail("{}: an unpaired preference row must be a JSON object", where);
+    for (const char* f : {"prompt", "completion", "label"})
+      if (!row.contains(f)) {
+        std::string keys;
+        for (const auto& [k, v] : row.items()) keys += (keys.empty() ? "" : ", ") + k;
+        fail("{}: unpaired preference row has no \"{}\" (keys: {}); KTO data needs \"prompt\", \"completion\" and \"label\" (true for a "
+             "desirable completion), or \"chosen\" and \"rejected\" pairs",
+             where, f, keys);
+      }
+    if (!row["label"].is_boolean()) fail("{}: \"label\" must be true or false, not {}", where, row["label"].dump());
+    const std::string kp = kind_of(row, "prompt", where), kc = kind_of(row, "completion", where);
+    if (kp != kc) fail("{}: \"prompt\" and \"completion\" must both be strings or both be lists of messages (got {} / {})", where, kp, kc);
+    UnpairedExample ex;
+    ex.where = where;
+    ex.desirable = row["label"].get<bool>();
+    std::vector<std::vector<int32_t>> full;
+    ex.prompt_ids = tokenize_prompt_and_completions(tok, row, row["prompt"], {&row["completion"]}, kc == "messages", eos, where, &full);
+    const size_t np = ex.prompt_ids.size();
+    if (full[0].size() < np || !std::equal(ex.prompt_ids.begin(), ex.prompt_ids.end(), full[0].begin())) ++st.mismatched;
+    ex.completion_ids.assign(full[0].begin() + static_cast<std::ptrdiff_t>(std::min(np, full[0].size())), full[0].end());
+    if (ex.completion_ids.empty()) fail("{}: the completion has no tokens after the prompt", where);
+    if (o.max_length > 0 && o.truncation_mode == "keep_start" && static_cast<int64_t>(np) >= o.max_length) {
+      ++st.dropped;
+      continue;
+    }
+    out.push_back(std::move(ex));
+  }
+  if (stats) *stats = st;
+  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.rows.size(), st.dropped, o.max_length);
+  return out;
 }
 
 }  // namespace trl

@@ -44,4 +44,22 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
 // `weights` are 1 where position t predicts a completion token.
 std::vector<SFTExample> preference_rows(const std::vector<const PreferenceExample*>& pairs, const PreferenceDataOptions& options);
 
+// One sequence: prompt + completion, truncated to max_length by truncation_mode, labels_mask 1 on the completion.
+SFTExample prompt_completion_row(const std::vector<int32_t>& prompt_ids, const std::vector<int32_t>& completion_ids, const PreferenceDataOptions& options,
+                                 const std::string& where);
+
+// KTO's unpaired data: a prompt, one completion, and whether it is desirable (the dataset's boolean `label`).
+struct UnpairedExample {
+  std::vector<int32_t> prompt_ids, completion_ids;
+  bool desirable = true;
+  std::string where;
+};
+
+// Rows {prompt, completion, label} (strings or messages), or preference pairs (a first row with "chosen" and
+// "rejected") unpaired as TRL's unpair_preference_dataset does: per chunk of 1000 pairs, the chunk's chosen rows
+// (label true), then its rejected rows (label false); an implicit prompt is extracted first. A missing field, a
+// label that is not a boolean, an empty completion: an error naming the row and the field.
+std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& options,
+                                                      PreferenceDataStats* stats = nullptr);
+
 }  // namespace trl

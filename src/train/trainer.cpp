@@ -191,6 +191,8 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "constant" &&
       c.lr_scheduler_type != "constant_with_warmup")
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
+  if (c.train_sampling_strategy != "random" && c.train_sampling_strategy != "sequential")
+    bad("train_sampling_strategy", fmt::format("'{}' is not random or sequential", c.train_sampling_strategy));
   if (c.eval_strategy != "no" && c.eval_strategy != "steps" && c.eval_strategy != "epoch")
     bad("eval_strategy", fmt::format("'{}' is not no, steps or epoch", c.eval_strategy));
 }
@@ -261,6 +263,7 @@ struct Trainer::State {
   std::vector<size_t> order(int64_t epoch) const {
     std::vector<size_t> o(method->num_items());
     std::iota(o.begin(), o.end(), 0);
+    if (cfg.train_sampling_strategy == "sequential") return o;
     SplitMix64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
     for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
     return o;
@@ -369,6 +372,7 @@ ojson Trainer::State::trainer_state() const {
   // What a resume checks: the data order and the batch layout must be this run's (check_resumed_layout).
   st["trl_cpp"] = ojson{{"optimizer_steps", opt.steps()}, {"num_tokens", tokens_seen}, {"seed", cfg.seed}, {"steps_per_epoch", spe},
                         {"method", method->name()}, {"train_items", method->num_items()},
+                        {"train_sampling_strategy", cfg.train_sampling_strategy},
                         {"per_device_train_batch_size", cfg.per_device_train_batch_size},
                         {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}, {"dataloader_drop_last", cfg.dataloader_drop_last},
                         {"world_size", 1}};
@@ -444,14 +448,14 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
   if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object()) fail("resume_from_checkpoint {}: trainer_state.json has no trl_cpp section", dir);
   const ojson& saved = st["trl_cpp"];
   const ojson now = trainer_state()["trl_cpp"];
-  for (const char* field : {"seed", "method", "train_items", "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
+  for (const char* field : {"seed", "method", "train_items", "train_sampling_strategy", "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
                             "world_size"}) {
     if (!saved.contains(field) || saved[field] == now[field]) continue;
     const bool option = std::string(field) != "method" && std::string(field) != "train_items" && std::string(field) != "world_size";
     fail("resume_from_checkpoint {}: the checkpoint was written with {} = {}, this run has {} = {}; {}", dir, field, saved[field].dump(), field,
          now[field].dump(),
          option ? fmt::format("resume with --{} {} (the data order and the position in it depend on it), or start a new run", field,
-                              saved[field].dump())
+                              saved[field].is_string() ? saved[field].get<std::string>() : saved[field].dump())
                 : std::string(field) == "train_items"
                     ? "the training data changed since the checkpoint: resume with the same dataset and max_length, or start a new run"
                     : "resume with the same trainer and number of processes, or start a new run");

@@ -35,6 +35,9 @@ struct TrainingArguments {
   std::string eval_strategy = "no";  // no | steps | epoch
   std::optional<int64_t> eval_steps;  // default: logging_steps
   uint64_t seed = 42;
+  // random: a seeded shuffle every epoch; sequential: the dataset's order (KTO's default: its KL pairs are formed
+  // within fixed batches).
+  std::string train_sampling_strategy = "random";
   bool bf16 = true;
   bool torch_compile = true;  // the compiled CPU backend; false: the reference backend (the oracle; slow)
   // Transformers' default (TRL's configs say true): trl.cpp checks the memory a run needs before its first step and

@@ -10,8 +10,8 @@
 
 #include "data/preference.h"
 #include "train/dpo_step.h"
+#include "train/frozen_model.h"
 #include "train/trainer.h"
-#include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
 #include "trl/train/dpo_trainer.h"
@@ -69,21 +69,8 @@ class DpoMethod final : public TrainingMethod {
       report_stats("eval", es);
     }
     if (train_.empty()) fail("DPO: no training pair is left (every prompt fills max_length {})", c.max_length);
-    // The reference: the given model, else a frozen copy of the policy's starting weights in the compute dtype
-    // (no f32 masters, no gradients, no optimizer state). Its programs run on a backend of their own, between the
-    // two stages of the policy's program.
-    if (ref) {
-      if (ref->config().vocab_size != trainer.model().config().vocab_size)
-        fail("DPO: the reference model's vocabulary ({}) differs from the policy's ({})", ref->config().vocab_size,
-             trainer.model().config().vocab_size);
-      reference_ = std::make_unique<CausalLM>(*ref);
-    } else {
-      TensorMap frozen;
-      for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
-      reference_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), frozen, "reference"));
-    }
-    ref_backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
-    ref_programs_ = std::make_unique<ProgramCache>(*ref_backend_, ProgramCacheOptions{programs_to_keep(), ""});
+    // The reference: the given model, else a frozen copy of the policy's starting weights (frozen_model.h).
+    reference_ = std::make_unique<FrozenModel>(ref, trainer, programs_to_keep());
   }
 
   const char* name() const override { return "DPO"; }
@@ -98,9 +85,7 @@ class DpoMethod final : public TrainingMethod {
     if (!cfg_.precompute_ref_log_probs || !train_ref_.empty()) return;
     train_ref_ = reference_logps(train_, cfg_.precompute_ref_batch_size.value_or(cfg_.per_device_train_batch_size));
     if (!eval_.empty()) eval_ref_ = reference_logps(eval_, cfg_.precompute_ref_batch_size.value_or(cfg_.per_device_eval_batch_size));
-    ref_programs_.reset();
-    ref_backend_.reset();
-    reference_.reset();
+    reference_->release();
     std::fprintf(stderr, "[trl] dpo: reference log-probs of %zu pairs computed; the reference model is released\n", train_.size());
   }
 
@@ -162,7 +147,7 @@ class DpoMethod final : public TrainingMethod {
     for (size_t i = 0; i < data.size(); i += static_cast<size_t>(batch)) {
       std::vector<const PreferenceExample*> pairs;
       for (size_t k = i; k < std::min(data.size(), i + static_cast<size_t>(batch)); ++k) pairs.push_back(&data[k]);
-      for (const RefLogps& r : dpo_reference_logps(*reference_, *ref_programs_, pairs, opt_)) out.push_back(r);
+      for (const RefLogps& r : dpo_reference_logps(reference_->model(), reference_->programs(), pairs, opt_)) out.push_back(r);
     }
     return out;
   }
@@ -173,16 +158,14 @@ class DpoMethod final : public TrainingMethod {
       for (size_t i : items) out.push_back(precomputed.at(i));
       return out;
     }
-    return dpo_reference_logps(*reference_, *ref_programs_, pairs, opt_);
+    return dpo_reference_logps(reference_->model(), reference_->programs(), pairs, opt_);
   }
 
   DPOConfig cfg_;
   DpoStepOptions opt_;
   std::vector<PreferenceExample> train_, eval_;
   std::vector<RefLogps> train_ref_, eval_ref_;  // precompute_ref_log_probs
-  std::unique_ptr<CausalLM> reference_;
-  std::unique_ptr<Backend> ref_backend_;
-  std::unique_ptr<ProgramCache> ref_programs_;
+  std::unique_ptr<FrozenModel> reference_;
 };
 
 }  // namespace

@@ -1,0 +1,56 @@
+// `trl kto`: Kahneman-Tversky Optimization with TRL's option names (KTOConfig), from flags or a YAML config.
+#include <cstdio>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "cli/train_options.h"
+#include "trl/core/error.h"
+#include "trl/train/kto_trainer.h"
+
+namespace trl::cli {
+
+void register_kto(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "kto", "Kahneman-Tversky Optimization (TRL's KTOTrainer): trl kto --model_name_or_path M --dataset_name rows.jsonl");
+  struct Args {
+    KTOConfig c;
+    TrainCommandArgs t;
+    std::string ref_model;
+  };
+  auto a = std::make_shared<Args>();
+  auto o = std::make_shared<Options>(cmd);
+  KTOConfig& c = a->c;
+  add_training_options(*o, c, a->t);
+  o->add("ref_model_name_or_path", a->ref_model, "The frozen reference model (default: a copy of the starting model)").default_text("None");
+  o->add("max_length", c.max_length, "Truncate each prompt + completion to this many tokens (the start is kept)").min(2);
+  o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
+  o->add("precompute_ref_log_probs", c.precompute_ref_log_probs, "Run the reference once before training, then release it");
+  o->add("precompute_ref_batch_size", c.precompute_ref_batch_size, "Rows per reference batch when precomputing").min(1).default_text(
+      "None (per_device_train_batch_size)");
+  o->add("loss_type", c.loss_type, "kto | apo_zero_unpaired").choices({"kto", "apo_zero_unpaired"});
+  o->add("beta", c.beta, "Temperature of the implicit reward").above(0);
+  o->add("desirable_weight", c.desirable_weight, "Weight of the desirable rows' losses").above(0);
+  o->add("undesirable_weight", c.undesirable_weight, "Weight of the undesirable rows' losses").above(0);
+  o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
+  cmd->callback([a, o] {
+    if (!a->t.config.empty()) o->apply_yaml(a->t.config);
+    KTOConfig cfg = a->c;
+    finish_training_options("kto", cfg, a->t);
+    check_kto_config(cfg);  // before loading anything
+    TrainRun run = load_train_run(a->t, cfg);
+    std::optional<CausalLM> ref;
+    if (!a->ref_model.empty() && !is_none(a->ref_model)) {
+      LoadOptions lo;
+      lo.revision = a->t.revision;
+      lo.dtype = cfg.bf16 ? DType::BF16 : DType::F32;  // the compute dtype: a frozen model needs no f32 masters
+      ref = CausalLM::from_pretrained(a->ref_model, lo);
+    }
+    std::fprintf(stderr, "[trl] kto: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
+    KTOTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval), ref ? &*ref : nullptr);
+    print_train_output(trainer.train());
+  });
+}
+
+}  // namespace trl::cli

@@ -1,0 +1,43 @@
+#include "train/frozen_model.h"
+
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
+
+namespace trl {
+
+FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep) {
+  if (given) {
+    if (given->config().vocab_size != trainer.model().config().vocab_size)
+      fail("the reference model's vocabulary ({} tokens) differs from the policy's ({}): their log-probs cannot be compared",
+           given->config().vocab_size, trainer.model().config().vocab_size);
+    model_ = std::make_unique<CausalLM>(*given);
+  } else {
+    TensorMap frozen;
+    for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
+    model_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), frozen, "reference"));
+  }
+  backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
+  programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
+}
+
+const CausalLM& FrozenModel::model() const {
+  if (!model_) fail("the reference model was released (precompute_ref_log_probs) and cannot run again");
+  return *model_;
+}
+
+ProgramCache& FrozenModel::programs() {
+  if (!programs_) fail("the reference model was released (precompute_ref_log_probs) and cannot run again");
+  return *programs_;
+}
+
+std::vector<double> FrozenModel::sequence_logps(const SequenceBatch& batch) {
+  return trl::sequence_logps(model(), model().weights(), programs(), batch);
+}
+
+void FrozenModel::release() {
+  programs_.reset();
+  backend_.reset();
+  model_.reset();
+}
+
+}  // namespace trl

@@ -1,0 +1,36 @@
+// A frozen model beside the policy (DPO's and KTO's reference; later GRPO's reference and distillation's
+// teacher): a second set of weights in the compute dtype with forward-only programs on a backend of its own, so it
+// may run while the policy's two-stage program is between its stages. No f32 masters, gradients or optimizer state.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "train/sequence_step.h"
+#include "train/trainer.h"
+#include "trl/backend/backend.h"
+#include "trl/backend/program_cache.h"
+#include "trl/models/causal_lm.h"
+
+namespace trl {
+
+class FrozenModel {
+ public:
+  // `given` (another checkpoint, with the policy's vocabulary), else a copy of the trainer's starting compute
+  // weights, as TRL copies the policy when no ref_model is given.
+  FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep);
+  // The summed completion log-probs of each sequence.
+  std::vector<double> sequence_logps(const SequenceBatch& batch);
+  const CausalLM& model() const;
+  ProgramCache& programs();
+  // Frees the weights and programs (after precompute_ref_log_probs); any later use is an error.
+  void release();
+  bool released() const { return !model_; }
+
+ private:
+  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ProgramCache> programs_;
+};
+
+}  // namespace trl
