@@ -97,8 +97,8 @@ class DpoMethod final : public TrainingMethod {
       const auto t0 = Clock::now();
       std::vector<const PreferenceExample*> pairs;
       for (size_t i : items) pairs.push_back(&train_[i]);
+      out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();  // the reference's pass is compute, not data
       const std::vector<RefLogps> ref = reference_for(pairs, items, train_ref_);
-      out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       const DpoStepResult r = dpo_step(ctx.model, ctx.weights, ctx.programs, pairs, ref, o);
       out.loss += r.loss.loss * o.loss_scale;
       out.tokens += r.num_tokens;
