@@ -65,7 +65,7 @@ void register_bench_dpo(CLI::App* bench) {
     };
     const int64_t half = a->seq / 2;
     std::vector<PreferenceExample> ex;
-    for (int64_t i = 0; i < a->pairs; ++i) ex.push_back({tokens(half), tokens(a->seq - half), tokens(a->seq - half), "pair"});
+    for (int64_t i = 0; i < a->pairs; ++i) ex.push_back({tokens(half), tokens(a->seq - half), tokens(a->seq - half), "pair", std::nullopt});
     std::vector<const PreferenceExample*> pairs;
     for (const auto& e : ex) pairs.push_back(&e);
     DpoStepOptions o;

@@ -11,6 +11,8 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
+#include "trl/io/hub.h"
+#include "trl/models/reward_model.h"
 #include "trl/models/score.h"
 #include "trl/tokenizer/tokenizer.h"
 
@@ -53,7 +55,7 @@ std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& w
 }  // namespace
 
 void register_score(CLI::App& app) {
-  auto* cmd = app.add_subcommand("score", "Log-probability of each next token, total NLL and perplexity (JSON)");
+  auto* cmd = app.add_subcommand("score", "Log-probability of each next token, total NLL and perplexity (JSON); a reward model's reward");
   struct Args {
     std::string model, ids, text, jsonl, dtype, revision = "main", device = "auto";
     int64_t batch_size = 8;
@@ -108,6 +110,19 @@ void register_score(CLI::App& app) {
     lo.revision = a->revision;
     lo.device = a->device;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
+    // A reward model (a sequence-classification checkpoint): one reward per input.
+    if (is_sequence_classification_config(resolve_model_dir(a->model, a->revision))) {
+      const RewardModel rm = load_reward_model(a->model, lo);
+      auto backend = make_backend(rm.backbone.device());
+      const std::vector<double> rewards = reward_scores(rm, seqs, *backend, a->batch_size);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        nlohmann::ordered_json j;
+        j["n_tokens"] = seqs[i].size();
+        j["reward"] = rewards[i];
+        std::printf("%s\n", j.dump().c_str());
+      }
+      return;
+    }
     CausalLM model = CausalLM::from_pretrained(a->model, lo);
     auto backend = make_backend(model.device());
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);

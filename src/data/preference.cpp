@@ -125,6 +125,10 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
       fail("{}: chosen and rejected are identical (the implicit prompt is all of them): no completion to compare", where);
     PreferenceExample ex;
     ex.where = where;
+    if (row.contains("margin")) {
+      if (!row["margin"].is_number()) fail("{}: \"margin\" must be a number, not {}", where, row["margin"].dump());
+      ex.margin = row["margin"].get<double>();
+    }
     std::vector<std::vector<int32_t>> full;
     ex.prompt_ids = tokenize_prompt_and_completions(tok, row, prompt, {&chosen, &rejected}, messages, eos, where, &full);
     const std::vector<int32_t>& with_chosen = full[0];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ namespace trl {
 struct PreferenceExample {
   std::vector<int32_t> prompt_ids, chosen_ids, rejected_ids;
   std::string where;  // the dataset row it came from
+  std::optional<double> margin;  // the row's "margin" (reward models)
 };
 
 struct PreferenceDataOptions {

@@ -145,13 +145,20 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
       }
     }
   }
+  // A sequence-classification checkpoint (a reward model) has no lm_head: an untied config gets the embeddings in
+  // its place, which the reward programs never read (trl/models/reward_model.h).
+  bool classifier = false;
+  for (const std::string& a : config.architectures) classifier = classifier || a.ends_with("ForSequenceClassification");
+  if (classifier && !config.tie_word_embeddings && !weights.count("lm_head.weight") && weights.count("model.embed_tokens.weight"))
+    weights.emplace("lm_head.weight", weights.at("model.embed_tokens.weight"));
   // Tensors the architecture has no place for: reported, not loaded (Transformers warns the same way). A tied
   // model's lm_head.weight and old rotary buffers are expected extras.
   std::set<std::string> known;
   for (const auto& [name, shape] : parameter_shapes(config)) known.insert(name);
   std::vector<std::string> unused;
   for (const std::string& name : ck.names()) {
-    const bool extra_ok = (name == "lm_head.weight" && config.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq");
+    const bool extra_ok = (name == "lm_head.weight" && config.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq") ||
+                          (name == "score.weight" && classifier);  // a reward model's head: load_reward_model reads it
     if (!known.count(name) && !extra_ok) unused.push_back(name);
   }
   CausalLM m = from_weights(std::move(config), std::move(weights), dir);
@@ -308,6 +315,15 @@ graph::Graph CausalLM::reward_training_graph(int64_t B, int64_t T, bool gradient
   b.output(rewards, "rewards");
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
+}
+
+graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
+  Builder b;
+  ValueId head = kNone;
+  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId score = b.input("score.weight", {1, config_.hidden_size}, dtype_);
+  b.output(b.cast(b.reshape(b.matmul(h, score, kNone, dtype_, "score"), {B, T}, "score.squeeze"), DType::F32, "rewards"), "rewards");
+  return b.finish();
 }
 
 graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics) const {

@@ -317,6 +317,12 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   if (s.micro_batches() == 0)
     fail("{}: {} training items and dataloader_drop_last leave no full batch of {}", method_->name(), method_->num_items(),
          s.cfg.per_device_train_batch_size);
+  for (const auto& [name, w] : method_->extra_parameters()) {
+    if (s.master.count(name)) fail("{}: the extra parameter {} is already one of the model's", method_->name(), name);
+    s.master[name] = w.to(DType::F32).clone();
+    s.compute[name] = s.cfg.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
+  }
+  for (const std::string& name : method_->frozen_parameters()) s.master.erase(name);
   s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
 }
 
@@ -343,8 +349,7 @@ void Trainer::save_model(const std::string& dir) const {
 void Trainer::State::write_model_files(const std::string& dir) const {
   TensorMap out;
   for (const auto& [name, w] : master) out[name] = save_dtype == DType::F32 ? w : w.to(save_dtype);
-  const CausalLM m = CausalLM::from_weights(model.config(), out, "trainer");
-  m.save_pretrained(dir);
+  if (!method->write_model(dir, out, save_dtype)) CausalLM::from_weights(model.config(), out, "trainer").save_pretrained(dir);
   const std::string& src = source_dir;
   bool tokenizer_copied = false;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",

@@ -76,6 +76,13 @@ class TrainingMethod {
   // One optimizer step: micro[k] are the item indices of micro-batch k. Calls `add` once per micro-batch and adds
   // its per-micro-batch metrics to `metrics`.
   virtual MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) = 0;
+  // Parameters the policy trains beyond the model's own (a reward model's score.weight), f32 or its dtype; and the
+  // model's parameters it does not train (kept as compute inputs, no masters or moments: a reward model's lm_head).
+  virtual TensorMap extra_parameters() const { return {}; }
+  virtual std::vector<std::string> frozen_parameters() const { return {}; }
+  // Writes the model's weight and config files into `dir` (the weights in the save dtype, by name); false: the
+  // Trainer saves a causal LM.
+  virtual bool write_model(const std::string& /*dir*/, const TensorMap& /*weights*/, DType /*dtype*/) const { return false; }
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);

@@ -262,5 +262,73 @@ TEST(Cli, DpoFromFlagsAndYaml) {
   }
 }
 
+// `trl kto` on a paired file (unpaired as TRL does) and on unpaired rows; TRL's rules as errors.
+TEST(Cli, KtoFromFlags) {
+  test::TempDir dir;
+  std::string out;
+  const std::string trl = std::string(TRL_BINARY);
+  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  test::write_file(dir.file("pairs.jsonl"), "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green\"}\n"
+                                            "{\"prompt\": \"Grass is\", \"chosen\": \" green\", \"rejected\": \" blue\"}\n");
+  test::write_file(dir.file("rows.jsonl"), "{\"prompt\": \"The sky is\", \"completion\": \" blue\", \"label\": true}\n"
+                                           "{\"prompt\": \"Grass is\", \"completion\": \" blue\", \"label\": false}\n"
+                                           "{\"prompt\": \"Snow is\", \"completion\": \" white\", \"label\": \"yes\"}\n");
+  const std::string base = trl + " kto --model_name_or_path " + dir.file("m") + " --output_dir " + dir.file("o") +
+                           " --max_steps 2 --logging_steps 1 --per_device_train_batch_size 2 --bf16 false --report false";
+  ASSERT_EQ(test::run_command(base + " --dataset_name " + dir.file("pairs.jsonl") + " 2>&1", &out), 0) << out;
+  const auto state = nlohmann::json::parse(test::read_file(dir.file("o/trainer_state.json")));
+  ASSERT_EQ(state["log_history"].size(), 2u);
+  EXPECT_EQ(state["trl_cpp"]["method"], "KTO");
+  EXPECT_EQ(state["trl_cpp"]["train_items"], 4);  // 2 pairs -> 4 rows
+  // Unpaired in TRL's order and read sequentially: step 1 sees the two chosen rows, step 2 the two rejected ones.
+  for (const char* key : {"loss", "kl", "entropy", "rewards/chosen"}) EXPECT_TRUE(state["log_history"][0].contains(key)) << key;
+  EXPECT_FALSE(state["log_history"][0].contains("rewards/rejected"));
+  EXPECT_TRUE(state["log_history"][1].contains("rewards/rejected"));
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {" --dataset_name " + dir.file("rows.jsonl"), "rows.jsonl:3: \"label\" must be true or false"},
+           {" --dataset_name " + dir.file("pairs.jsonl") + " --per_device_train_batch_size 1", "per_device_train_batch_size must be > 1"},
+           {" --dataset_name " + dir.file("pairs.jsonl") + " --train_sampling_strategy random", "needs train_sampling_strategy sequential"},
+           {" --dataset_name " + dir.file("pairs.jsonl") + " --loss_type kto_pair", "--loss_type"}}) {
+    EXPECT_NE(test::run_command(base + args + " 2>&1", &out), 0) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
+}
+
+// `trl reward` from a causal LM (a new head) to a sequence-classification folder, then `trl score` with it; a
+// checkpoint with two labels is refused.
+TEST(Cli, RewardThenScoreWithTheRewardModel) {
+  test::TempDir dir;
+  std::string out;
+  const std::string trl = std::string(TRL_BINARY);
+  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  test::write_file(dir.file("pairs.jsonl"), "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green\", \"margin\": 1.0}\n"
+                                            "{\"prompt\": \"Grass is\", \"chosen\": \" green\", \"rejected\": \" blue\", \"margin\": 0.5}\n");
+  ASSERT_EQ(test::run_command(trl + " reward --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("pairs.jsonl") + " --output_dir " +
+                                  dir.file("rm") + " --max_steps 2 --logging_steps 1 --per_device_train_batch_size 2 --center_rewards_coefficient 0.01"
+                                  " --bf16 false --report false 2>&1",
+                              &out),
+            0)
+      << out;
+  const auto config = nlohmann::json::parse(test::read_file(dir.file("rm/config.json")));
+  EXPECT_EQ(config["architectures"][0], "Qwen3ForSequenceClassification");
+  const auto state = nlohmann::json::parse(test::read_file(dir.file("rm/trainer_state.json")));
+  for (const char* key : {"loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward"}) EXPECT_TRUE(state["log_history"][0].contains(key)) << key;
+  ASSERT_EQ(test::run_command(trl + " score --model " + dir.file("rm") + " --text 'The sky is blue<|im_end|>' 2>&1", &out), 0) << out;
+  const auto scored = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_TRUE(scored.contains("reward") && std::isfinite(scored["reward"].get<double>())) << out;
+  // Resuming the reward run from its saved folder (a sequence-classification checkpoint) keeps its head.
+  ASSERT_EQ(test::run_command(trl + " reward --model_name_or_path " + dir.file("rm") + " --dataset_name " + dir.file("pairs.jsonl") + " --output_dir " +
+                                  dir.file("rm2") + " --max_steps 1 --per_device_train_batch_size 2 --bf16 false --report false 2>&1",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("its score head"), std::string::npos) << out;
+  auto two = config;
+  two["id2label"] = {{"0", "LABEL_0"}, {"1", "LABEL_1"}};
+  test::write_file(dir.file("rm/config.json"), two.dump(2));
+  EXPECT_NE(test::run_command(trl + " reward --model_name_or_path " + dir.file("rm") + " --dataset_name " + dir.file("pairs.jsonl") + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("field 'id2label' has 2 labels"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace trl

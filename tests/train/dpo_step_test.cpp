@@ -17,7 +17,7 @@ namespace trl {
 namespace {
 
 std::vector<PreferenceExample> examples() {
-  return {PreferenceExample{{11, 12, 13}, {21, 22, 23}, {31, 32}, "pair 1"}, PreferenceExample{{14, 15}, {24, 25}, {34, 35, 36, 37}, "pair 2"}};
+  return {PreferenceExample{{11, 12, 13}, {21, 22, 23}, {31, 32}, "pair 1", std::nullopt}, PreferenceExample{{14, 15}, {24, 25}, {34, 35, 36, 37}, "pair 2", std::nullopt}};
 }
 
 std::vector<const PreferenceExample*> ptrs(const std::vector<PreferenceExample>& v) {

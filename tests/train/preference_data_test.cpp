@@ -82,7 +82,7 @@ TEST(PreferenceData, RowsWhosePromptFillsMaxLengthAreDroppedUnderKeepStart) {
 }
 
 TEST(PreferenceData, BatchRowsAreChosenThenRejectedAndTruncatedPerSequence) {
-  PreferenceExample a{{1, 2, 3}, {4, 5}, {6}, "a"}, b{{7}, {8, 9, 10, 11}, {12, 13}, "b"};
+  PreferenceExample a{{1, 2, 3}, {4, 5}, {6}, "a", std::nullopt}, b{{7}, {8, 9, 10, 11}, {12, 13}, "b", std::nullopt};
   PreferenceDataOptions o;
   o.max_length = 4;
   const auto r = preference_rows({&a, &b}, o);

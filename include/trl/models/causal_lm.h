@@ -72,6 +72,9 @@ class CausalLM {
   // token, computes the loss on the host and seeds dL/dreward there (0 elsewhere). Outputs: loss (Σ rewards·seed,
   // not the trainer's loss), grad.<p> for every backbone parameter and score.weight (lm_head has none), rewards.
   graph::Graph reward_training_graph(int64_t batch, int64_t tokens, bool gradient_checkpointing = false) const;
+  // Forward only: the score head's reward at every position, output "rewards" [B,T] f32 (inputs as
+  // reward_training_graph's, without the seed).
+  graph::Graph reward_graph(int64_t batch, int64_t tokens) const;
   // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
   // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
   struct CacheSpec {

@@ -1,0 +1,48 @@
+// Reward models: Transformers' AutoModelForSequenceClassification with one label for Qwen3 / Qwen2 / Llama, the
+// decoder plus a `score` head (hidden → 1, no bias) read at the rightmost token that is not the pad token (as
+// Transformers pools). Loads a causal-LM checkpoint (a new head, drawn as Transformers initialises a Linear:
+// N(0, initializer_range)) or a sequence-classification checkpoint (`architectures:
+// [Qwen3ForSequenceClassification]`, `score.weight`, `pad_token_id`), and saves the latter.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trl/backend/backend.h"
+#include "trl/models/causal_lm.h"
+
+namespace trl {
+
+struct RewardModel {
+  CausalLM backbone;       // the decoder; its lm_head is never used
+  Tensor score;            // score.weight [1, hidden], in the backbone's dtype
+  int32_t pad_token_id = 0;
+  bool new_head = false;   // true: drawn here (a causal-LM checkpoint), not loaded
+};
+
+// Whether `dir`'s config.json names a ForSequenceClassification architecture.
+bool is_sequence_classification_config(const std::string& dir);
+
+// A reward model from a model folder or id (local cache). A sequence-classification checkpoint must have one
+// label (score.weight [1, hidden]; a checkpoint with num_labels 2 is an error naming the file and the field) and its
+// pad_token_id (else `pad_token_id`); a causal-LM checkpoint gets a new head from `seed`, and `pad_token_id` is
+// required for it.
+RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions& options = {}, std::optional<int32_t> pad_token_id = std::nullopt,
+                              uint64_t seed = 42);
+
+// A new head on an existing decoder (weights N(0, initializer_range), in the decoder's dtype).
+Tensor new_score_head(const ModelConfig& config, DType dtype, uint64_t seed);
+
+// The sequence-classification folder: config.json (architectures <Type>ForSequenceClassification, id2label with one
+// label, pad_token_id, torch_dtype) and the weights of `weights` (the decoder's and score.weight; no lm_head).
+void save_reward_model(const std::string& dir, const ModelConfig& config, const TensorMap& weights, int32_t pad_token_id, DType dtype);
+
+// Where a row is pooled: the rightmost position whose id is not pad_token_id (0 when every id is the pad).
+int64_t pooled_position(const int32_t* ids, int64_t length, int32_t pad_token_id);
+
+// The reward of each sequence, in batches of `batch_size` rows padded to the backend's bucket (forward only).
+std::vector<double> reward_scores(const RewardModel& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend, int64_t batch_size = 8);
+
+}  // namespace trl

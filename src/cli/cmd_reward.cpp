@@ -1,0 +1,53 @@
+// `trl reward`: reward-model training with TRL's option names (RewardConfig), from flags or a YAML config. The
+// model is a causal LM (a new score head) or a saved reward model; the output is a sequence-classification folder.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "cli/train_options.h"
+#include "trl/core/error.h"
+#include "trl/models/reward_model.h"
+#include "trl/train/reward_trainer.h"
+
+namespace trl::cli {
+
+void register_reward(CLI::App& app) {
+  auto* cmd = app.add_subcommand("reward", "Reward-model training (TRL's RewardTrainer): trl reward --model_name_or_path M --dataset_name pairs.jsonl");
+  struct Args {
+    RewardConfig c;
+    TrainCommandArgs t;
+    std::optional<double> center;
+  };
+  auto a = std::make_shared<Args>();
+  auto o = std::make_shared<Options>(cmd);
+  RewardConfig& c = a->c;
+  add_training_options(*o, c, a->t);
+  o->add("max_length", c.max_length, "Pairs whose chosen or rejected sequence is longer are dropped").min(2);
+  o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
+  o->add("center_rewards_coefficient", a->center, "Weight of the mean squared reward (centring; None: off)").min(0).default_text("None");
+  o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
+  cmd->callback([a, o] {
+    if (!a->t.config.empty()) o->apply_yaml(a->t.config);
+    RewardConfig cfg = a->c;
+    cfg.center_rewards_coefficient = a->center;
+    finish_training_options("reward", cfg, a->t);
+    check_reward_config(cfg);  // before loading anything
+    const Tokenizer tok = Tokenizer::from_pretrained(a->t.model, a->t.revision);
+    const auto pad = tok.pad_token_id();
+    if (!pad) fail("trl reward: the tokenizer of {} has neither a pad_token nor an eos_token (the reward is read at the last non-pad token)", a->t.model);
+    LoadOptions lo;
+    lo.revision = a->t.revision;
+    if (a->t.dtype != "auto") lo.dtype = (a->t.dtype == "bf16" || a->t.dtype == "bfloat16") ? DType::BF16 : DType::F32;
+    const RewardModel model = load_reward_model(a->t.model, lo, *pad, cfg.seed);
+    Dataset train = load_dataset(a->t.dataset, a->t.train_split);
+    std::optional<Dataset> eval;
+    if (cfg.eval_strategy != "no") eval = load_dataset(a->t.dataset, a->t.test_split);
+    std::fprintf(stderr, "[trl] reward: %s (%s) on %s (%zu rows), output %s\n", a->t.model.c_str(), model.new_head ? "a new score head" : "its score head",
+                 a->t.dataset.c_str(), train.size(), cfg.output_dir.c_str());
+    RewardTrainer trainer(model, tok, std::move(train), cfg, std::move(eval));
+    print_train_output(trainer.train());
+  });
+}
+
+}  // namespace trl::cli
