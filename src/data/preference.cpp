@@ -1,6 +1,7 @@
 #include "data/preference.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "data/messages.h"
 #include "trl/core/error.h"
@@ -66,6 +67,19 @@ void split_implicit_prompt(ojson& prompt, ojson& chosen, ojson& rejected, bool m
   rejected = b.substr(i);
 }
 
+// Token ids given in the row (pre-tokenized data skips tokenization, as in TRL): a list of non-negative integers.
+std::vector<int32_t> ids_field(const ojson& row, const char* field, const std::string& where) {
+  const ojson& v = row[field];
+  if (!v.is_array()) fail("{}: \"{}\" must be a list of token ids", where, field);
+  std::vector<int32_t> ids;
+  for (const ojson& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+      fail("{}: \"{}\" element {} is not a token id ({})", where, field, ids.size(), x.dump());
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
 ojson concat(const ojson& a, const ojson& b) {
   ojson out = a;
   for (const auto& m : b) out.push_back(m);
@@ -113,6 +127,21 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
     const ojson& row = data.rows[r];
     const std::string& where = data.where[r];
     if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
+    if (row.contains("prompt_ids") && row.contains("chosen_ids") && row.contains("rejected_ids")) {  // already tokenized
+      PreferenceExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "chosen_ids", where), ids_field(row, "rejected_ids", where), where,
+                           std::nullopt};
+      if (row.contains("margin")) {
+        if (!row["margin"].is_number()) fail("{}: \"margin\" must be a number, not {}", where, row["margin"].dump());
+        ex.margin = row["margin"].get<double>();
+      }
+      if (ex.chosen_ids.empty() || ex.rejected_ids.empty()) fail("{}: the {} completion has no tokens", where, ex.chosen_ids.empty() ? "chosen" : "rejected");
+      if (o.max_length > 0 && o.truncation_mode == "keep_start" && static_cast<int64_t>(ex.prompt_ids.size()) >= o.max_length) {
+        ++st.dropped;
+        continue;
+      }
+      out.push_back(std::move(ex));
+      continue;
+    }
     const std::string kc = kind_of(row, "chosen", where), kr = kind_of(row, "rejected", where);
     const bool explicit_prompt = row.contains("prompt");
     const std::string kp = explicit_prompt ? kind_of(row, "prompt", where) : kc;
@@ -222,6 +251,17 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
     const ojson& row = data.rows[r];
     const std::string& where = data.where[r];
     if (!row.is_object()) fail("{}: an unpaired preference row must be a JSON object", where);
+    if (row.contains("prompt_ids") && row.contains("completion_ids")) {  // already tokenized
+      if (!row.contains("label") || !row["label"].is_boolean()) fail("{}: \"label\" must be true or false", where);
+      UnpairedExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "completion_ids", where), row["label"].get<bool>(), where};
+      if (ex.completion_ids.empty()) fail("{}: the completion has no tokens", where);
+      if (o.max_length > 0 && static_cast<int64_t>(ex.prompt_ids.size()) >= o.max_length) {
+        ++st.dropped;
+        continue;
+      }
+      out.push_back(std::move(ex));
+      continue;
+    }
     for (const char* f : {"prompt", "completion", "label"})
       if (!row.contains(f)) {
         std::string keys;

@@ -36,7 +36,7 @@ struct PreferenceDataStats {
   int64_t mismatched = 0;  // rows whose tokenized prompt is not a prefix of tokenized prompt + completion
 };
 
-// Tokenizes every row. A row without chosen or rejected, with an empty one, or mixing text and messages is an
+// Tokenizes every row (rows with "prompt_ids", "chosen_ids" and "rejected_ids" are taken as they are). A row without chosen or rejected, with an empty one, or mixing text and messages is an
 // error naming the row and the field.
 std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& options,
                                                           PreferenceDataStats* stats = nullptr);
