@@ -1,5 +1,7 @@
 #include "train/sequence_step.h"
 
+#include <algorithm>
+
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
 
@@ -43,6 +45,21 @@ SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const Seq
     out.completion_tokens.push_back(n);
   }
   return out;
+}
+
+std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, int64_t count, const SequenceLayout& layout) {
+  std::sort(lengths.rbegin(), lengths.rend());
+  count = std::min<int64_t>(count, static_cast<int64_t>(lengths.size()));
+  if (count == 0) return {0, 0};
+  if (layout.padding_free) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < count; ++i) total += lengths[static_cast<size_t>(i)];
+    return {1, padded_length(total, layout.pad_to_multiple_of)};
+  }
+  const int64_t longest = lengths.front(), m = layout.pad_to_multiple_of;
+  int64_t T = m > 0 ? (longest + m - 1) / m * m : longest;
+  if (layout.max_length > 0) T = std::max(longest, std::min(T, layout.max_length));
+  return {count, T};
 }
 
 std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token) {

@@ -37,6 +37,9 @@ struct SequenceLayout {
 
 SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const SequenceLayout& layout);
 
+// The [rows, tokens] of the largest batch of `count` sequences of these lengths under `layout` (the memory check).
+std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, int64_t count, const SequenceLayout& layout);
+
 // Σ over each sequence's completion tokens of a per-token [B, T] f32 tensor (log-probs, entropies, matches).
 std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token);
 

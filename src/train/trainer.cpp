@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "trl/io/safetensors.h"
 #include "trl/models/init.h"
@@ -145,6 +147,18 @@ void publish_files(const std::string& dir, const std::string& what, const Folder
   }, advice);
 }
 
+// Rows and tokens of a graph's input_ids ([B, T]).
+int64_t shape_rows(const graph::Graph& g) {
+  for (graph::ValueId v : g.inputs)
+    if (g.nodes[static_cast<size_t>(v)].name == "input_ids") return g.nodes[static_cast<size_t>(v)].shape.at(0);
+  return 0;
+}
+int64_t shape_tokens(const graph::Graph& g) {
+  for (graph::ValueId v : g.inputs)
+    if (g.nodes[static_cast<size_t>(v)].name == "input_ids") return g.nodes[static_cast<size_t>(v)].shape.at(1);
+  return 0;
+}
+
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0;
 };
@@ -234,6 +248,7 @@ struct Trainer::State {
   TensorMap grads, accumulated;
   AdamW opt;
   std::unique_ptr<ProgramCache> programs;
+  Backend* backend = nullptr;  // the policy's (Trainer::backend_)
   TrainingMethod* method = nullptr;
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<ojson> log_history;
@@ -273,6 +288,7 @@ struct Trainer::State {
   // Training (below).
   void resume(const std::string& spec);
   void check_resumed_layout(const ojson& state, const std::string& dir) const;
+  void check_memory();
   std::vector<std::vector<size_t>> step_items(const std::vector<size_t>& order, int64_t within) const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
@@ -324,6 +340,7 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   }
   for (const std::string& name : method_->frozen_parameters()) s.master.erase(name);
   s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
+  s.backend = backend_.get();
 }
 
 const TensorMap& Trainer::master_weights() const { return s_->master; }
@@ -465,6 +482,38 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
                     ? "the training data changed since the checkpoint: resume with the same dataset and max_length, or start a new run"
                     : "resume with the same trainer and number of processes, or start a new run");
   }
+}
+
+// Before the first step: what the run will still allocate (AdamW's moments, the accumulation buffers, the largest
+// program's arena: planned, not allocated, by compiling it) against what the process may still use. A run that
+// cannot fit is refused with the figures and the options that shrink it; TRL_SKIP_MEMORY_CHECK=1 skips the check.
+void Trainer::State::check_memory() {
+  if (const char* e = std::getenv("TRL_SKIP_MEMORY_CHECK"); e && std::string(e) == "1") return;
+  const std::optional<graph::Graph> g = method->largest_program(model);
+  if (!g) return;
+  // Compiled on its own, not through the cache, so that the run's program counts stay those of its batches; a
+  // compile plans and lowers but allocates nothing.
+  const uint64_t arena = backend->compile(*g)->arena_bytes();
+  uint64_t masters = 0, compute_bytes = 0;
+  for (const auto& [name, w] : master) masters += static_cast<uint64_t>(w.nbytes());
+  for (const auto& [name, w] : compute)
+    if (!master.count(name) || compute.at(name).data() != master.at(name).data()) compute_bytes += static_cast<uint64_t>(w.nbytes());
+  const uint64_t moments = opt.exp_avg().empty() ? 2 * masters : 0;
+  const uint64_t accumulation = cfg.gradient_accumulation_steps > 1 ? masters : 0;
+  const uint64_t more = moments + accumulation + arena;
+  const MemoryBudget budget = memory_budget();
+  const std::string held = fmt::format("compute weights {}, f32 masters {}{}", format_bytes(compute_bytes), format_bytes(masters),
+                                       method->frozen_bytes() ? ", frozen models " + format_bytes(method->frozen_bytes()) : std::string());
+  const std::string parts = fmt::format("AdamW moments {}, gradient accumulation {}, the largest program's working memory {} ({} × {} tokens)",
+                                        format_bytes(moments), format_bytes(accumulation), format_bytes(arena), g->nodes.empty() ? 0 : shape_rows(*g),
+                                        shape_tokens(*g));
+  if (budget.available > 0 && more > budget.available)
+    fail("{}: this run does not fit in memory: it holds {} now and needs {} more ({}), but {} is available ({}). Make it fit with "
+         "--gradient_checkpointing (about one layer's activations instead of all), a smaller --per_device_train_batch_size with more "
+         "--gradient_accumulation_steps (the same effective batch), or a smaller --max_length; TRL_SKIP_MEMORY_CHECK=1 skips this check",
+         method->name(), held, format_bytes(more), parts, format_bytes(budget.available), budget.source);
+  std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", held.c_str(), format_bytes(more).c_str(), parts.c_str(),
+               format_bytes(budget.available).c_str(), budget.source.c_str());
 }
 
 // Resume: weights, moments, step, log and the position in the data order.
@@ -615,6 +664,7 @@ TrainOutput Trainer::train() {
     MethodContext ctx = s.context();
     method_->before_training(ctx);
   }
+  s.check_memory();
   s.start_log();
   const int64_t total = s.total_steps(), spe = s.steps_per_epoch();
   TrainOutput result;

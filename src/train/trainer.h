@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +84,11 @@ class TrainingMethod {
   // Writes the model's weight and config files into `dir` (the weights in the save dtype, by name); false: the
   // Trainer saves a causal LM.
   virtual bool write_model(const std::string& /*dir*/, const TensorMap& /*weights*/, DType /*dtype*/) const { return false; }
+  // The training program of the method's largest micro-batch (the most rows, each of the longest length the data
+  // holds), for the memory check before the first step; nullopt: not known (no check).
+  virtual std::optional<graph::Graph> largest_program(const CausalLM& /*model*/) const { return std::nullopt; }
+  // Bytes of the frozen models the method holds beside the policy (a reference's weights).
+  virtual uint64_t frozen_bytes() const { return 0; }
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);

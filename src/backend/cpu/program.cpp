@@ -50,13 +50,10 @@ CpuProgram::CpuProgram(graph::Graph g, const ProgramOptions& options, std::share
   if (used) *used = reused;
   if (!reused) plan();
   ptr_.assign(g_.nodes.size(), nullptr);
-  arena_->reserve(arena_bytes_);
-  bind_arena();
+  // Compiling allocates nothing: the arena (planned buffers, then the scratch lowering asks for) is reserved by the
+  // first run, so `trl compile` and the Trainer's memory check can plan programs larger than the machine. The
+  // kernels read their buffers' addresses at run time (ProgramContext::p).
   lower_all();
-  if (scratch_bytes_ > 0) {  // lowering asked for scratch: the arena grows past the planned buffers
-    arena_->reserve(arena_bytes_ + scratch_bytes_);
-    bind_arena();
-  }
   compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -81,7 +78,7 @@ void CpuProgram::lower_all() {
 }
 
 void CpuProgram::execute(const std::vector<Tensor>& bound, size_t begin, size_t end) {
-  arena_->reserve(arena_bytes_ + scratch_bytes_);  // a no-op unless an allocation failed since this program was made
+  arena_->reserve(arena_bytes_ + scratch_bytes_);  // the first run of a program (or after a failed allocation); else a no-op
   if (bound_version_ != arena_->version) bind_arena();
   for (size_t i = 0; i < g_.inputs.size(); ++i)
     if (bound[i].defined() && bound[i].data() != nullptr) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());
@@ -268,6 +265,7 @@ bool CpuProgram::load_plan(const std::string& blob) {
 }
 
 void CpuProgram::bind_arena() {
+  if (arena_->bytes == 0) return;  // nothing reserved yet (a program compiled, never run)
   char* base = static_cast<char*>(arena_->buffer.mutable_data());
   for (size_t i = 0; i < ptr_.size(); ++i)
     if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];

@@ -79,6 +79,21 @@ class DpoMethod final : public TrainingMethod {
     return opt_.pad_to_multiple_of > 0 ? 2 * static_cast<size_t>(2 * cfg_.max_length / opt_.pad_to_multiple_of + 2) : 64;
   }
   bool has_eval() const override { return !eval_.empty(); }
+  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+    std::vector<int64_t> lengths;
+    for (const PreferenceExample& e : train_)
+      for (const auto* c : {&e.chosen_ids, &e.rejected_ids})
+        lengths.push_back(std::min<int64_t>(static_cast<int64_t>(e.prompt_ids.size() + c->size()), cfg_.max_length));
+    const auto [R, T] = largest_batch_shape(lengths, 2 * cfg_.per_device_train_batch_size,
+                                            SequenceLayout{opt_.pad_token_id, opt_.pad_to_multiple_of, opt_.data.max_length, opt_.padding_free});
+    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true);
+  }
+  uint64_t frozen_bytes() const override {
+    uint64_t n = 0;
+    if (!reference_->released())
+      for (const auto& [name, w] : reference_->model().weights()) n += static_cast<uint64_t>(w.nbytes());
+    return n;
+  }
 
   // precompute_ref_log_probs: one pass of the reference over every pair, then the reference is released.
   void before_training(MethodContext&) override {

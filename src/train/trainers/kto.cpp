@@ -67,6 +67,19 @@ class KtoMethod final : public TrainingMethod {
     return layout_.pad_to_multiple_of > 0 ? 2 * static_cast<size_t>(cfg_.max_length / layout_.pad_to_multiple_of + 2) : 64;
   }
   bool has_eval() const override { return !eval_.empty(); }
+  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+    std::vector<int64_t> lengths;
+    for (const UnpairedExample& e : train_)
+      lengths.push_back(std::min<int64_t>(static_cast<int64_t>(e.prompt_ids.size() + e.completion_ids.size()), cfg_.max_length));
+    const auto [R, T] = largest_batch_shape(lengths, cfg_.per_device_train_batch_size, layout_);
+    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true);
+  }
+  uint64_t frozen_bytes() const override {
+    uint64_t n = 0;
+    if (!reference_->released())
+      for (const auto& [name, w] : reference_->model().weights()) n += static_cast<uint64_t>(w.nbytes());
+    return n;
+  }
 
   void before_training(MethodContext&) override {
     if (!cfg_.precompute_ref_log_probs || !train_ref_.empty()) return;

@@ -3,6 +3,7 @@
 // token mean over the whole accumulated batch (Σ token NLL / num_items_in_batch, as Transformers does for models
 // that accept num_items_in_batch). Metrics per micro-batch: entropy over the real tokens, mean_token_accuracy over
 // the tokens in the loss.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,6 +75,28 @@ class SftMethod final : public TrainingMethod {
     return multiple_ > 0 ? 2 * static_cast<size_t>(cfg_.max_length / multiple_ + 2) : 64;
   }
   bool has_eval() const override { return !eval_.empty(); }
+
+  // per_device_train_batch_size rows of the longest length collation can give (packed rows: the bucket of
+  // max_length; padding-free: one row of the batch's longest examples together).
+  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+    int64_t longest = 0;
+    std::vector<int64_t> lengths;
+    for (const SFTExample& e : train_) lengths.push_back(static_cast<int64_t>(e.input_ids.size())), longest = std::max(longest, lengths.back());
+    int64_t B = cfg_.per_device_train_batch_size, T = 0;
+    if (cfg_.packing) {
+      T = padded_length(cfg_.max_length, multiple_);
+    } else if (cfg_.padding_free) {
+      std::sort(lengths.rbegin(), lengths.rend());
+      int64_t total = 0;
+      for (size_t i = 0; i < lengths.size() && i < static_cast<size_t>(B); ++i) total += lengths[i];
+      B = 1, T = padded_length(total, multiple_);
+    } else {
+      T = multiple_ > 0 ? (longest + multiple_ - 1) / multiple_ * multiple_ : longest;
+      T = std::max(longest, std::min(T, cfg_.max_length));
+    }
+    B = std::min<int64_t>(B, static_cast<int64_t>(items_.size()));
+    return model.training_graph(B, T, DType::F32, cfg_.gradient_checkpointing, true);
+  }
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     const auto t0 = Clock::now();
