@@ -40,13 +40,7 @@ void register_kto(CLI::App& app) {
     finish_training_options("kto", cfg, a->t);
     check_kto_config(cfg);  // before loading anything
     TrainRun run = load_train_run(a->t, cfg);
-    std::optional<CausalLM> ref;
-    if (!a->ref_model.empty() && !is_none(a->ref_model)) {
-      LoadOptions lo;
-      lo.revision = a->t.revision;
-      lo.dtype = cfg.bf16 ? DType::BF16 : DType::F32;  // the compute dtype: a frozen model needs no f32 masters
-      ref = CausalLM::from_pretrained(a->ref_model, lo);
-    }
+    const std::optional<CausalLM> ref = load_ref_model(a->ref_model, a->t, cfg);
     std::fprintf(stderr, "[trl] kto: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
     KTOTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval), ref ? &*ref : nullptr);
     print_train_output(trainer.train());

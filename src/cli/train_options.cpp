@@ -106,6 +106,14 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   return run;
 }
 
+std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const TrainCommandArgs& a, const TrainingArguments& c) {
+  if (name_or_path.empty() || is_none(name_or_path)) return std::nullopt;
+  LoadOptions lo;
+  lo.revision = a.revision;
+  lo.dtype = c.bf16 ? DType::BF16 : DType::F32;  // the compute dtype: a frozen model needs no f32 masters
+  return CausalLM::from_pretrained(name_or_path, lo);
+}
+
 void print_train_output(const TrainOutput& out) {
   std::printf("{\"global_step\": %lld, \"training_loss\": %.6f, \"programs_compiled\": %lld, \"cache_hits\": %lld, \"interrupted\": %s}\n",
               static_cast<long long>(out.global_step), out.training_loss, static_cast<long long>(out.programs.compilations),

@@ -48,6 +48,9 @@ struct TrainRun {
 // Loads the model (dtype, revision), its tokenizer, and the train split (and the test split when evaluating).
 TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c);
 
+// --ref_model_name_or_path: the frozen reference in the compute dtype (bf16 under --bf16), or nullopt for "" / None.
+std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const TrainCommandArgs& a, const TrainingArguments& c);
+
 // The one-line JSON summary a training command prints on stdout; exits 130 when interrupted.
 void print_train_output(const TrainOutput& out);
 

@@ -80,6 +80,13 @@ std::vector<int32_t> ids_field(const ojson& row, const char* field, const std::s
   return ids;
 }
 
+// The reward model's optional "margin" column.
+std::optional<double> margin_of(const ojson& row, const std::string& where) {
+  if (!row.contains("margin")) return std::nullopt;
+  if (!row["margin"].is_number()) fail("{}: \"margin\" must be a number, not {}", where, row["margin"].dump());
+  return row["margin"].get<double>();
+}
+
 ojson concat(const ojson& a, const ojson& b) {
   ojson out = a;
   for (const auto& m : b) out.push_back(m);
@@ -130,10 +137,7 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
     if (row.contains("prompt_ids") && row.contains("chosen_ids") && row.contains("rejected_ids")) {  // already tokenized
       PreferenceExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "chosen_ids", where), ids_field(row, "rejected_ids", where), where,
                            std::nullopt};
-      if (row.contains("margin")) {
-        if (!row["margin"].is_number()) fail("{}: \"margin\" must be a number, not {}", where, row["margin"].dump());
-        ex.margin = row["margin"].get<double>();
-      }
+      ex.margin = margin_of(row, where);
       if (ex.chosen_ids.empty() || ex.rejected_ids.empty()) fail("{}: the {} completion has no tokens", where, ex.chosen_ids.empty() ? "chosen" : "rejected");
       if (o.max_length > 0 && o.truncation_mode == "keep_start" && static_cast<int64_t>(ex.prompt_ids.size()) >= o.max_length) {
         ++st.dropped;
@@ -154,10 +158,7 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
       fail("{}: chosen and rejected are identical (the implicit prompt is all of them): no completion to compare", where);
     PreferenceExample ex;
     ex.where = where;
-    if (row.contains("margin")) {
-      if (!row["margin"].is_number()) fail("{}: \"margin\" must be a number, not {}", where, row["margin"].dump());
-      ex.margin = row["margin"].get<double>();
-    }
+    ex.margin = margin_of(row, where);
     std::vector<std::vector<int32_t>> full;
     ex.prompt_ids = tokenize_prompt_and_completions(tok, row, prompt, {&chosen, &rejected}, messages, eos, where, &full);
     const std::vector<int32_t>& with_chosen = full[0];

@@ -1,4 +1,5 @@
 #include "train/trainer.h"
+#include "trl/train/base_trainer.h"
 
 #include <unistd.h>
 
@@ -735,5 +736,21 @@ TrainOutput Trainer::train() {
   result.programs = s.programs->stats();
   return result;
 }
+
+}  // namespace trl
+
+namespace trl {
+
+BaseTrainer::BaseTrainer() = default;
+BaseTrainer::~BaseTrainer() = default;
+
+TrainOutput BaseTrainer::train() {
+  trainer_->on_step = on_step;
+  return trainer_->train();
+}
+nlohmann::ordered_json BaseTrainer::evaluate_metrics() { return trainer_->evaluate(); }
+void BaseTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
+const TensorMap& BaseTrainer::master_weights() const { return trainer_->master_weights(); }
+const ProgramCacheStats& BaseTrainer::program_stats() const { return trainer_->program_stats(); }
 
 }  // namespace trl

@@ -17,6 +17,7 @@
 #include "trl/data/dataset.h"
 #include "trl/models/causal_lm.h"
 #include "trl/tokenizer/tokenizer.h"
+#include "trl/train/base_trainer.h"
 #include "trl/train/training_args.h"
 
 namespace trl {
@@ -44,25 +45,14 @@ struct DPOConfig : TrainingArguments {
 // matching loss_type, beta > 0, label_smoothing in range for the loss), max_length >= 2, truncation_mode.
 void check_dpo_config(const DPOConfig& config);
 
-class Trainer;
-
-class DPOTrainer {
+class DPOTrainer : public BaseTrainer {
  public:
   // `model` is the policy's architecture and starting weights; `ref_model` the frozen reference (nullptr: a copy
-  // of `model` in the compute dtype, as TRL makes when no ref_model is given).
+  // of `model` in the compute dtype, as TRL makes when no ref_model is given). evaluate_metrics() gives eval_loss,
+  // eval_rewards/... and eval_logps/....
   DPOTrainer(const CausalLM& model, const Tokenizer& tokenizer, Dataset train, DPOConfig config, std::optional<Dataset> eval = std::nullopt,
              const CausalLM* ref_model = nullptr);
-  ~DPOTrainer();
-  TrainOutput train();
-  // eval_loss and eval_rewards/..., eval_logps/... over the eval dataset with the current weights.
-  nlohmann::ordered_json evaluate_metrics();
-  void save_model(const std::string& dir) const;
-  const TensorMap& master_weights() const;
-  const ProgramCacheStats& program_stats() const;
-  std::function<void(const nlohmann::ordered_json&)> on_step;
-
- private:
-  std::unique_ptr<Trainer> trainer_;
+  ~DPOTrainer() override;
 };
 
 }  // namespace trl

@@ -17,6 +17,7 @@
 #include "trl/data/dataset.h"
 #include "trl/models/causal_lm.h"
 #include "trl/tokenizer/tokenizer.h"
+#include "trl/train/base_trainer.h"
 #include "trl/train/training_args.h"
 
 namespace trl {
@@ -44,24 +45,13 @@ struct KTOConfig : TrainingArguments {
 // formed within the dataset's fixed batches).
 void check_kto_config(const KTOConfig& config);
 
-class Trainer;
-
-class KTOTrainer {
+class KTOTrainer : public BaseTrainer {
  public:
-  // `ref_model`: the frozen reference (nullptr: a copy of `model` in the compute dtype).
+  // `ref_model`: the frozen reference (nullptr: a copy of `model` in the compute dtype). evaluate_metrics() gives
+  // eval_loss, eval_kl and eval_rewards/..., eval_logps/....
   KTOTrainer(const CausalLM& model, const Tokenizer& tokenizer, Dataset train, KTOConfig config, std::optional<Dataset> eval = std::nullopt,
              const CausalLM* ref_model = nullptr);
-  ~KTOTrainer();
-  TrainOutput train();
-  // eval_loss, eval_kl and eval_rewards/..., eval_logps/... over the eval dataset with the current weights.
-  nlohmann::ordered_json evaluate_metrics();
-  void save_model(const std::string& dir) const;
-  const TensorMap& master_weights() const;
-  const ProgramCacheStats& program_stats() const;
-  std::function<void(const nlohmann::ordered_json&)> on_step;
-
- private:
-  std::unique_ptr<Trainer> trainer_;
+  ~KTOTrainer() override;
 };
 
 }  // namespace trl

@@ -16,6 +16,7 @@
 #include "trl/data/dataset.h"
 #include "trl/models/reward_model.h"
 #include "trl/tokenizer/tokenizer.h"
+#include "trl/train/base_trainer.h"
 #include "trl/train/training_args.h"
 
 namespace trl {
@@ -31,23 +32,13 @@ struct RewardConfig : TrainingArguments {
 
 void check_reward_config(const RewardConfig& config);
 
-class Trainer;
-
-class RewardTrainer {
+class RewardTrainer : public BaseTrainer {
  public:
   // `model`: the decoder and its score head (load_reward_model: a new head on a causal LM, or a saved reward model).
+  // evaluate_metrics() gives eval_loss, eval_accuracy, eval_margin and eval_min|mean|max_reward; master_weights()
+  // holds the decoder's trained weights and score.weight.
   RewardTrainer(const RewardModel& model, const Tokenizer& tokenizer, Dataset train, RewardConfig config, std::optional<Dataset> eval = std::nullopt);
-  ~RewardTrainer();
-  TrainOutput train();
-  // eval_loss, eval_accuracy, eval_margin and eval_min|mean|max_reward over the eval dataset.
-  nlohmann::ordered_json evaluate_metrics();
-  void save_model(const std::string& dir) const;
-  const TensorMap& master_weights() const;  // the decoder's trained weights and score.weight
-  const ProgramCacheStats& program_stats() const;
-  std::function<void(const nlohmann::ordered_json&)> on_step;
-
- private:
-  std::unique_ptr<Trainer> trainer_;
+  ~RewardTrainer() override;
 };
 
 }  // namespace trl

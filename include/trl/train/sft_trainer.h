@@ -19,6 +19,7 @@
 #include "trl/data/sft.h"
 #include "trl/models/causal_lm.h"
 #include "trl/tokenizer/tokenizer.h"
+#include "trl/train/base_trainer.h"
 #include "trl/train/training_args.h"
 
 namespace trl {
@@ -41,36 +42,14 @@ struct SFTConfig : TrainingArguments {
 // SFTTrainer constructor calls it.
 void check_sft_config(const SFTConfig& config, const Tokenizer* tokenizer = nullptr);
 
-class Trainer;
-
-class SFTTrainer {
+class SFTTrainer : public BaseTrainer {
  public:
   // `model` supplies the architecture and the starting weights (trained in f32 masters; computed in bf16 when
-  // config.bf16). `model_dir` (optional) is where tokenizer and generation files are copied from into checkpoints.
+  // config.bf16). evaluate_metrics() gives eval_loss, eval_entropy and eval_mean_token_accuracy.
   SFTTrainer(const CausalLM& model, const Tokenizer& tokenizer, Dataset train, SFTConfig config, std::optional<Dataset> eval = std::nullopt);
-  ~SFTTrainer();
-  // Trains to max_steps (else num_train_epochs). Every save_steps (the last step included when it is a multiple)
-  // it saves output_dir/checkpoint-N, written into checkpoint-N.tmp and renamed; at the end the final model,
-  // trainer_state.json and training_report.html go into output_dir all or nothing (as save_model). A failed save
-  // removes its partial folder and throws; checkpoints already saved stay. output_dir/log.jsonl always equals
-  // log_history: a fresh run starts it anew, a resume from checkpoint-N rewrites it with that checkpoint's entries.
-  TrainOutput train();
+  ~SFTTrainer() override;
   // The mean token loss over the eval dataset with the current weights.
   double evaluate();
-  // eval_loss, eval_entropy and eval_mean_token_accuracy over the eval dataset (as logged at eval time).
-  nlohmann::ordered_json evaluate_metrics();
-  // Writes the model (in the dtype it was loaded with), its config, generation config and tokenizer to `dir`, all
-  // or nothing: the files are written into `dir`/.final.tmp and renamed into `dir` only once every one of them was
-  // written; on an error (a full disk) the temp folder is removed, `dir`'s files are left as they were, and the
-  // trl::Error says what failed.
-  void save_model(const std::string& dir) const;
-  const TensorMap& master_weights() const;
-  const ProgramCacheStats& program_stats() const;
-  // Called after every optimizer step with the log entry of that step (tests, progress displays).
-  std::function<void(const nlohmann::ordered_json&)> on_step;
-
- private:
-  std::unique_ptr<Trainer> trainer_;
 };
 
 }  // namespace trl

@@ -209,13 +209,4 @@ DPOTrainer::DPOTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
 
 DPOTrainer::~DPOTrainer() = default;
 
-TrainOutput DPOTrainer::train() {
-  trainer_->on_step = on_step;
-  return trainer_->train();
-}
-ojson DPOTrainer::evaluate_metrics() { return trainer_->evaluate(); }
-void DPOTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
-const TensorMap& DPOTrainer::master_weights() const { return trainer_->master_weights(); }
-const ProgramCacheStats& DPOTrainer::program_stats() const { return trainer_->program_stats(); }
-
 }  // namespace trl

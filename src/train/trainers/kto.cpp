@@ -256,13 +256,4 @@ KTOTrainer::KTOTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
 
 KTOTrainer::~KTOTrainer() = default;
 
-TrainOutput KTOTrainer::train() {
-  trainer_->on_step = on_step;
-  return trainer_->train();
-}
-ojson KTOTrainer::evaluate_metrics() { return trainer_->evaluate(); }
-void KTOTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
-const TensorMap& KTOTrainer::master_weights() const { return trainer_->master_weights(); }
-const ProgramCacheStats& KTOTrainer::program_stats() const { return trainer_->program_stats(); }
-
 }  // namespace trl

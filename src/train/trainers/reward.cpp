@@ -191,13 +191,4 @@ RewardTrainer::RewardTrainer(const RewardModel& model, const Tokenizer& tok, Dat
 
 RewardTrainer::~RewardTrainer() = default;
 
-TrainOutput RewardTrainer::train() {
-  trainer_->on_step = on_step;
-  return trainer_->train();
-}
-ojson RewardTrainer::evaluate_metrics() { return trainer_->evaluate(); }
-void RewardTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
-const TensorMap& RewardTrainer::master_weights() const { return trainer_->master_weights(); }
-const ProgramCacheStats& RewardTrainer::program_stats() const { return trainer_->program_stats(); }
-
 }  // namespace trl

@@ -222,14 +222,6 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
 
 SFTTrainer::~SFTTrainer() = default;
 
-TrainOutput SFTTrainer::train() {
-  trainer_->on_step = on_step;
-  return trainer_->train();
-}
 double SFTTrainer::evaluate() { return evaluate_metrics().at("eval_loss").get<double>(); }
-ojson SFTTrainer::evaluate_metrics() { return trainer_->evaluate(); }
-void SFTTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
-const TensorMap& SFTTrainer::master_weights() const { return trainer_->master_weights(); }
-const ProgramCacheStats& SFTTrainer::program_stats() const { return trainer_->program_stats(); }
 
 }  // namespace trl

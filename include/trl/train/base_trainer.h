@@ -1,0 +1,49 @@
+// What every trainer (SFTTrainer, DPOTrainer, KTOTrainer, RewardTrainer) offers, as TRL's trainers share
+// transformers.Trainer's train/evaluate/save_model: the loop itself is the internal Trainer (src/train/trainer.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "trl/backend/program_cache.h"
+#include "trl/core/tensor.h"
+#include "trl/train/training_args.h"
+
+namespace trl {
+
+class Trainer;
+
+class BaseTrainer {
+ public:
+  virtual ~BaseTrainer();
+  BaseTrainer(const BaseTrainer&) = delete;
+  BaseTrainer& operator=(const BaseTrainer&) = delete;
+  // Trains to max_steps (else num_train_epochs). Every save_steps (the last step included when it is a multiple)
+  // it saves output_dir/checkpoint-N, written into checkpoint-N.tmp and renamed; at the end the final model,
+  // trainer_state.json and training_report.html go into output_dir all or nothing (as save_model). A failed save
+  // removes its partial folder and throws; checkpoints already saved stay. output_dir/log.jsonl always equals
+  // log_history: a fresh run starts it anew, a resume from checkpoint-N rewrites it with that checkpoint's entries.
+  // Before the first step the run's memory is checked (docs/TRAINING.md, "Memory").
+  TrainOutput train();
+  // eval_loss and the method's eval_* metrics over the eval dataset with the current weights (as logged at eval time).
+  nlohmann::ordered_json evaluate_metrics();
+  // Writes the model (in the dtype it was loaded with), its config and the tokenizer files to `dir`, all or nothing:
+  // the files are written into `dir`/.final.tmp and renamed into `dir` only once every one of them was written; on
+  // an error (a full disk) the temp folder is removed, `dir`'s files are left as they were, and the trl::Error says
+  // what failed.
+  void save_model(const std::string& dir) const;
+  // The trained parameters' f32 master weights, by name.
+  const TensorMap& master_weights() const;
+  const ProgramCacheStats& program_stats() const;
+  // Called after every optimizer step with the log entry of that step (tests, progress displays).
+  std::function<void(const nlohmann::ordered_json&)> on_step;
+
+ protected:
+  BaseTrainer();
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace trl
