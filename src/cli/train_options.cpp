@@ -79,6 +79,8 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("bf16", c.bf16, "bf16 compute with f32 master weights (--bf16 false: f32)");
   o.add("torch_compile", c.torch_compile, "The compiled CPU backend (--torch_compile false: the reference backend)");
   o.add("gradient_checkpointing", c.gradient_checkpointing, "Recompute each layer in the backward pass");
+  o.add("auto_find_batch_size", c.auto_find_batch_size,
+        "When per_device_train_batch_size does not fit in memory, train with the largest smaller one that does (from the plans)");
   o.add("dataloader_drop_last", c.dataloader_drop_last, "Drop the last incomplete batch");
   o.add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
   o.add("report", c.report, "Write training_report.html");

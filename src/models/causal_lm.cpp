@@ -326,7 +326,7 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
   return b.finish();
 }
 
-graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics) const {
+graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics, bool logit_sums) const {
   Builder b;
   ValueId head = kNone;
   const ValueId h = build_hidden(b, B, T, &head);
@@ -339,6 +339,14 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
     entropy = b.entropy(h, head, "entropy");
     match = b.token_argmax_match(h, head, labels, "token_accuracy");
   }
+  // Σ_v logits[b, t, v] = h[b, t] · Σ_v head[v]: the logits' sum is linear in h, so one column sum of the head
+  // and a [B·T, C] × [C] product give it without a pass over the vocabulary (TRL's logits/chosen, /rejected).
+  ValueId logit_sum = kNone;
+  if (logit_sums) {
+    const ValueId column_sum = b.reshape(b.sum_rows(head, DType::F32, "head.column_sum"), {1, config_.hidden_size}, "head.column_sum.row");
+    const ValueId h32 = dtype_ == DType::F32 ? h : b.cast(h, DType::F32, "h.f32");
+    logit_sum = b.reshape(b.matmul(h32, column_sum, kNone, DType::F32, "logit_sum"), {B, T}, "logit_sum.squeeze");
+  }
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
   const size_t forward_nodes = b.size();
   std::vector<std::string> names;
@@ -347,6 +355,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   b.output(loss, "loss");
   for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
   if (metrics) b.output(entropy, "entropy"), b.output(match, "token_accuracy");
+  if (logit_sums) b.output(logit_sum, "logit_sum");
   b.output(logp, "token_logprobs");
   graph::Graph g = b.finish();
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;

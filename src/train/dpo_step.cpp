@@ -37,16 +37,19 @@ DpoStepResult dpo_step(const CausalLM& policy, const TensorMap& policy_weights, 
     for (size_t i = 0; i < N; ++i) d[i] = out.loss.d_chosen[i], d[N + i] = out.loss.d_rejected[i];
     return out.loss.loss;
   };
-  SequenceStepResult r = sequence_train_step(policy, policy_weights, policy_programs, b, loss, o.loss_scale, o.gradient_checkpointing);
+  SequenceStepResult r = sequence_train_step(policy, policy_weights, policy_programs, b, loss, o.loss_scale, o.gradient_checkpointing, /*logit_means=*/true);
   out.grads = std::move(r.grads);
   out.num_tokens = b.batch.num_tokens;
   // TRL's entropy is over every completion token of the batch; its token accuracy over the chosen completions.
-  double entropy = 0, match = 0;
+  double entropy = 0, match = 0, logits_c = 0, logits_r = 0;
   int64_t all = 0, chosen = 0;
   for (size_t q = 0; q < 2 * N; ++q) entropy += r.entropy_sums[q], all += b.completion_tokens[q];
   for (size_t i = 0; i < N; ++i) match += r.match_sums[i], chosen += b.completion_tokens[i];
+  for (size_t i = 0; i < N; ++i) logits_c += r.logit_mean_sums[i], logits_r += r.logit_mean_sums[N + i];
   out.entropy = all ? entropy / static_cast<double>(all) : 0.0;
   out.mean_token_accuracy = chosen ? match / static_cast<double>(chosen) : 0.0;
+  out.logits_chosen = chosen ? logits_c / static_cast<double>(chosen) : 0.0;
+  out.logits_rejected = all > chosen ? logits_r / static_cast<double>(all - chosen) : 0.0;
   return out;
 }
 

@@ -44,6 +44,8 @@ struct DpoStepResult {
   // TRL's per-batch metrics: the mean entropy over every completion token, the argmax accuracy over the chosen
   // completions' tokens.
   double entropy = 0, mean_token_accuracy = 0;
+  // logits/chosen and logits/rejected: the mean logit over the vocabulary, averaged over the completion tokens.
+  double logits_chosen = 0, logits_rejected = 0;
 };
 
 // The rows of a batch of pairs as the training and reference programs take them: [chosen...; rejected...] as

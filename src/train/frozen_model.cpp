@@ -34,6 +34,14 @@ std::vector<double> FrozenModel::sequence_logps(const SequenceBatch& batch) {
   return trl::sequence_logps(model(), model().weights(), programs(), batch);
 }
 
+FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
+  if (!model_) return {};
+  FrozenMemory m;
+  for (const auto& [name, w] : model_->weights()) m.weights += static_cast<uint64_t>(w.nbytes());
+  if (rows > 0 && tokens > 0) m.arena = backend_->compile(model_->logprobs_graph(rows, tokens))->arena_bytes();
+  return m;
+}
+
 void FrozenModel::release() {
   programs_.reset();
   backend_.reset();

@@ -22,6 +22,9 @@ class FrozenModel {
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
   const CausalLM& model() const;
+  // Its weights and the arena of its forward-only log-prob program for `rows` × `tokens` (compiled, not cached or
+  // allocated); nothing once released.
+  FrozenMemory memory(int64_t rows, int64_t tokens);
   ProgramCache& programs();
   // Frees the weights and programs (after precompute_ref_log_probs); any later use is an error.
   void release();

@@ -83,9 +83,9 @@ std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weigh
 }
 
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
-                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing) {
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means) {
   const int64_t R = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
-  const graph::Graph g = model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true);
+  const graph::Graph g = model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true, logit_means);
   Program& program = programs.get(g);
   // Stage 0: the per-token log-probs and metrics; the host sums them per sequence.
   const TensorMap inputs = batch_inputs(weights, b.batch);
@@ -94,6 +94,10 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   out.logps = sequence_sums(b, first.at(g.output_index("token_logprobs")));
   out.entropy_sums = sequence_sums(b, first.at(g.output_index("entropy")));
   out.match_sums = sequence_sums(b, first.at(g.output_index("token_accuracy")));
+  if (logit_means) {
+    const double V = static_cast<double>(model.config().vocab_size);
+    for (double sum : sequence_sums(b, first.at(g.output_index("logit_sum")))) out.logit_mean_sums.push_back(sum / V);
+  }
   std::vector<double> d(out.logps.size(), 0.0);
   out.loss = loss(out.logps, d);
   // Stage 1: seeded with loss_scale · dL/dlogp_q · weights[b, t] over each sequence's span.

@@ -54,11 +54,13 @@ struct SequenceStepResult {
   std::vector<double> logps;                 // what the loss saw
   std::map<std::string, Tensor> grads;       // "grad.<parameter>": views into the program's arena
   std::vector<double> entropy_sums, match_sums;  // per sequence, over its completion tokens
+  // With logit_means: per sequence, Σ over its completion tokens of the mean logit over the vocabulary.
+  std::vector<double> logit_mean_sums;
 };
 
 // One micro-batch: forward, the loss on the host, backward. The gradients are those of loss_scale · loss. The
 // policy's programs must not run anything else between the two stages (frozen models use their own backend).
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
-                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing);
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means = false);
 
 }  // namespace trl

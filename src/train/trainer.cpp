@@ -289,11 +289,19 @@ struct Trainer::State {
   // Training (below).
   void resume(const std::string& spec);
   void check_resumed_layout(const ojson& state, const std::string& dir) const;
-  void check_memory();
+  struct MemoryPlan {
+    uint64_t more = 0;  // bytes still to allocate
+    MemoryBudget budget;
+    std::string held, parts;  // what is held now, and what `more` is made of
+    bool fits() const { return budget.available == 0 || more <= budget.available; }
+  };
+  std::optional<MemoryPlan> plan_memory(int64_t batch);
+  void check_memory(bool resumed);
   std::vector<std::vector<size_t>> step_items(const std::vector<size_t>& order, int64_t within) const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
-  StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics);
+  StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
+                        const std::function<void(int64_t, const TensorMap&)>& pre_optimizer);
   // log.jsonl always holds log_history: rewritten atomically at the start, then appended to entry by entry.
   void start_log() const;
   void log(ojson entry);
@@ -485,36 +493,66 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
   }
 }
 
-// Before the first step: what the run will still allocate (AdamW's moments, the accumulation buffers, the largest
-// program's arena: planned, not allocated, by compiling it) against what the process may still use. A run that
-// cannot fit is refused with the figures and the options that shrink it; TRL_SKIP_MEMORY_CHECK=1 skips the check.
-void Trainer::State::check_memory() {
-  if (const char* e = std::getenv("TRL_SKIP_MEMORY_CHECK"); e && std::string(e) == "1") return;
-  const std::optional<graph::Graph> g = method->largest_program(model);
-  if (!g) return;
+// What a run with micro-batches of `batch` rows will still allocate (AdamW's moments, the accumulation buffers, the
+// largest program's arena: planned, not allocated, by compiling it; the frozen models' working memory) against
+// what the process may still use. nullopt: the method does not know its largest program.
+std::optional<Trainer::State::MemoryPlan> Trainer::State::plan_memory(int64_t batch) {
+  const std::optional<graph::Graph> g = method->largest_program(model, batch);
+  if (!g) return std::nullopt;
   // Compiled on its own, not through the cache, so that the run's program counts stay those of its batches; a
   // compile plans and lowers but allocates nothing.
   const uint64_t arena = backend->compile(*g)->arena_bytes();
+  const FrozenMemory frozen = method->frozen_memory(batch);
   uint64_t masters = 0, compute_bytes = 0;
   for (const auto& [name, w] : master) masters += static_cast<uint64_t>(w.nbytes());
   for (const auto& [name, w] : compute)
     if (!master.count(name) || compute.at(name).data() != master.at(name).data()) compute_bytes += static_cast<uint64_t>(w.nbytes());
   const uint64_t moments = opt.exp_avg().empty() ? 2 * masters : 0;
   const uint64_t accumulation = cfg.gradient_accumulation_steps > 1 ? masters : 0;
-  const uint64_t more = moments + accumulation + arena;
-  const MemoryBudget budget = memory_budget();
-  const std::string held = fmt::format("compute weights {}, f32 masters {}{}", format_bytes(compute_bytes), format_bytes(masters),
-                                       method->frozen_bytes() ? ", frozen models " + format_bytes(method->frozen_bytes()) : std::string());
-  const std::string parts = fmt::format("AdamW moments {}, gradient accumulation {}, the largest program's working memory {} ({} × {} tokens)",
-                                        format_bytes(moments), format_bytes(accumulation), format_bytes(arena), g->nodes.empty() ? 0 : shape_rows(*g),
-                                        shape_tokens(*g));
-  if (budget.available > 0 && more > budget.available)
+  MemoryPlan p;
+  p.more = moments + accumulation + arena + frozen.arena;
+  p.budget = memory_budget();
+  p.held = fmt::format("compute weights {}, f32 masters {}{}", format_bytes(compute_bytes), format_bytes(masters),
+                       frozen.weights ? ", frozen models " + format_bytes(frozen.weights) : std::string());
+  p.parts = fmt::format("AdamW moments {}, gradient accumulation {}, the largest program's working memory {} ({} × {} tokens){}",
+                        format_bytes(moments), format_bytes(accumulation), format_bytes(arena), g->nodes.empty() ? 0 : shape_rows(*g),
+                        shape_tokens(*g), frozen.arena ? ", the frozen models' working memory " + format_bytes(frozen.arena) : std::string());
+  return p;
+}
+
+// Before the first step: a run that cannot fit is refused with the figures and the options that shrink it, or,
+// with auto_find_batch_size, runs with the largest per_device_train_batch_size that fits (a bisection over the
+// plans, no out-of-memory-and-retry). TRL_SKIP_MEMORY_CHECK=1 skips the check.
+void Trainer::State::check_memory(bool resumed) {
+  if (const char* e = std::getenv("TRL_SKIP_MEMORY_CHECK"); e && std::string(e) == "1") return;
+  std::optional<MemoryPlan> p = plan_memory(cfg.per_device_train_batch_size);
+  if (!p) return;
+  // A resumed run keeps its checkpoint's batch size (the data order depends on it).
+  if (!p->fits() && cfg.auto_find_batch_size && !resumed && cfg.per_device_train_batch_size > 1) {
+    int64_t fits = 0, too_large = cfg.per_device_train_batch_size;
+    while (too_large - fits > 1) {
+      const int64_t mid = fits + (too_large - fits) / 2;
+      if (plan_memory(mid)->fits()) fits = mid;
+      else too_large = mid;
+    }
+    if (fits > 0) {
+      std::fprintf(stderr, "[trl] auto_find_batch_size: per_device_train_batch_size %lld needs %s more, %s is available; %lld fits\n",
+                   static_cast<long long>(cfg.per_device_train_batch_size), format_bytes(p->more).c_str(), format_bytes(p->budget.available).c_str(),
+                   static_cast<long long>(fits));
+      cfg.per_device_train_batch_size = fits;
+      p = plan_memory(fits);
+    } else {
+      p = plan_memory(1);
+    }
+  }
+  if (!p->fits())
     fail("{}: this run does not fit in memory: it holds {} now and needs {} more ({}), but {} is available ({}). Make it fit with "
          "--gradient_checkpointing (about one layer's activations instead of all), a smaller --per_device_train_batch_size with more "
-         "--gradient_accumulation_steps (the same effective batch), or a smaller --max_length; TRL_SKIP_MEMORY_CHECK=1 skips this check",
-         method->name(), held, format_bytes(more), parts, format_bytes(budget.available), budget.source);
-  std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", held.c_str(), format_bytes(more).c_str(), parts.c_str(),
-               format_bytes(budget.available).c_str(), budget.source.c_str());
+         "--gradient_accumulation_steps (the same effective batch){}, or a smaller --max_length; TRL_SKIP_MEMORY_CHECK=1 skips this check",
+         method->name(), p->held, format_bytes(p->more), p->parts, format_bytes(p->budget.available), p->budget.source,
+         cfg.auto_find_batch_size ? std::string() : " or --auto_find_batch_size");
+  std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", p->held.c_str(), format_bytes(p->more).c_str(), p->parts.c_str(),
+               format_bytes(p->budget.available).c_str(), p->budget.source.c_str());
 }
 
 // Resume: weights, moments, step, log and the position in the data order.
@@ -534,6 +572,9 @@ void Trainer::State::resume(const std::string& spec) {
   } catch (const ojson::exception& e) {
     fail("resume_from_checkpoint {}: {} is not valid JSON: {}", dir, state_file, e.what());
   }
+  // auto_find_batch_size resumes with the batch size the checkpoint's run found (as Transformers does).
+  if (cfg.auto_find_batch_size && st.contains("trl_cpp") && st["trl_cpp"].is_object() && st["trl_cpp"].contains("per_device_train_batch_size"))
+    cfg.per_device_train_batch_size = st["trl_cpp"]["per_device_train_batch_size"].get<int64_t>();
   check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
   TensorMap m, v;
@@ -633,7 +674,8 @@ double Trainer::State::clip_gradients(double step_loss) {
   return norm;
 }
 
-StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWindow& metrics) {
+StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWindow& metrics,
+                                      const std::function<void(int64_t, const TensorMap&)>& pre_optimizer) {
   const auto t_step = Clock::now();
   StepResult r;
   const std::vector<std::vector<size_t>> micro = step_items(order, global_step % steps_per_epoch());
@@ -645,6 +687,7 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   r.loss = m.loss;
   tokens_seen += m.tokens;
   r.grad_norm = clip_gradients(r.loss);
+  if (pre_optimizer) pre_optimizer(global_step + 1, grads);
   r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
   opt.step(master, grads, r.lr, cfg.bf16 ? &compute : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
@@ -665,7 +708,7 @@ TrainOutput Trainer::train() {
     MethodContext ctx = s.context();
     method_->before_training(ctx);
   }
-  s.check_memory();
+  s.check_memory(!c.resume_from_checkpoint.empty());
   s.start_log();
   const int64_t total = s.total_steps(), spe = s.steps_per_epoch();
   TrainOutput result;
@@ -681,7 +724,7 @@ TrainOutput Trainer::train() {
     const SigintScope sigint;
     while (s.global_step < total) {
       if (s.global_step / spe != order_epoch) order_epoch = s.global_step / spe, order = s.order(order_epoch);
-      const StepResult r = s.train_step(order, metrics);
+      const StepResult r = s.train_step(order, metrics, on_pre_optimizer_step);
       window_loss += r.loss, ++window_steps;
       if (on_step)
         on_step(ojson{{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}, {"num_tokens", s.tokens_seen},
@@ -746,6 +789,7 @@ BaseTrainer::~BaseTrainer() = default;
 
 TrainOutput BaseTrainer::train() {
   trainer_->on_step = on_step;
+  trainer_->on_pre_optimizer_step = on_pre_optimizer_step;
   return trainer_->train();
 }
 nlohmann::ordered_json BaseTrainer::evaluate_metrics() { return trainer_->evaluate(); }

@@ -62,6 +62,10 @@ struct MethodStep {
   double data_seconds = 0;  // of the step's time: tokenized items → batches
 };
 
+struct FrozenMemory {
+  uint64_t weights = 0, arena = 0;
+};
+
 class TrainingMethod {
  public:
   virtual ~TrainingMethod() = default;
@@ -84,11 +88,12 @@ class TrainingMethod {
   // Writes the model's weight and config files into `dir` (the weights in the save dtype, by name); false: the
   // Trainer saves a causal LM.
   virtual bool write_model(const std::string& /*dir*/, const TensorMap& /*weights*/, DType /*dtype*/) const { return false; }
-  // The training program of the method's largest micro-batch (the most rows, each of the longest length the data
-  // holds), for the memory check before the first step; nullopt: not known (no check).
-  virtual std::optional<graph::Graph> largest_program(const CausalLM& /*model*/) const { return std::nullopt; }
-  // Bytes of the frozen models the method holds beside the policy (a reference's weights).
-  virtual uint64_t frozen_bytes() const { return 0; }
+  // The training program of the method's largest micro-batch of `batch` items (the most rows, each of the longest
+  // length the data holds), for the memory check before the first step; nullopt: not known (no check).
+  virtual std::optional<graph::Graph> largest_program(const CausalLM& /*model*/, int64_t /*batch*/) const { return std::nullopt; }
+  // The frozen models the method holds beside the policy: their weights, and the working memory of their largest
+  // program for micro-batches of `batch` items (planned, not allocated).
+  virtual FrozenMemory frozen_memory(int64_t /*batch*/) { return {}; }
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);
@@ -122,6 +127,8 @@ class Trainer {
   const CausalLM& model() const;
   const ProgramCacheStats& program_stats() const;
   std::function<void(const nlohmann::ordered_json&)> on_step;
+  // See BaseTrainer::on_pre_optimizer_step.
+  std::function<void(int64_t step, const TensorMap& grads)> on_pre_optimizer_step;
 
  private:
   struct State;

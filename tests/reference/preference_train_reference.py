@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Goldens for the preference trainers on the tiny model (tests/train/preference_golden_test.cpp): 3 optimizer steps
 of DPO (every loss_type), KTO (with its KL term) and a reward model, each step's loss, TRL's metrics and the
-gradient norm, computed with the independent forward pass of qwen3_reference.py, the loss formulas of
+gradient norm, every parameter's gradient at step 1 (its norms, sum and 8 entries), the reward model's trained head
+and its rewards, computed with the independent forward pass of qwen3_reference.py, the loss formulas of
 preference_loss_reference.py, torch.autograd and torch.optim.AdamW, in float32.
 
 The run the C++ test repeats: pre-tokenized rows, per_device_train_batch_size 2, train_sampling_strategy
@@ -54,7 +55,8 @@ def run(cfg, W, ids):
 
 
 def completion_stats(cfg, W, prompt, completion):
-    """Σ log p over the completion tokens, and their entropies and argmax matches (summed)."""
+    """Σ log p over the completion tokens, and their entropies, argmax matches and mean logits over the vocabulary
+    (summed over the completion tokens)."""
     ids = prompt + completion
     logits = run(cfg, W, ids)
     lp = torch.log_softmax(logits, dim=-1)
@@ -63,7 +65,8 @@ def completion_stats(cfg, W, prompt, completion):
     logp = lp[at, target].sum()
     ent = -(lp[at].exp() * lp[at]).sum(-1).sum()
     match = (logits[at].argmax(-1) == target).float().sum()
-    return logp, ent.detach(), match.detach()
+    mean_logit = logits[at].double().mean(-1).sum()
+    return logp, ent.detach(), match.detach(), mean_logit.detach()
 
 
 def adamw(W):
@@ -74,23 +77,37 @@ def grad_norm(W):
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in W.values() if p.grad is not None)).item()
 
 
+def grad_summary(W):
+    """Each parameter's gradient as its L2 norm, its sum, its L1 norm and 8 evenly spaced entries."""
+    out = {}
+    for name, p in W.items():
+        g = p.grad.double().flatten()
+        n = g.numel()
+        out[name] = {"norm": g.norm().item(), "sum": g.sum().item(), "abs_sum": g.abs().sum().item(),
+                     "at": [k * n // 8 for k in range(8)], "values": [g[k * n // 8].item() for k in range(8)]}
+    return out
+
+
 def dpo_case(cfg, W0, case):
     W = {k: v.clone().requires_grad_(True) for k, v in W0.items()}
     opt = adamw(W)
     steps = []
     with torch.no_grad():
         ref = [(completion_stats(cfg, W0, p, c)[0].double(), completion_stats(cfg, W0, p, r)[0].double()) for p, c, r in PAIRS]
+    grads = None
     for s in range(STEPS):
         idx = [(s * BATCH + k) % len(PAIRS) for k in range(BATCH)]
         opt.zero_grad()
-        cs, rs, ent, match, ntok, nchosen = [], [], 0.0, 0.0, 0, 0
+        cs, rs, ent, match, ntok, nchosen, logit_c, logit_r = [], [], 0.0, 0.0, 0, 0, 0.0, 0.0
         for i in idx:
             p, c, r = PAIRS[i]
-            lc, ec, mc = completion_stats(cfg, W, p, c)
-            lr_, er, _ = completion_stats(cfg, W, p, r)
+            lc, ec, mc, gc = completion_stats(cfg, W, p, c)
+            lr_, er, _, gr = completion_stats(cfg, W, p, r)
             cs.append(lc), rs.append(lr_)
             ent += ec.item() + er.item()
             match += mc.item()
+            logit_c += gc.item()
+            logit_r += gr.item()
             ntok += len(c) + len(r)
             nchosen += len(c)
         c = torch.stack(cs).double()
@@ -107,9 +124,12 @@ def dpo_case(cfg, W0, case):
                       "rewards/chosen": (beta * dc).mean().item(), "rewards/rejected": (beta * dr).mean().item(),
                       "rewards/accuracies": (beta * dc > beta * dr).double().mean().item(),
                       "rewards/margins": (beta * (dc - dr)).mean().item(),
-                      "logps/chosen": c.mean().item(), "logps/rejected": r.mean().item()})
+                      "logps/chosen": c.mean().item(), "logps/rejected": r.mean().item(),
+                      "logits/chosen": logit_c / nchosen, "logits/rejected": logit_r / (ntok - nchosen)})
+        if s == 0:
+            grads = grad_summary(W)
         opt.step()
-    return {"config": case, "steps": steps}
+    return {"config": case, "steps": steps, "grads_step1": grads}
 
 
 def kto_run(cfg, W0):
@@ -142,6 +162,10 @@ def kto_run(cfg, W0):
         loss.backward()
         ent = sum(x[1].item() for x in stats) / sum(len(KTO_ROWS[i][1]) for i in idx)
         e = {"loss": loss.item(), "grad_norm": grad_norm(W), "kl": kl.item(), "entropy": ent}
+        for key, want in (("logits/chosen", True), ("logits/rejected", False)):
+            rows = [k for k, i in enumerate(idx) if KTO_ROWS[i][2] == want]
+            if rows:
+                e[key] = sum(stats[k][3].item() for k in rows) / sum(len(KTO_ROWS[idx[k]][1]) for k in rows)
         r = (beta * ratio).detach()
         if des.any():
             e["rewards/chosen"] = r[des].mean().item()
@@ -152,8 +176,10 @@ def kto_run(cfg, W0):
         if des.any() and (~des).any():
             e["rewards/margins"] = e["rewards/chosen"] - e["rewards/rejected"]
         steps.append(e)
+        if s == 0:
+            grads = grad_summary(W)
         opt.step()
-    return {"config": KTO_CASE, "rows": [[p, c, d] for p, c, d in KTO_ROWS], "steps": steps}
+    return {"config": KTO_CASE, "rows": [[p, c, d] for p, c, d in KTO_ROWS], "steps": steps, "grads_step1": grads}
 
 
 def score_head(C):
@@ -184,8 +210,14 @@ def reward_run(cfg, W0):
         allr = torch.cat((rc, rr)).detach()
         steps.append({"loss": loss.item(), "grad_norm": grad_norm(W), "min_reward": allr.min().item(), "mean_reward": allr.mean().item(),
                       "max_reward": allr.max().item(), "accuracy": (rc > rr).double().mean().item(), "margin": (rc - rr).mean().item()})
+        if s == 0:
+            grads = grad_summary(W)
         opt.step()
-    return {"center_rewards_coefficient": 0.01, "steps": steps}
+    # The trained head as saved (score.weight [1, C]) and the rewards of the trained model on every pair.
+    with torch.no_grad():
+        final = [[reward(p + c).item(), reward(p + r).item()] for p, c, r in PAIRS]
+    return {"center_rewards_coefficient": 0.01, "steps": steps, "grads_step1": grads,
+            "score_weight": W["score.weight"].detach()[0].tolist(), "final_rewards": final}
 
 
 def main():

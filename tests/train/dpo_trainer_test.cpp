@@ -95,7 +95,8 @@ TEST(DPOTrainer, FirstLossIsLog2AndAccumulationEqualsOneLargeBatch) {
     EXPECT_TRUE(oa.log_history[0].contains(key)) << key;
 }
 
-// precompute_ref_log_probs gives the losses of a live reference; padding_free gives those of padded rows.
+// precompute_ref_log_probs gives the losses of a live reference; padding_free, rows padded to the longest
+// (pad_to_multiple_of None) and rows padded to buckets of 16 give those of the backend's buckets (64).
 TEST(DPOTrainer, PrecomputedReferenceAndPaddingFreeGiveTheSameLosses) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
   test::TinyModel t;
@@ -108,13 +109,21 @@ TEST(DPOTrainer, PrecomputedReferenceAndPaddingFreeGiveTheSameLosses) {
   pre.precompute_ref_log_probs = true;
   free.output_dir = t.dir.file("free");
   free.padding_free = true;
+  DPOConfig longest = live, b16 = live;
+  longest.output_dir = t.dir.file("longest");
+  longest.pad_to_multiple_of = "None";
+  b16.output_dir = t.dir.file("b16");
+  b16.pad_to_multiple_of = "16";
   DPOTrainer tl(t.model, tok, repeat_pairs(6), live), tp(t.model, tok, repeat_pairs(6), pre), tf(t.model, tok, repeat_pairs(6), free);
-  const TrainOutput ol = tl.train(), op = tp.train(), of = tf.train();
+  DPOTrainer tn(t.model, tok, repeat_pairs(6), longest), t16(t.model, tok, repeat_pairs(6), b16);
+  const TrainOutput ol = tl.train(), op = tp.train(), of = tf.train(), on = tn.train(), o16 = t16.train();
   ASSERT_EQ(ol.log_history.size(), 3u);
   for (size_t s = 0; s < 3; ++s) {
     EXPECT_NEAR(logged(op, s, "loss"), logged(ol, s, "loss"), 1e-6) << "step " << s + 1;
-    EXPECT_NEAR(logged(of, s, "loss"), logged(ol, s, "loss"), 1e-4) << "step " << s + 1;
-    EXPECT_NEAR(logged(of, s, "rewards/margins"), logged(ol, s, "rewards/margins"), 1e-4) << "step " << s + 1;
+    for (const auto& [o, what] : {std::pair{&of, "padding_free"}, std::pair{&on, "padded to the longest"}, std::pair{&o16, "buckets of 16"}})
+      for (const char* key : {"loss", "rewards/margins", "logps/chosen", "logits/rejected", "entropy"})
+        EXPECT_NEAR(logged(*o, s, key), logged(ol, s, key), 1e-4 * std::max(1.0, std::fabs(logged(ol, s, key))))
+            << what << " step " << s + 1 << " " << key;
   }
   EXPECT_GT(std::fabs(logged(ol, 2, "loss") - std::log(2.0)), 1e-4);  // the policy moved away from the reference
 }

@@ -1,6 +1,7 @@
 // The preference trainers against PyTorch (tests/reference/preference_train_reference.py, an independent
 // implementation on the tiny model): 3 steps of DPO for every loss_type, of KTO with its KL term, and of a reward
-// model, each step's loss, TRL's metrics and the gradient norm (every parameter's gradient enters it). The run is
+// model, each step's loss, TRL's metrics and the gradient norm, every parameter's gradient at step 1, and the reward
+// model's saved head and the rewards it gives after training. The run is
 // f32, pre-tokenized rows, batches of 2 pairs read sequentially, constant learning rate 1e-3, no clipping.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "trl/backend/registry.h"
 #include "trl/models/init.h"
 #include "trl/models/reward_model.h"
 #include "trl/train/dpo_trainer.h"
@@ -90,6 +92,41 @@ void expect_steps(const json& want, const std::vector<ojson>& got, const std::st
     }
 }
 
+// Step 1's gradient of every parameter against the golden's summary of it (norm, sum, L1 norm, 8 entries). The
+// tolerances scale with the parameter's gradient norm: f32 sums in another order differ by ~1e-6 of it.
+void expect_gradients(const json& want, const TensorMap& got, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what << ": the trained parameters differ from PyTorch's";
+  for (const auto& [name, w] : want.items()) {
+    ASSERT_TRUE(got.count(name)) << what << ": no gradient for " << name;
+    const std::vector<float> g = got.at(name).to_f32_vector();
+    double sq = 0, sum = 0, l1 = 0;
+    for (float x : g) sq += static_cast<double>(x) * x, sum += x, l1 += std::fabs(x);
+    const double norm = w["norm"].get<double>(), scale = std::max(norm, 1e-8);
+    const auto near = [&](double value, double golden, double tol, const std::string& part) {
+      EXPECT_TRUE(std::isfinite(value) && std::fabs(value - golden) <= tol)
+          << what << " " << name << " " << part << ": " << value << ", PyTorch " << golden << " (tolerance " << tol << ")";
+    };
+    near(std::sqrt(sq), norm, 1e-4 * scale, "norm");
+    near(sum, w["sum"].get<double>(), 1e-4 * std::max(w["abs_sum"].get<double>(), 1e-8), "sum");
+    near(l1, w["abs_sum"].get<double>(), 1e-4 * std::max(w["abs_sum"].get<double>(), 1e-8), "L1 norm");
+    for (size_t k = 0; k < w["at"].size(); ++k) {
+      const size_t at = w["at"][k].get<size_t>();
+      ASSERT_LT(at, g.size()) << what << " " << name;
+      near(g[at], w["values"][k].get<double>(), 1e-4 * std::fabs(w["values"][k].get<double>()) + 1e-5 * scale, "entry " + std::to_string(at));
+    }
+  }
+}
+
+// Captures the gradients handed to the optimizer at step 1.
+template <class T>
+TensorMap& capture_step1(T& trainer, TensorMap& into) {
+  trainer.on_pre_optimizer_step = [&into](int64_t step, const TensorMap& grads) {
+    if (step == 1)
+      for (const auto& [name, g] : grads) into[name] = g.clone();
+  };
+  return into;
+}
+
 TEST(PreferenceGolden, DpoEveryLossTypeMatchesPyTorchFor3Steps) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
   GoldenModel m;
@@ -103,7 +140,10 @@ TEST(PreferenceGolden, DpoEveryLossTypeMatchesPyTorchFor3Steps) {
     if (cfg.contains("loss_weights")) d.loss_weights = cfg["loss_weights"].get<std::vector<double>>();
     d.f_divergence_type = cfg.value("f_divergence_type", std::string("reverse_kl"));
     DPOTrainer tr(m.model, tok, pair_rows(), d);
+    TensorMap grads;
+    capture_step1(tr, grads);
     expect_steps(c["steps"], tr.train().log_history, "dpo " + cfg.dump());
+    expect_gradients(c["grads_step1"], grads, "dpo " + cfg.dump() + " step 1 gradient of");
   }
 }
 
@@ -118,8 +158,11 @@ TEST(PreferenceGolden, KtoWithItsKlTermMatchesPyTorchFor3Steps) {
   KTOConfig c = golden_config<KTOConfig>(m.dir.file("kto"));
   c.beta = k["config"]["beta"].get<double>();
   KTOTrainer tr(m.model, test::qwen3_tokenizer(), d, c);
+  TensorMap grads;
+  capture_step1(tr, grads);
   const TrainOutput o = tr.train();
   expect_steps(k["steps"], o.log_history, "kto");
+  expect_gradients(k["grads_step1"], grads, "kto step 1 gradient of");
   EXPECT_GT(k["steps"][1]["kl"].get<double>(), 0.0);  // the golden exercises a non-zero KL term (step 2; clamped at 0 in step 3)
 }
 
@@ -132,7 +175,33 @@ TEST(PreferenceGolden, RewardModelMatchesPyTorchFor3Steps) {
   RewardConfig c = golden_config<RewardConfig>(m.dir.file("reward"));
   c.center_rewards_coefficient = golden()["reward"]["center_rewards_coefficient"].get<double>();
   RewardTrainer tr(rm, test::qwen3_tokenizer(), pair_rows(), c);
+  TensorMap grads;
+  capture_step1(tr, grads);
   expect_steps(golden()["reward"]["steps"], tr.train().log_history, "reward");
+  expect_gradients(golden()["reward"]["grads_step1"], grads, "reward step 1 gradient of");
+  // The saved sequence-classification folder: its score.weight is PyTorch's trained head, and the loaded model's
+  // rewards of every pair are PyTorch's after the 3 steps.
+  tr.save_model(m.dir.file("reward-saved"));
+  const RewardModel saved = load_reward_model(m.dir.file("reward-saved"));
+  const std::vector<float> head = saved.score.to_f32_vector();
+  const json& want_head = golden()["reward"]["score_weight"];
+  ASSERT_EQ(head.size(), want_head.size());
+  for (size_t i = 0; i < head.size(); ++i)
+    EXPECT_TRUE(std::fabs(head[i] - want_head[i].get<double>()) <= 1e-5) << "score.weight[" << i << "]: " << head[i] << ", PyTorch " << want_head[i];
+  std::vector<std::vector<int32_t>> seqs;
+  for (const auto& p : golden()["pairs"])
+    for (int part : {1, 2}) {
+      seqs.push_back(p[0].get<std::vector<int32_t>>());
+      for (const auto& id : p[part]) seqs.back().push_back(id.get<int32_t>());
+    }
+  auto backend = make_backend("cpu");
+  const std::vector<double> rewards = reward_scores(saved, seqs, *backend, 2);
+  const json& want = golden()["reward"]["final_rewards"];
+  for (size_t q = 0; q < rewards.size(); ++q) {
+    const double w = want[q / 2][q % 2].get<double>();
+    EXPECT_TRUE(std::isfinite(rewards[q]) && std::fabs(rewards[q] - w) <= 1e-4 * std::max(1.0, std::fabs(w)))
+        << "reward of pair " << q / 2 + 1 << (q % 2 ? " rejected" : " chosen") << ": " << rewards[q] << ", PyTorch " << w;
+  }
 }
 
 }  // namespace

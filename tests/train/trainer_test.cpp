@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,69 @@ TEST(TrainerMemory, ARunThatCannotFitIsRefusedWithTheFigures) {
     EXPECT_EQ(o.global_step, 1);
     EXPECT_EQ(o.programs.compilations, 1);  // the check's own compile is not one of the run's programs
   }
+}
+
+// The bytes in "needs 123 MB more" of a refusal (as format_bytes writes them).
+uint64_t needed_bytes(const std::string& message) {
+  const size_t at = message.find("needs ");
+  if (at == std::string::npos) return 0;
+  std::istringstream in(message.substr(at + 6));
+  double value = 0;
+  std::string unit;
+  in >> value >> unit;
+  return static_cast<uint64_t>(value * (unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : 1e3));
+}
+
+// What a 1-step SFT run of micro-batches of `batch` rows needs beyond what it holds (from the refusal under a
+// tiny limit).
+uint64_t needed_for(const test::TinyModel& t, const Dataset& data, SFTConfig c, int64_t batch) {
+  const ScopedEnv limit("TRL_MEMORY_LIMIT", "1KB");
+  c.per_device_train_batch_size = batch;
+  c.auto_find_batch_size = false;
+  SFTTrainer tr(t.model, test::qwen3_tokenizer(), data, c);
+  try {
+    tr.train();
+  } catch (const Error& e) {
+    return needed_bytes(e.what());
+  }
+  return 0;
+}
+
+// auto_find_batch_size: under a limit between what 1 row and 16 rows need, the run trains with the largest batch
+// that fits (one more row would not), found from the plans before the first step; without it the run is refused.
+TEST(TrainerMemory, AutoFindBatchSizePicksTheLargestBatchThatFits) {
+  test::TinyModel t;
+  Dataset data;
+  for (int i = 0; i < 32; ++i) {
+    std::string text = "row " + std::to_string(i) + ":";
+    for (int k = 0; k < 40; ++k) text += " word" + std::to_string((i * 7 + k) % 50);
+    data.rows.push_back(ojson{{"text", text}});
+    data.where.push_back("long.jsonl:" + std::to_string(i + 1));
+  }
+  SFTConfig c;
+  c.output_dir = t.dir.file("auto");
+  c.max_steps = 1;
+  c.progress = false;
+  c.report = false;
+  const uint64_t one = needed_for(t, data, c, 1), sixteen = needed_for(t, data, c, 16);
+  ASSERT_GT(one, 0u);
+  ASSERT_GT(sixteen, one + 4'000'000) << "the arena should grow with the batch";
+  const std::string limit = std::to_string((one + sixteen) / 2 / 1000) + "KB";
+  const ScopedEnv env("TRL_MEMORY_LIMIT", limit.c_str());
+  c.per_device_train_batch_size = 16;
+  EXPECT_THROW(SFTTrainer(t.model, test::qwen3_tokenizer(), data, c).train(), Error);
+  c.auto_find_batch_size = true;
+  SFTTrainer tr(t.model, test::qwen3_tokenizer(), data, c);
+  EXPECT_EQ(tr.train().global_step, 1);
+  const ojson state = ojson::parse(test::read_file(t.dir.file("auto/trainer_state.json")));
+  const int64_t found = state["train_batch_size"].get<int64_t>();
+  EXPECT_GE(found, 1);
+  EXPECT_LT(found, 16);
+  SFTConfig more = c;
+  more.auto_find_batch_size = false;
+  more.output_dir = t.dir.file("more");
+  more.per_device_train_batch_size = found + 1;
+  EXPECT_THROW(SFTTrainer(t.model, test::qwen3_tokenizer(), data, more).train(), Error) << found + 1 << " rows should not fit in " << limit;
 }
 
 }  // namespace

@@ -103,12 +103,13 @@ class CausalLM {
   // (graph::rematerialize); same results bit for bit, about one layer's activations alive instead of all.
   // metrics: two more outputs after the gradients, per token [B,T] f32: the entropy of the predicted distribution
   // and 1 where the label is the argmax prediction (TRL's `entropy` and `mean_token_accuracy` come from them).
+  // logit_sums: then logit_sum [B,T] f32, Σ over the vocabulary of each position's logits (TRL's logits/* metrics).
   // Last, token_logprobs [B,T] f32: log p(labels) per token.
   // loss_weights is the graph's seed: as a two-stage program (Program::run_stage), stage 0 binds everything else
   // and returns token_logprobs (and the metrics); stage 1 binds loss_weights = dL/d token_logprobs, for any loss L
   // of the per-token log-probs computed on the host in between, and returns the gradients of that L.
   graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
-                              bool metrics = false) const;
+                              bool metrics = false, bool logit_sums = false) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

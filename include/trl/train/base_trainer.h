@@ -40,6 +40,10 @@ class BaseTrainer {
   const ProgramCacheStats& program_stats() const;
   // Called after every optimizer step with the log entry of that step (tests, progress displays).
   std::function<void(const nlohmann::ordered_json&)> on_step;
+  // Called at every optimizer step (1, 2, ...) after clipping and before AdamW, with the step's f32 gradient of each
+  // trained parameter by name, as Transformers' TrainerCallback.on_pre_optimizer_step (the views are valid only
+  // during the call).
+  std::function<void(int64_t step, const TensorMap& grads)> on_pre_optimizer_step;
 
  protected:
   BaseTrainer();

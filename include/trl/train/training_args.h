@@ -43,6 +43,10 @@ struct TrainingArguments {
   // Transformers' default (TRL's configs say true): trl.cpp checks the memory a run needs before its first step and
   // names this option when it would make the run fit.
   bool gradient_checkpointing = false;
+  // When the memory check finds that per_device_train_batch_size does not fit, train with the largest smaller one
+  // that does (found from the programs' plans before the first step, not by running out of memory and retrying);
+  // gradient_accumulation_steps stays as given, as in Transformers. A resumed run keeps its checkpoint's.
+  bool auto_find_batch_size = false;
   bool dataloader_drop_last = false;
   std::string resume_from_checkpoint;  // a checkpoint folder, or "last" / "true" for the newest in output_dir
   bool report = true;    // write training_report.html in output_dir

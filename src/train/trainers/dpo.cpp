@@ -79,20 +79,22 @@ class DpoMethod final : public TrainingMethod {
     return opt_.pad_to_multiple_of > 0 ? 2 * static_cast<size_t>(2 * cfg_.max_length / opt_.pad_to_multiple_of + 2) : 64;
   }
   bool has_eval() const override { return !eval_.empty(); }
-  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+  // The [rows, tokens] of the largest micro-batch of `batch` pairs: the policy's training program and the
+  // reference's forward program both take it.
+  std::pair<int64_t, int64_t> largest_shape(int64_t batch) const {
     std::vector<int64_t> lengths;
     for (const PreferenceExample& e : train_)
       for (const auto* c : {&e.chosen_ids, &e.rejected_ids})
         lengths.push_back(std::min<int64_t>(static_cast<int64_t>(e.prompt_ids.size() + c->size()), cfg_.max_length));
-    const auto [R, T] = largest_batch_shape(lengths, 2 * cfg_.per_device_train_batch_size,
-                                            SequenceLayout{opt_.pad_token_id, opt_.pad_to_multiple_of, opt_.data.max_length, opt_.padding_free});
-    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true);
+    return largest_batch_shape(lengths, 2 * batch, SequenceLayout{opt_.pad_token_id, opt_.pad_to_multiple_of, opt_.data.max_length, opt_.padding_free});
   }
-  uint64_t frozen_bytes() const override {
-    uint64_t n = 0;
-    if (!reference_->released())
-      for (const auto& [name, w] : reference_->model().weights()) n += static_cast<uint64_t>(w.nbytes());
-    return n;
+  std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
+    const auto [R, T] = largest_shape(batch);
+    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true, /*logit_sums=*/true);
+  }
+  FrozenMemory frozen_memory(int64_t batch) override {
+    const auto [R, T] = largest_shape(batch);
+    return reference_->memory(R, T);
   }
 
   // precompute_ref_log_probs: one pass of the reference over every pair, then the reference is released.
@@ -119,6 +121,8 @@ class DpoMethod final : public TrainingMethod {
       out.tokens += r.num_tokens;
       metrics.add("entropy", r.entropy);
       metrics.add("mean_token_accuracy", r.mean_token_accuracy);
+      metrics.add("logits/chosen", r.logits_chosen);
+      metrics.add("logits/rejected", r.logits_rejected);
       add_loss_metrics(metrics, r.loss);
       add(r.grads);
     }

@@ -67,18 +67,21 @@ class KtoMethod final : public TrainingMethod {
     return layout_.pad_to_multiple_of > 0 ? 2 * static_cast<size_t>(cfg_.max_length / layout_.pad_to_multiple_of + 2) : 64;
   }
   bool has_eval() const override { return !eval_.empty(); }
-  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+  // The [rows, tokens] of the largest micro-batch of `rows` sequences.
+  std::pair<int64_t, int64_t> largest_shape(int64_t rows) const {
     std::vector<int64_t> lengths;
     for (const UnpairedExample& e : train_)
       lengths.push_back(std::min<int64_t>(static_cast<int64_t>(e.prompt_ids.size() + e.completion_ids.size()), cfg_.max_length));
-    const auto [R, T] = largest_batch_shape(lengths, cfg_.per_device_train_batch_size, layout_);
-    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true);
+    return largest_batch_shape(lengths, rows, layout_);
   }
-  uint64_t frozen_bytes() const override {
-    uint64_t n = 0;
-    if (!reference_->released())
-      for (const auto& [name, w] : reference_->model().weights()) n += static_cast<uint64_t>(w.nbytes());
-    return n;
+  std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
+    const auto [R, T] = largest_shape(batch);
+    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true, /*logit_sums=*/true);
+  }
+  // The reference's pass takes a micro-batch's rows and, with the KL term, their KL rows together.
+  FrozenMemory frozen_memory(int64_t batch) override {
+    const auto [R, T] = largest_shape(kl_ ? 2 * batch : batch);
+    return reference_->memory(R, T);
   }
 
   void before_training(MethodContext&) override {
@@ -104,13 +107,21 @@ class KtoMethod final : public TrainingMethod {
         d = l.d_logp;
         return l.loss;
       };
-      SequenceStepResult r = sequence_train_step(ctx.model, ctx.weights, ctx.programs, rows, loss, scale, cfg_.gradient_checkpointing);
+      SequenceStepResult r = sequence_train_step(ctx.model, ctx.weights, ctx.programs, rows, loss, scale, cfg_.gradient_checkpointing,
+                                                 /*logit_means=*/true);
       out.loss += l.loss * scale;
       out.tokens += rows.batch.num_tokens;
-      double entropy = 0;
-      int64_t tokens = 0;
-      for (size_t q = 0; q < r.entropy_sums.size(); ++q) entropy += r.entropy_sums[q], tokens += rows.completion_tokens[q];
+      double entropy = 0, logits[2] = {0, 0};  // [undesirable, desirable]
+      int64_t tokens = 0, label_tokens[2] = {0, 0};
+      for (size_t q = 0; q < r.entropy_sums.size(); ++q) {
+        entropy += r.entropy_sums[q], tokens += rows.completion_tokens[q];
+        const int desirable = train_[items[q]].desirable ? 1 : 0;
+        logits[desirable] += r.logit_mean_sums[q], label_tokens[desirable] += rows.completion_tokens[q];
+      }
       add_metrics(metrics, l, tokens ? entropy / static_cast<double>(tokens) : 0.0, "");
+      // TRL's logits/chosen and logits/rejected: the mean logit over the desirable (undesirable) rows' completion tokens.
+      if (label_tokens[1] > 0) metrics.add("logits/chosen", logits[1] / static_cast<double>(label_tokens[1]));
+      if (label_tokens[0] > 0) metrics.add("logits/rejected", logits[0] / static_cast<double>(label_tokens[0]));
       add(r.grads);
     }
     return out;

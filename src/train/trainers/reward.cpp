@@ -41,11 +41,11 @@ class RewardMethod final : public TrainingMethod {
   size_t num_items() const override { return train_.size(); }
   size_t programs_to_keep() const override { return multiple_ > 0 ? 2 * static_cast<size_t>(cfg_.max_length / multiple_ + 2) : 64; }
   bool has_eval() const override { return !eval_.empty(); }
-  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+  std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     std::vector<int64_t> lengths;
     for (const PreferenceExample& e : train_)
       for (const auto* c : {&e.chosen_ids, &e.rejected_ids}) lengths.push_back(static_cast<int64_t>(e.prompt_ids.size() + c->size()));
-    const auto [R, T] = largest_batch_shape(lengths, 2 * cfg_.per_device_train_batch_size, SequenceLayout{pad_, multiple_, cfg_.max_length, false});
+    const auto [R, T] = largest_batch_shape(lengths, 2 * batch, SequenceLayout{pad_, multiple_, cfg_.max_length, false});
     return model.reward_training_graph(R, T, cfg_.gradient_checkpointing);
   }
   TensorMap extra_parameters() const override { return {{"score.weight", score_}}; }

@@ -78,11 +78,11 @@ class SftMethod final : public TrainingMethod {
 
   // per_device_train_batch_size rows of the longest length collation can give (packed rows: the bucket of
   // max_length; padding-free: one row of the batch's longest examples together).
-  std::optional<graph::Graph> largest_program(const CausalLM& model) const override {
+  std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     int64_t longest = 0;
     std::vector<int64_t> lengths;
     for (const SFTExample& e : train_) lengths.push_back(static_cast<int64_t>(e.input_ids.size())), longest = std::max(longest, lengths.back());
-    int64_t B = cfg_.per_device_train_batch_size, T = 0;
+    int64_t B = batch, T = 0;
     if (cfg_.packing) {
       T = padded_length(cfg_.max_length, multiple_);
     } else if (cfg_.padding_free) {
