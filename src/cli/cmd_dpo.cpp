@@ -40,6 +40,10 @@ void register_dpo(CLI::App& app) {
       .choices({"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"});
   o->add("f_alpha_divergence_coef", c.f_alpha_divergence_coef, "alpha of alpha_divergence");
   o->add("discopop_tau", c.discopop_tau, "Temperature of the discopop loss").above(0);
+  o->add("ld_alpha", c.ld_alpha, "LD-DPO: weight of the completion tokens past the pair's shorter completion (0-1)").default_text("None");
+  o->add("sync_ref_model", c.sync_ref_model, "TR-DPO: mix the policy into the reference every ref_model_sync_steps steps");
+  o->add("ref_model_mixup_alpha", c.ref_model_mixup_alpha, "TR-DPO: reference = alpha * policy + (1 - alpha) * reference").min(0).max(1);
+  o->add("ref_model_sync_steps", c.ref_model_sync_steps, "TR-DPO: optimizer steps between reference updates").min(1);
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
   cmd->callback([a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);

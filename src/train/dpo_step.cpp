@@ -1,12 +1,30 @@
 #include "train/dpo_step.h"
 
+#include <algorithm>
+
 #include "trl/core/error.h"
 
 namespace trl {
 
 SequenceBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& o) {
   if (pairs.empty()) fail("dpo: a micro-batch needs at least one pair");
-  return sequence_batch(preference_rows(pairs, o.data), SequenceLayout{o.pad_token_id, o.pad_to_multiple_of, o.data.max_length, o.padding_free});
+  SequenceBatch b = sequence_batch(preference_rows(pairs, o.data), SequenceLayout{o.pad_token_id, o.pad_to_multiple_of, o.data.max_length, o.padding_free});
+  if (o.ld_alpha) {
+    // Sequence q's completion tokens after the first `shared` (the pair's shorter completion) weigh ld_alpha.
+    const size_t N = pairs.size();
+    const int64_t T = b.batch.input_ids.size(1);
+    const float* w = b.batch.weights.data_as<float>();
+    b.logp_weights = Tensor::zeros(DType::F32, b.batch.weights.shape());
+    float* lw = b.logp_weights.mutable_data_as<float>();
+    for (size_t q = 0; q < 2 * N; ++q) {
+      const int64_t shared = std::min(b.completion_tokens[q % N], b.completion_tokens[N + q % N]);
+      const SequenceBatch::Span& s = b.spans[q];
+      int64_t seen = 0;
+      for (int64_t t = s.begin; t < s.end; ++t)
+        if (w[s.row * T + t] != 0) lw[s.row * T + t] = ++seen > shared ? static_cast<float>(*o.ld_alpha) : 1.0f;
+    }
+  }
+  return b;
 }
 
 std::vector<RefLogps> dpo_reference_logps(const CausalLM& reference, ProgramCache& programs, const std::vector<const PreferenceExample*>& pairs,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct DpoStepOptions {
   // All 2N sequences in one row, back to back (positions restart per sequence, no attention across them), padded
   // to pad_to_multiple_of: TRL's padding_free.
   bool padding_free = false;
+  // LD-DPO: the completion tokens past the shorter completion of the pair count ld_alpha times in both sequence
+  // log-probs (policy and reference); nullopt: every token once.
+  std::optional<double> ld_alpha;
   bool gradient_checkpointing = false;
   // The gradients are those of loss_scale · loss (1 / the micro-batches of a step: the Trainer's accumulation);
   // the reported loss is unscaled.

@@ -42,6 +42,23 @@ FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
   return m;
 }
 
+void FrozenModel::mix_in(const TensorMap& policy, double alpha) {
+  const CausalLM& m = model();
+  TensorMap mixed;
+  for (const auto& [name, w] : m.weights()) {
+    const auto it = policy.find(name);
+    if (it == policy.end() || it->second.shape() != w.shape())
+      fail("sync_ref_model: the reference's {} {} has no counterpart of that shape in the policy; sync_ref_model needs a reference of the "
+           "policy's architecture", name, shape_str(w.shape()));
+    const std::vector<float> p = it->second.to_f32_vector(), r = w.to_f32_vector();
+    std::vector<float> out(p.size());
+    const float a = static_cast<float>(alpha);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = a * p[i] + (1.0f - a) * r[i];
+    mixed[name] = Tensor::from_f32(out, w.shape(), w.dtype());
+  }
+  model_ = std::make_unique<CausalLM>(CausalLM::from_weights(m.config(), std::move(mixed), "reference"));
+}
+
 void FrozenModel::release() {
   programs_.reset();
   backend_.reset();

@@ -26,6 +26,9 @@ class FrozenModel {
   // allocated); nothing once released.
   FrozenMemory memory(int64_t rows, int64_t tokens);
   ProgramCache& programs();
+  // TR-DPO's update: each weight becomes alpha · policy + (1 − alpha) · itself (policy: f32, by name), stored in
+  // new tensors in its dtype (never written in place: a given model's tensors stay the caller's).
+  void mix_in(const TensorMap& policy, double alpha);
   // Frees the weights and programs (after precompute_ref_log_probs); any later use is an error.
   void release();
   bool released() const { return !model_; }

@@ -62,16 +62,19 @@ std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, in
   return {count, T};
 }
 
-std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token) {
+std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token, bool weighted) {
   const int64_t T = b.batch.input_ids.size(1);
   if (per_token.shape() != b.batch.weights.shape()) fail("sequence_sums: {} values for a {} batch", shape_str(per_token.shape()), shape_str(b.batch.weights.shape()));
   const float* v = per_token.data_as<float>();
   const float* w = b.batch.weights.data_as<float>();
+  const float* lw = weighted && b.logp_weights.numel() > 0 ? b.logp_weights.data_as<float>() : nullptr;
   std::vector<double> out;
   for (const SequenceBatch::Span& s : b.spans) {
     double sum = 0;
-    for (int64_t t = s.begin; t < s.end; ++t)
-      if (w[s.row * T + t] != 0) sum += static_cast<double>(w[s.row * T + t]) * v[s.row * T + t];
+    for (int64_t t = s.begin; t < s.end; ++t) {
+      const int64_t i = s.row * T + t;
+      if (w[i] != 0) sum += static_cast<double>(w[i]) * (lw ? lw[i] : 1.0f) * v[i];
+    }
     out.push_back(sum);
   }
   return out;
@@ -92,11 +95,11 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   const std::vector<Tensor> first = program.run_stage(inputs, 0);
   SequenceStepResult out;
   out.logps = sequence_sums(b, first.at(g.output_index("token_logprobs")));
-  out.entropy_sums = sequence_sums(b, first.at(g.output_index("entropy")));
-  out.match_sums = sequence_sums(b, first.at(g.output_index("token_accuracy")));
+  out.entropy_sums = sequence_sums(b, first.at(g.output_index("entropy")), false);
+  out.match_sums = sequence_sums(b, first.at(g.output_index("token_accuracy")), false);
   if (logit_means) {
     const double V = static_cast<double>(model.config().vocab_size);
-    for (double sum : sequence_sums(b, first.at(g.output_index("logit_sum")))) out.logit_mean_sums.push_back(sum / V);
+    for (double sum : sequence_sums(b, first.at(g.output_index("logit_sum")), false)) out.logit_mean_sums.push_back(sum / V);
   }
   std::vector<double> d(out.logps.size(), 0.0);
   out.loss = loss(out.logps, d);
@@ -104,10 +107,14 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   Tensor seed = Tensor::zeros(DType::F32, {R, T});
   float* s = seed.mutable_data_as<float>();
   const float* w = b.batch.weights.data_as<float>();
+  const float* lw = b.logp_weights.numel() > 0 ? b.logp_weights.data_as<float>() : nullptr;
   for (size_t q = 0; q < b.spans.size(); ++q) {
     const double dq = loss_scale * d[q];
     const SequenceBatch::Span& sp = b.spans[q];
-    for (int64_t t = sp.begin; t < sp.end; ++t) s[sp.row * T + t] = static_cast<float>(dq * w[sp.row * T + t]);
+    for (int64_t t = sp.begin; t < sp.end; ++t) {
+      const int64_t i = sp.row * T + t;
+      s[i] = static_cast<float>(dq * w[i] * (lw ? lw[i] : 1.0f));
+    }
   }
   TensorMap seeds;
   seeds["loss_weights"] = seed;

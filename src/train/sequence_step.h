@@ -24,6 +24,9 @@ struct SequenceBatch {
   };
   std::vector<Span> spans;
   std::vector<int64_t> completion_tokens;  // per sequence: the positions its log-prob sums over
+  // Optional f32 [B, T]: how much each completion token's log-prob counts in its sequence's sum (LD-DPO); empty:
+  // once each.
+  Tensor logp_weights;
 };
 
 struct SequenceLayout {
@@ -40,8 +43,9 @@ SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const Seq
 // The [rows, tokens] of the largest batch of `count` sequences of these lengths under `layout` (the memory check).
 std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, int64_t count, const SequenceLayout& layout);
 
-// Σ over each sequence's completion tokens of a per-token [B, T] f32 tensor (log-probs, entropies, matches).
-std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token);
+// Σ over each sequence's completion tokens of a per-token [B, T] f32 tensor, each token times its logp_weights
+// entry when `weighted` and the batch has them (log-probs), else plainly (entropies, matches).
+std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token, bool weighted = true);
 
 // The summed completion log-probs of every sequence under `model` with `weights` bound; forward only.
 std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b);

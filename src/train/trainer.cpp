@@ -692,6 +692,7 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   opt.step(master, grads, r.lr, cfg.bf16 ? &compute : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
   ++global_step;
+  method->after_step(global_step, master);
   r.step_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
   return r;
 }

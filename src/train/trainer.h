@@ -94,6 +94,9 @@ class TrainingMethod {
   // The frozen models the method holds beside the policy: their weights, and the working memory of their largest
   // program for micro-batches of `batch` items (planned, not allocated).
   virtual FrozenMemory frozen_memory(int64_t /*batch*/) { return {}; }
+  // Called after every optimizer step with the new step number and the f32 master weights (TR-DPO's reference
+  // update).
+  virtual void after_step(int64_t /*global_step*/, const TensorMap& /*master*/) {}
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);

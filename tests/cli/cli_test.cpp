@@ -244,9 +244,14 @@ TEST(Cli, DpoFromFlagsAndYaml) {
   EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
   const auto state = nlohmann::json::parse(test::read_file(dir.file("o/trainer_state.json")));
   ASSERT_EQ(state["log_history"].size(), 2u);
-  for (const char* key : {"loss", "rewards/chosen", "rewards/margins", "logps/rejected", "entropy"})
+  for (const char* key : {"loss", "rewards/chosen", "rewards/margins", "logps/rejected", "logits/chosen", "logits/rejected", "entropy"})
     EXPECT_TRUE(state["log_history"][0].contains(key)) << key;
   EXPECT_EQ(state["trl_cpp"]["method"], "DPO");
+  // TR-DPO and LD-DPO options from the command line (a live reference: sync_ref_model cannot precompute).
+  ASSERT_EQ(test::run_command(trl + " dpo --config " + dir.file("dpo.yaml") + " --loss_type sigmoid --loss_weights 1 --max_steps 2 --sync_ref_model true "
+                                  "--ref_model_sync_steps 1 --ref_model_mixup_alpha 0.9 --ld_alpha 0.5 --auto_find_batch_size true --output_dir " +
+                                  dir.file("tr") + " 2>&1", &out), 0)
+      << out;
   for (const char* f : {"o/model.safetensors", "o/config.json", "o/tokenizer.json", "o/log.jsonl", "o/training_report.html"})
     EXPECT_TRUE(std::filesystem::exists(dir.file(f))) << f;
   test::write_file(dir.file("bad.jsonl"), "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"chosen\": \" b\"}\n");
@@ -254,6 +259,8 @@ TEST(Cli, DpoFromFlagsAndYaml) {
            {"dpo --config " + dir.file("dpo.yaml") + " --dataset_name " + dir.file("bad.jsonl"), "bad.jsonl:2"},
            {"dpo --config " + dir.file("dpo.yaml") + " --loss_type wavy", "unknown loss type 'wavy'"},
            {"dpo --config " + dir.file("dpo.yaml") + " --beta 0", "--beta"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --ld_alpha 2", "ld_alpha must be in [0, 1]"},
+           {"dpo --config " + dir.file("dpo.yaml") + " --sync_ref_model true --precompute_ref_log_probs true", "sync_ref_model needs a live reference"},
            {"dpo --config " + dir.file("dpo.yaml") + " --loss_weights 1", "loss_weights: 1 weights for 2 loss types"},
            {"dpo --config " + dir.file("dpo.yaml") + " --ref_model_name_or_path " + dir.file("none"), "none"},
            {"dpo --dataset_name " + dir.file("pairs.jsonl"), "--model_name_or_path is required"}}) {

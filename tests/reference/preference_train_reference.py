@@ -36,6 +36,9 @@ DPO_CASES = [
 ]
 DPO_CASES += [{"loss_type": ["sigmoid"], "beta": 0.5, "f_divergence_type": "js_divergence"}]
 DPO_CASES += [{"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5], "beta": 0.2}]
+DPO_CASES += [{"loss_type": ["sigmoid"], "beta": 0.1, "ld_alpha": 0.5}, {"loss_type": ["ipo"], "beta": 0.1, "ld_alpha": 0.0}]
+# TR-DPO: after every optimizer step the reference becomes α·policy + (1 − α)·reference.
+DPO_CASES += [{"loss_type": ["sigmoid"], "beta": 0.5, "sync_ref_model": True, "ref_model_mixup_alpha": 0.5, "ref_model_sync_steps": 1}]
 # prompt ids, completion ids, desirable
 KTO_ROWS = [([785, 8585], [5302, 13], True), ([11, 220], [15, 16, 17], False), ([300, 301, 302], [303], True),
             ([151, 872], [198, 42], False)]
@@ -54,15 +57,19 @@ def run(cfg, W, ids):
     return forward(cfg, W, t, torch.ones_like(t), torch.arange(len(ids))[None]).float()[0]
 
 
-def completion_stats(cfg, W, prompt, completion):
+def completion_stats(cfg, W, prompt, completion, shared=None, ld_alpha=1.0):
     """Σ log p over the completion tokens, and their entropies, argmax matches and mean logits over the vocabulary
-    (summed over the completion tokens)."""
+    (summed over the completion tokens). With `shared`, the log-probs of the completion tokens after the first
+    `shared` count ld_alpha times (LD-DPO)."""
     ids = prompt + completion
     logits = run(cfg, W, ids)
     lp = torch.log_softmax(logits, dim=-1)
     at = torch.arange(len(prompt) - 1, len(ids) - 1)
     target = torch.tensor(completion)
-    logp = lp[at, target].sum()
+    per_token = lp[at, target]
+    if shared is not None:
+        per_token = per_token * torch.tensor([1.0 if k < shared else ld_alpha for k in range(len(completion))])
+    logp = per_token.sum()
     ent = -(lp[at].exp() * lp[at]).sum(-1).sum()
     match = (logits[at].argmax(-1) == target).float().sum()
     mean_logit = logits[at].double().mean(-1).sum()
@@ -90,10 +97,19 @@ def grad_summary(W):
 
 def dpo_case(cfg, W0, case):
     W = {k: v.clone().requires_grad_(True) for k, v in W0.items()}
+    W_ref = {k: v.clone() for k, v in W0.items()}
     opt = adamw(W)
     steps = []
-    with torch.no_grad():
-        ref = [(completion_stats(cfg, W0, p, c)[0].double(), completion_stats(cfg, W0, p, r)[0].double()) for p, c, r in PAIRS]
+    ld = case.get("ld_alpha")
+
+    def logp_of(weights, p, completion, other):
+        return completion_stats(cfg, weights, p, completion, min(len(completion), len(other)) if ld is not None else None, ld or 0.0)
+
+    def reference():
+        with torch.no_grad():
+            return [(logp_of(W_ref, p, c, r)[0].double(), logp_of(W_ref, p, r, c)[0].double()) for p, c, r in PAIRS]
+
+    ref = reference()
     grads = None
     for s in range(STEPS):
         idx = [(s * BATCH + k) % len(PAIRS) for k in range(BATCH)]
@@ -101,8 +117,8 @@ def dpo_case(cfg, W0, case):
         cs, rs, ent, match, ntok, nchosen, logit_c, logit_r = [], [], 0.0, 0.0, 0, 0, 0.0, 0.0
         for i in idx:
             p, c, r = PAIRS[i]
-            lc, ec, mc, gc = completion_stats(cfg, W, p, c)
-            lr_, er, _, gr = completion_stats(cfg, W, p, r)
+            lc, ec, mc, gc = logp_of(W, p, c, r)
+            lr_, er, _, gr = logp_of(W, p, r, c)
             cs.append(lc), rs.append(lr_)
             ent += ec.item() + er.item()
             match += mc.item()
@@ -129,6 +145,12 @@ def dpo_case(cfg, W0, case):
         if s == 0:
             grads = grad_summary(W)
         opt.step()
+        if case.get("sync_ref_model") and (s + 1) % case["ref_model_sync_steps"] == 0:
+            a = case["ref_model_mixup_alpha"]
+            with torch.no_grad():
+                for k in W_ref:
+                    W_ref[k] = a * W[k].detach() + (1 - a) * W_ref[k]
+            ref = reference()
     return {"config": case, "steps": steps, "grads_step1": grads}
 
 

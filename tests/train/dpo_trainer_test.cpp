@@ -215,6 +215,16 @@ TEST(DPOTrainer, BadOptionsAndRowsAreErrorsThatNameThem) {
   c.truncation_mode = "middle";
   EXPECT_NE(error_of(c, repeat_pairs(2)).find("truncation_mode 'middle'"), std::string::npos);
   c = base_config(t.dir.file("bad"));
+  c.ld_alpha = 1.5;
+  EXPECT_NE(error_of(c, repeat_pairs(2)).find("DPOConfig: ld_alpha must be in [0, 1], got 1.5"), std::string::npos);
+  c.ld_alpha = 0.5;
+  c.loss_type = {"sigmoid", "sft"};
+  EXPECT_NE(error_of(c, repeat_pairs(2)).find("ld_alpha with loss_type sft"), std::string::npos);
+  c = base_config(t.dir.file("bad"));
+  c.sync_ref_model = true;
+  c.precompute_ref_log_probs = true;
+  EXPECT_NE(error_of(c, repeat_pairs(2)).find("sync_ref_model needs a live reference"), std::string::npos);
+  c = base_config(t.dir.file("bad"));
   Dataset d = repeat_pairs(3);
   d.rows[1].erase("rejected");
   const std::string m = error_of(c, d);

@@ -1,8 +1,9 @@
 // The preference trainers against PyTorch (tests/reference/preference_train_reference.py, an independent
-// implementation on the tiny model): 3 steps of DPO for every loss_type, of KTO with its KL term, and of a reward
-// model, each step's loss, TRL's metrics and the gradient norm, every parameter's gradient at step 1, and the reward
-// model's saved head and the rewards it gives after training. The run is
-// f32, pre-tokenized rows, batches of 2 pairs read sequentially, constant learning rate 1e-3, no clipping.
+// implementation on the tiny model): 3 steps of DPO for every loss_type (LD-DPO's ld_alpha and TR-DPO's reference
+// sync too), of KTO with its KL term, and of a reward model, each step's loss, TRL's metrics and the gradient norm,
+// every parameter's gradient at step 1, and the reward model's saved head and the rewards it gives after training.
+// The run is f32, pre-tokenized rows, batches of 2 pairs read sequentially, constant learning rate 1e-3, no
+// clipping.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -139,6 +140,10 @@ TEST(PreferenceGolden, DpoEveryLossTypeMatchesPyTorchFor3Steps) {
     d.label_smoothing = cfg.value("label_smoothing", 0.0);
     if (cfg.contains("loss_weights")) d.loss_weights = cfg["loss_weights"].get<std::vector<double>>();
     d.f_divergence_type = cfg.value("f_divergence_type", std::string("reverse_kl"));
+    if (cfg.contains("ld_alpha")) d.ld_alpha = cfg["ld_alpha"].get<double>();
+    d.sync_ref_model = cfg.value("sync_ref_model", false);
+    d.ref_model_mixup_alpha = cfg.value("ref_model_mixup_alpha", 0.6);
+    d.ref_model_sync_steps = cfg.value("ref_model_sync_steps", int64_t{512});
     DPOTrainer tr(m.model, tok, pair_rows(), d);
     TensorMap grads;
     capture_step1(tr, grads);

@@ -38,11 +38,20 @@ struct DPOConfig : TrainingArguments {
   std::string f_divergence_type = "reverse_kl";  // reverse_kl | forward_kl | js_divergence | alpha_divergence
   double f_alpha_divergence_coef = 0.5;
   double discopop_tau = 0.05;
+  // LD-DPO (in [0, 1]): completion tokens past the pair's shorter completion count ld_alpha times in the sequence
+  // log-probs of policy and reference; None: every token once (standard DPO).
+  std::optional<double> ld_alpha;
+  // TR-DPO: every ref_model_sync_steps optimizer steps the reference becomes α·policy + (1 − α)·reference
+  // (α = ref_model_mixup_alpha). Not with precompute_ref_log_probs.
+  bool sync_ref_model = false;
+  double ref_model_mixup_alpha = 0.6;
+  int64_t ref_model_sync_steps = 512;
   std::string eos_token;  // appended to text completions; "" = the tokenizer's
 };
 
 // check_training_arguments(config, "DPOConfig"), the loss options (known loss and divergence types, loss_weights
-// matching loss_type, beta > 0, label_smoothing in range for the loss), max_length >= 2, truncation_mode.
+// matching loss_type, beta > 0, label_smoothing in range for the loss), max_length >= 2, truncation_mode, ld_alpha in
+// [0, 1] (not with loss_type sft), sync_ref_model's options (not with precompute_ref_log_probs).
 void check_dpo_config(const DPOConfig& config);
 
 class DPOTrainer : public BaseTrainer {

@@ -56,6 +56,7 @@ class DpoMethod final : public TrainingMethod {
     opt_.data.eos_token = c.eos_token;
     opt_.pad_to_multiple_of = parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer.auto_pad_multiple());
     opt_.padding_free = c.padding_free;
+    opt_.ld_alpha = c.ld_alpha;
     opt_.gradient_checkpointing = c.gradient_checkpointing;
     const auto pad = tok.pad_token_id();
     if (!pad) fail("DPO: the tokenizer has neither a pad_token nor an eos_token");
@@ -95,6 +96,11 @@ class DpoMethod final : public TrainingMethod {
   FrozenMemory frozen_memory(int64_t batch) override {
     const auto [R, T] = largest_shape(batch);
     return reference_->memory(R, T);
+  }
+
+  // TR-DPO: the reference moves toward the policy every ref_model_sync_steps steps (TRL's SyncRefModelCallback).
+  void after_step(int64_t global_step, const TensorMap& master) override {
+    if (cfg_.sync_ref_model && global_step % cfg_.ref_model_sync_steps == 0) reference_->mix_in(master, cfg_.ref_model_mixup_alpha);
   }
 
   // precompute_ref_log_probs: one pass of the reference over every pair, then the reference is released.
@@ -196,6 +202,21 @@ void check_dpo_config(const DPOConfig& c) {
     fail("DPOConfig: truncation_mode '{}' is not keep_start or keep_end", c.truncation_mode);
   if (c.precompute_ref_batch_size && *c.precompute_ref_batch_size < 1)
     fail("DPOConfig: precompute_ref_batch_size must be >= 1, got {}", *c.precompute_ref_batch_size);
+  if (c.ld_alpha) {
+    if (!(*c.ld_alpha >= 0 && *c.ld_alpha <= 1)) fail("DPOConfig: ld_alpha must be in [0, 1], got {}", *c.ld_alpha);
+    for (const std::string& t : c.loss_type)
+      if (t == "sft")
+        fail("DPOConfig: ld_alpha with loss_type sft is not supported here (TRL's sft term reads the unweighted token log-probs); "
+             "drop ld_alpha or the sft loss");
+  }
+  if (c.sync_ref_model) {
+    if (c.precompute_ref_log_probs)
+      fail("DPOConfig: sync_ref_model needs a live reference, but precompute_ref_log_probs computes its log-probs once before training; "
+           "set one of them to false");
+    if (!(c.ref_model_mixup_alpha >= 0 && c.ref_model_mixup_alpha <= 1))
+      fail("DPOConfig: ref_model_mixup_alpha must be in [0, 1], got {}", c.ref_model_mixup_alpha);
+    if (c.ref_model_sync_steps < 1) fail("DPOConfig: ref_model_sync_steps must be >= 1, got {}", c.ref_model_sync_steps);
+  }
   try {
     validate(loss_config(c));
   } catch (const Error& e) {
