@@ -1,6 +1,9 @@
 // Shared test helpers.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "trl/models/causal_lm.h"
@@ -35,6 +38,15 @@ struct TinyModel {
   CausalLM model;
   TinyModel();
 };
+
+// The larger of a running worst error and a new one, where NaN wins (std::max(worst, NaN) keeps `worst`, so a NaN
+// error would pass a tolerance check); nan_min is the same for a running minimum.
+inline double nan_max(double worst, double x) {
+  return std::isnan(worst) || std::isnan(x) ? std::numeric_limits<double>::quiet_NaN() : std::max(worst, x);
+}
+inline double nan_min(double best, double x) {
+  return std::isnan(best) || std::isnan(x) ? std::numeric_limits<double>::quiet_NaN() : std::min(best, x);
+}
 
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);

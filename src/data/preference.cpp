@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 
 #include "data/messages.h"
 #include "trl/core/error.h"
@@ -292,6 +293,14 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
   if (stats) *stats = st;
   if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.rows.size(), st.dropped, o.max_length);
   return out;
+}
+
+void report_preference_stats(const char* method, const char* split, const PreferenceDataStats& s) {
+  if (s.dropped > 0)
+    std::fprintf(stderr, "[trl] %s: dropped %lld %s rows whose prompt alone fills max_length\n", method, static_cast<long long>(s.dropped), split);
+  if (s.mismatched > 0)
+    std::fprintf(stderr, "[trl] %s: %lld %s rows: the tokenized prompt is not a prefix of prompt + completion (the completion starts after "
+                 "the prompt's tokens)\n", method, static_cast<long long>(s.mismatched), split);
 }
 
 }  // namespace trl

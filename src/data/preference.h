@@ -36,6 +36,9 @@ struct PreferenceDataStats {
   int64_t mismatched = 0;  // rows whose tokenized prompt is not a prefix of tokenized prompt + completion
 };
 
+// The stats on stderr ("[trl] dpo: dropped 3 training rows ..."), nothing when both are 0. `method` is "dpo", "kto".
+void report_preference_stats(const char* method, const char* split, const PreferenceDataStats& stats);
+
 // Tokenizes every row (rows with "prompt_ids", "chosen_ids" and "rejected_ids" are taken as they are). A row without chosen or rejected, with an empty one, or mixing text and messages is an
 // error naming the row and the field.
 std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, const Tokenizer& tok, const PreferenceDataOptions& options,

@@ -79,7 +79,7 @@ void compare(const std::vector<Spec>& specs, const std::function<ValueId(Builder
     const auto a = want[k].to_f32_vector(), c = got[k].to_f32_vector();
     double scale = 1, worst = 0;
     for (float x : a) scale = std::max(scale, static_cast<double>(std::fabs(x)));
-    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
+    for (size_t i = 0; i < a.size(); ++i) worst = test::nan_max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
     EXPECT_LE(worst / scale, tol) << "output " << k << " (shape " << shape_str(want[k].shape()) << ")";
   }
 }
@@ -156,7 +156,7 @@ TEST_P(CpuOps, LossMetricsShareOnePass) {
     for (size_t k = 0; k < want.size(); ++k) {
       const auto a = want[k].to_f32_vector(), c = got[k].to_f32_vector();
       double scale = 1, worst = 0;
-      for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a[i]))), worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
+      for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, static_cast<double>(std::fabs(a[i]))), worst = test::nan_max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
       EXPECT_LE(worst, 1e-4 * scale) << "output " << k << " entropy_first " << entropy_first;
     }
     const auto m = got[2].to_f32_vector();

@@ -97,8 +97,8 @@ TEST(Generate, StaticCacheLogitsEqualFullForward) {
         double scale = 1, worst = 0, worst_u = 0;
         for (size_t v = 0; v < s.logits[step][b].size(); ++v) {
           scale = std::max(scale, static_cast<double>(std::fabs(d.logits[step][b][v])));
-          worst = std::max(worst, static_cast<double>(std::fabs(s.logits[step][b][v] - d.logits[step][b][v])));
-          worst_u = std::max(worst_u, static_cast<double>(std::fabs(s.logits[step][b][v] - u.logits[step][b][v])));
+          worst = test::nan_max(worst, static_cast<double>(std::fabs(s.logits[step][b][v] - d.logits[step][b][v])));
+          worst_u = test::nan_max(worst_u, static_cast<double>(std::fabs(s.logits[step][b][v] - u.logits[step][b][v])));
         }
         EXPECT_LE(worst / scale, tol) << dtype_name(dt) << " step " << step << " row " << b;
         EXPECT_LE(worst_u / scale, tol) << dtype_name(dt) << " step " << step << " row " << b;

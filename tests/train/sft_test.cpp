@@ -162,7 +162,7 @@ TEST(SFTTrainer, GradientAccumulationEqualsOneLargeBatch) {
   double worst = 0, scale = 0;
   for (const auto& [name, w] : ta.master_weights()) {
     const auto x = w.to_f32_vector(), y = tb.master_weights().at(name).to_f32_vector(), w0 = t.model.weights().at(name).to_f32_vector();
-    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i]))), scale = std::max(scale, static_cast<double>(std::fabs(x[i] - w0[i])));
+    for (size_t i = 0; i < x.size(); ++i) worst = test::nan_max(worst, static_cast<double>(std::fabs(x[i] - y[i]))), scale = std::max(scale, static_cast<double>(std::fabs(x[i] - w0[i])));
   }
   EXPECT_GT(scale, 1e-7);          // the step moved the weights
   EXPECT_LE(worst, 1e-3 * scale);  // by the same update

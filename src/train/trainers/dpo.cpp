@@ -63,11 +63,11 @@ class DpoMethod final : public TrainingMethod {
     opt_.pad_token_id = *pad;
     PreferenceDataStats stats;
     train_ = prepare_preference_dataset(train, tok, opt_.data, &stats);
-    report_stats("training", stats);
+    report_preference_stats("dpo", "training", stats);
     if (eval) {
       PreferenceDataStats es;
       eval_ = prepare_preference_dataset(*eval, tok, opt_.data, &es);
-      report_stats("eval", es);
+      report_preference_stats("dpo", "eval", es);
     }
     if (train_.empty()) fail("DPO: no training pair is left (every prompt fills max_length {})", c.max_length);
     // The reference: the given model, else a frozen copy of the policy's starting weights (frozen_model.h).
@@ -160,13 +160,6 @@ class DpoMethod final : public TrainingMethod {
   }
 
  private:
-  static void report_stats(const char* split, const PreferenceDataStats& s) {
-    if (s.dropped > 0)
-      std::fprintf(stderr, "[trl] dpo: dropped %lld %s rows whose prompt alone fills max_length\n", static_cast<long long>(s.dropped), split);
-    if (s.mismatched > 0)
-      std::fprintf(stderr, "[trl] dpo: %lld %s rows: the tokenized prompt is not a prefix of prompt + completion (the completion starts after "
-                   "the prompt's tokens)\n", static_cast<long long>(s.mismatched), split);
-  }
   std::vector<RefLogps> reference_logps(const std::vector<PreferenceExample>& data, int64_t batch) {
     std::vector<RefLogps> out;
     for (size_t i = 0; i < data.size(); i += static_cast<size_t>(batch)) {

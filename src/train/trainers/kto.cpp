@@ -46,12 +46,12 @@ class KtoMethod final : public TrainingMethod {
     layout_ = SequenceLayout{*pad, parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer.auto_pad_multiple()), c.max_length, false};
     PreferenceDataStats stats;
     train_ = prepare_unpaired_dataset(train, tok, data_, &stats);
-    report_stats("training", stats);
+    report_preference_stats("kto", "training", stats);
     train_kl_ = kl_sources(train_.size(), c.per_device_train_batch_size);
     if (eval) {
       PreferenceDataStats es;
       eval_ = prepare_unpaired_dataset(*eval, tok, data_, &es);
-      report_stats("eval", es);
+      report_preference_stats("kto", "eval", es);
       eval_kl_ = kl_sources(eval_.size(), c.per_device_eval_batch_size);
     }
     int64_t desirable = 0;
@@ -145,13 +145,6 @@ class KtoMethod final : public TrainingMethod {
   }
 
  private:
-  static void report_stats(const char* split, const PreferenceDataStats& s) {
-    if (s.dropped > 0)
-      std::fprintf(stderr, "[trl] kto: dropped %lld %s rows whose prompt alone fills max_length\n", static_cast<long long>(s.dropped), split);
-    if (s.mismatched > 0)
-      std::fprintf(stderr, "[trl] kto: %lld %s rows: the tokenized prompt is not a prefix of prompt + completion\n", static_cast<long long>(s.mismatched),
-                   split);
-  }
   // The row whose completion row i's KL row takes: the previous one in its dataset batch (the first takes the last).
   static std::vector<size_t> kl_sources(size_t n, int64_t batch_size) {
     std::vector<size_t> src(n);
