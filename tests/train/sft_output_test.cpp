@@ -258,6 +258,33 @@ TEST(SFTSaving, LastStepIsCheckpointedWhenAMultipleOfSaveSteps) {
   EXPECT_EQ(checkpoint_folders(c.output_dir), (std::set<std::string>{"checkpoint-2"}));
 }
 
+// A bf16 model trained in bf16 is saved as its masters rounded to bf16 (the compute copies, written by AdamW from
+// the masters, are saved as they are): bit for bit what converting the masters gives.
+TEST(SFTSaving, Bf16ModelSavesItsMastersRoundedToBf16) {
+  test::TempDir dir;
+  InitOptions o;
+  o.preset = "tiny";
+  o.dtype = DType::BF16;
+  o.seed = 5;
+  const CausalLM model = init_model(o, dir.file("m"));
+  SFTConfig c = small_config(dir.file("o"));
+  c.bf16 = true;
+  c.max_steps = 2;
+  c.learning_rate = 1e-2;
+  SFTTrainer tr(model, test::qwen3_tokenizer(), text_rows(), c);
+  tr.train();
+  const CausalLM saved = CausalLM::from_pretrained(dir.file("o"));
+  size_t moved = 0;
+  for (const auto& [name, w] : tr.master_weights()) {
+    const Tensor want = w.to(DType::BF16), got = saved.weights().at(name);
+    ASSERT_EQ(got.dtype(), DType::BF16) << name;
+    ASSERT_EQ(got.nbytes(), want.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.nbytes()), 0) << name;
+    moved += std::memcmp(got.data(), model.weights().at(name).data(), want.nbytes()) != 0;
+  }
+  EXPECT_GT(moved, 0u);  // the steps changed the weights
+}
+
 void expect_log_matches_state(const std::string& out, size_t expected_entries) {
   const std::vector<ojson> lines = jsonl_lines(out + "/log.jsonl"), history = state_log_history(out + "/trainer_state.json");
   EXPECT_EQ(history.size(), expected_entries);
