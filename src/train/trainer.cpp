@@ -378,7 +378,9 @@ void Trainer::State::write_model_files(const std::string& dir) const {
   TensorMap out;
   for (const auto& [name, w] : master) {
     const auto c = compute.find(name);
-    out[name] = save_dtype == DType::F32 ? w : c != compute.end() && c->second.dtype() == save_dtype && c->second.data() != w.data() ? c->second : w.to(save_dtype);
+    if (save_dtype == DType::F32) out[name] = w;
+    else if (c != compute.end() && c->second.dtype() == save_dtype) out[name] = c->second;
+    else out[name] = w.to(save_dtype);
   }
   if (!method->write_model(dir, out, save_dtype)) CausalLM::from_weights(model.config(), out, "trainer").save_pretrained(dir);
   const std::string& src = source_dir;
@@ -534,10 +536,14 @@ void Trainer::State::check_memory(bool resumed) {
   if (!p) return;
   // A resumed run keeps its checkpoint's batch size (the data order depends on it).
   if (!p->fits() && cfg.auto_find_batch_size && !resumed && cfg.per_device_train_batch_size > 1) {
+    // Invariant: `too_large` does not fit; `fits` does (0: none known yet). Each probe compiles one plan.
     int64_t fits = 0, too_large = cfg.per_device_train_batch_size;
+    std::optional<MemoryPlan> best, smallest;
     while (too_large - fits > 1) {
       const int64_t mid = fits + (too_large - fits) / 2;
-      if (plan_memory(mid)->fits()) fits = mid;
+      std::optional<MemoryPlan> probe = plan_memory(mid);
+      if (mid == 1) smallest = probe;
+      if (probe->fits()) fits = mid, best = std::move(probe);
       else too_large = mid;
     }
     if (fits > 0) {
@@ -545,9 +551,9 @@ void Trainer::State::check_memory(bool resumed) {
                    static_cast<long long>(cfg.per_device_train_batch_size), format_bytes(p->more).c_str(), format_bytes(p->budget.available).c_str(),
                    static_cast<long long>(fits));
       cfg.per_device_train_batch_size = fits;
-      p = plan_memory(fits);
+      p = std::move(best);
     } else {
-      p = plan_memory(1);
+      p = std::move(smallest);  // not even one row fits: the refusal gives one row's figures
     }
   }
   if (!p->fits())

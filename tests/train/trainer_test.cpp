@@ -136,6 +136,16 @@ TEST(TrainerMemory, AutoFindBatchSizePicksTheLargestBatchThatFits) {
   more.output_dir = t.dir.file("more");
   more.per_device_train_batch_size = found + 1;
   EXPECT_THROW(SFTTrainer(t.model, test::qwen3_tokenizer(), data, more).train(), Error) << found + 1 << " rows should not fit in " << limit;
+  // When not even one row fits, the refusal gives one row's figures.
+  const ScopedEnv tiny("TRL_MEMORY_LIMIT", "1KB");
+  SFTConfig none = c;
+  none.output_dir = t.dir.file("none");
+  try {
+    SFTTrainer(t.model, test::qwen3_tokenizer(), data, none).train();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(1 × 128 tokens)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

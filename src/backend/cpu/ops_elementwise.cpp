@@ -111,9 +111,8 @@ Kernel lower_weighted_sum(ProgramContext* cx, graph::ValueId id) {
   };
 }
 
-// x:[...,N] -> [N] (sums over every leading dim)
 // x: [..., N] (R rows of N) -> out[c] = Σ_r x[r, c]: a bias's gradient, or the column sums of a [V, C] weight
-// (171 MB of bf16 for Qwen3's lm_head). Blocks of 32 columns in parallel, rows inner, so each cache line of a row
+// (311 MB of bf16 for Qwen3's lm_head). Blocks of 32 columns in parallel, rows inner, so each cache line of a row
 // is read once while the block's sums stay in registers; each column still sums its rows in order (r = 0, 1, ...).
 Kernel lower_sum_rows(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
