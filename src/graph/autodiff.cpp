@@ -101,6 +101,10 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.scale_by(in(1), g, gd, "d." + nm));
         if (need(1)) accumulate(in(1), b.scale_by(in(0), g, gd, "dweights." + nm));
         break;
+      case Op::ScaleBy:  // w·s with a constant scale s (a sampling temperature's 1/T): dw = g·s
+        if (need(1)) fail("autodiff: scale_by {} has a scale that depends on a parameter: only a constant scale is differentiated", nm);
+        accumulate(in(0), b.scale_by(g, in(1), gd, "d." + nm));
+        break;
       case Op::VocabStats:
         fail("autodiff: {} ({}) is made by graph::fuse_vocabulary_ops after autodiff: differentiate token_logprobs and entropy",
              op_name(nd.op), nm);

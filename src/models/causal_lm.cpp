@@ -286,10 +286,20 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   return h;
 }
 
-graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T) const {
+namespace {
+// logits / T = (h / T) · head: a sampling temperature scales the hidden state before the vocabulary ops, so the
+// chunked pass over the vocabulary is unchanged (TRL divides the logits by the temperature for log-probs and entropy).
+ValueId temperature_scaled(Builder& b, ValueId h, double temperature, DType dtype) {
+  if (temperature == 1.0) return h;
+  if (!(temperature > 0) || !std::isfinite(temperature)) fail("temperature must be a finite number > 0, got {}", temperature);
+  return b.scale_by(h, b.fill({}, DType::F32, 1.0 / temperature, "inv_temperature"), dtype, "h.temperature");
+}
+}  // namespace
+
+graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature) const {
   Builder b;
   ValueId head = kNone;
-  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId h = temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_);
   const ValueId labels = b.input("labels", {B, T}, DType::I32);
   b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
   return b.finish();
@@ -326,10 +336,11 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
   return b.finish();
 }
 
-graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics, bool logit_sums) const {
+graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics, bool logit_sums,
+                                      double temperature) const {
   Builder b;
   ValueId head = kNone;
-  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId h = temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_);
   const ValueId labels = b.input("labels", {B, T}, DType::I32);
   const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it

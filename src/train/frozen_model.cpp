@@ -34,6 +34,10 @@ std::vector<double> FrozenModel::sequence_logps(const SequenceBatch& batch) {
   return trl::sequence_logps(model(), model().weights(), programs(), batch);
 }
 
+Tensor FrozenModel::token_logprobs(const SFTBatch& batch, double temperature) {
+  return trl::token_logprobs(model(), model().weights(), programs(), batch, temperature);
+}
+
 FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
   if (!model_) return {};
   FrozenMemory m;

@@ -21,6 +21,8 @@ class FrozenModel {
   FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep);
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
+  // log p(labels) at every position [B, T] f32, of logits / temperature (GRPO's reference).
+  Tensor token_logprobs(const SFTBatch& batch, double temperature = 1.0);
   const CausalLM& model() const;
   // Its weights and the arena of its forward-only log-prob program for `rows` × `tokens` (compiled, not cached or
   // allocated); nothing once released.

@@ -124,4 +124,26 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   return out;
 }
 
+TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature) {
+  const int64_t R = batch.input_ids.size(0), T = batch.input_ids.size(1);
+  const graph::Graph g = model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true, /*logit_sums=*/false, temperature);
+  Program& program = programs.get(g);
+  const std::vector<Tensor> first = program.run_stage(batch_inputs(weights, batch), 0);
+  TokenStepResult out;
+  Tensor seed = Tensor::zeros(DType::F32, {R, T});
+  out.loss = loss(first.at(g.output_index("token_logprobs")), first.at(g.output_index("entropy")), seed);
+  TensorMap seeds;
+  seeds["loss_weights"] = seed;
+  const std::vector<Tensor> results = program.run_stage(seeds, 1);
+  for (const auto& [name, index] : g.output_indices())
+    if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
+  return out;
+}
+
+Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature) {
+  const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature);
+  return programs.get(g).run(batch_inputs(weights, batch)).at(g.output_index("token_logprobs")).clone();
+}
+
 }  // namespace trl

@@ -67,4 +67,22 @@ struct SequenceStepResult {
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
                                        const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means = false);
 
+// Per-token losses (GRPO, RLOO): the loss is a function of every completion token's log-prob, not only of their
+// sums. `logps` and `entropy` are the stage-0 outputs [B, T] f32 (log p(labels) and the entropy of each position's
+// distribution); the loss fills `seed` [B, T] (zeros on entry) with loss_scale-free dL/dlogp and returns L.
+using TokenLoss = std::function<double(const Tensor& logps, const Tensor& entropy, Tensor& seed)>;
+
+struct TokenStepResult {
+  double loss = 0;
+  std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
+};
+
+// One micro-batch of a per-token loss: stage 0, the loss on the host, stage 1 seeded with its dL/dlogp. With a
+// temperature T ≠ 1 every vocabulary quantity is of logits / T. `batch.weights` is not read.
+TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0);
+
+// log p(labels[b, t]) at every position [B, T] f32 (a copy), forward only, of logits / temperature.
+Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature = 1.0);
+
 }  // namespace trl

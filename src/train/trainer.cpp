@@ -260,7 +260,7 @@ struct Trainer::State {
         opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
         model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path) {}
 
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg}; }
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch()}; }
   int64_t micro_batches() const {
     const int64_t n = static_cast<int64_t>(method->num_items()), b = cfg.per_device_train_batch_size;
     return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
@@ -279,7 +279,7 @@ struct Trainer::State {
   std::vector<size_t> order(int64_t epoch) const {
     std::vector<size_t> o(method->num_items());
     std::iota(o.begin(), o.end(), 0);
-    if (cfg.train_sampling_strategy == "sequential") return o;
+    if (cfg.train_sampling_strategy == "sequential" || method->sequential_items()) return o;
     SplitMix64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
     for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
     return o;
@@ -426,6 +426,7 @@ void Trainer::State::write_checkpoint_files(const std::string& dir) const {
     moments["exp_avg_sq/" + name] = opt.exp_avg_sq().at(name);
   }
   save_safetensors((stdfs::path(dir) / "optimizer.safetensors").string(), moments);
+  method->save_state(dir);
   write_text_file_atomic((stdfs::path(dir) / "scheduler.json").string(),
                          ojson{{"lr_scheduler_type", cfg.lr_scheduler_type}, {"base_lr", cfg.learning_rate}, {"total_steps", total_steps()},
                                {"warmup_steps", warmup()}, {"last_step", global_step}}
@@ -598,6 +599,7 @@ void Trainer::State::resume(const std::string& spec) {
     if (cfg.bf16) compute[name].copy_from(w.to(DType::BF16));
   }
   global_step = st.at("global_step").get<int64_t>();
+  method->load_state(dir);
   opt.set_state(std::move(m), std::move(v), st.at("trl_cpp").at("optimizer_steps").get<int64_t>());
   tokens_seen = st.at("trl_cpp").at("num_tokens").get<int64_t>();
   log_history.clear();

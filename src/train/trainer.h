@@ -49,6 +49,8 @@ struct MethodContext {
   ProgramCache& programs;     // the policy's programs: they share one arena, so a program's outputs are read
                               // before the next one runs
   const TrainingArguments& args;
+  int64_t global_step = 0;  // optimizer steps done before this one
+  int64_t epoch = 0;        // the epoch this step belongs to
 };
 
 // A micro-batch's gradients, by graph output name ("grad.<parameter>"), of its share of the step's loss (the
@@ -73,6 +75,9 @@ class TrainingMethod {
   virtual const char* name() const = 0;
   // The training items (rows, pairs or packed rows) that batches draw from; the Trainer shuffles their indices.
   virtual size_t num_items() const = 0;
+  // true: the items are handed out in their own order every epoch, whatever train_sampling_strategy (a method
+  // that samples by itself: GRPO's items are slots of its generation rounds, their prompts drawn by its sampler).
+  virtual bool sequential_items() const { return false; }
   // How many programs the policy's cache keeps (each bucket of lengths is one program).
   virtual size_t programs_to_keep() const = 0;
   // Called once before the first step (a resumed run included): frozen-model passes such as
@@ -97,6 +102,10 @@ class TrainingMethod {
   // Called after every optimizer step with the new step number and the f32 master weights (TR-DPO's reference
   // update).
   virtual void after_step(int64_t /*global_step*/, const TensorMap& /*master*/) {}
+  // What the method keeps between steps that a checkpoint must hold for an exact resume (GRPO's generated batch
+  // when it spans several steps): written into, and read back from, the checkpoint folder.
+  virtual void save_state(const std::string& /*dir*/) const {}
+  virtual void load_state(const std::string& /*dir*/) {}
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);

@@ -64,8 +64,8 @@ class CausalLM {
   graph::Graph forward_graph(int64_t batch, int64_t tokens) const;
   // log p(labels[b, t] | ids[b, ≤t]) for every position: inputs as forward_graph plus labels [B,T] i32; output
   // token_logprobs [B,T] f32, one chunked pass over the vocabulary (no [B,T,V] logits). `trl score` and the
-  // frozen reference model of DPO and KTO run it.
-  graph::Graph logprobs_graph(int64_t batch, int64_t tokens) const;
+  // frozen reference model of DPO and KTO run it. With a temperature T ≠ 1: the log-probs of logits / T (GRPO's).
+  graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0) const;
   // A reward model's training program (AutoModelForSequenceClassification with num_labels 1): the backbone, then
   // the `score` head (score.weight [1, C], no bias, in the model dtype) at every position: rewards [B,T] f32, a
   // stage-0 output. reward_weights [B,T] f32 is the seed: the trainer pools each row's reward at its last real
@@ -108,8 +108,9 @@ class CausalLM {
   // loss_weights is the graph's seed: as a two-stage program (Program::run_stage), stage 0 binds everything else
   // and returns token_logprobs (and the metrics); stage 1 binds loss_weights = dL/d token_logprobs, for any loss L
   // of the per-token log-probs computed on the host in between, and returns the gradients of that L.
+  // temperature T ≠ 1: every vocabulary quantity (log-probs, entropy, logit sums) is of logits / T (GRPO, RLOO).
   graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
-                              bool metrics = false, bool logit_sums = false) const;
+                              bool metrics = false, bool logit_sums = false, double temperature = 1.0) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

@@ -1,0 +1,666 @@
+// GRPO and RLOO on the Trainer (include/trl/train/grpo_trainer.h; docs/TRAINING.md, "trl grpo").
+//
+// Batch layout (TRL's RepeatSampler): a generation round takes U = generation_batch_size / G prompts of the epoch's
+// seeded permutation and generates G completions of each (N = U·G rows, a group's rows consecutive). The round is
+// shuffled and split into steps_per_generation chunks of per_device_train_batch_size rows; each micro-batch trains
+// on one chunk, and the round serves steps_per_generation × num_iterations micro-batches before the next round.
+// A Trainer item is one slot of a round: items are handed out in order (sequential_items) and item i of an epoch
+// belongs to micro-batch i / bs, round (i / bs) / (steps_per_generation · num_iterations).
+//
+// Shapes: prompts are left-padded to the round's bucket P (a multiple of pad_to_multiple_of), completions
+// right-padded to the round's bucket C, so a training row is [P + C] and a run compiles one training program per
+// (P, C) pair met, one prefill per prompt bucket and one decode per cache length.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/fs.h"
+#include "core/rng.h"
+#include "train/frozen_model.h"
+#include "train/losses/grpo_loss.h"
+#include "train/sequence_step.h"
+#include "train/trainer.h"
+#include "trl/core/error.h"
+#include "trl/generation/generate.h"
+#include "trl/runtime/shapes.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/train/grpo_trainer.h"
+
+namespace trl {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Prompt {
+  ojson prompt;                 // as the dataset holds it (the reward functions' `prompts`)
+  std::vector<int32_t> ids;     // tokenized (conversations rendered with the generation prompt)
+  size_t row = 0;               // its dataset row
+};
+
+// One generation round: N rows, row i a completion of prompt prompts[i / G].
+struct Rollout {
+  int64_t epoch = -1, round = -1;
+  int64_t P = 0, C = 0;  // prompt and completion buckets
+  std::vector<size_t> prompt_of;                 // [N] index into the method's prompts
+  std::vector<std::vector<int32_t>> completions;  // [N] up to and including EOS
+  std::vector<char> truncated;                   // [N] the last token is neither EOS nor pad
+  std::vector<double> advantages;                // [N]
+  std::vector<std::vector<float>> old_logp, ref_logp;  // [N][C] when computed
+  std::vector<size_t> order;                     // the shuffled rows: chunk k is order[k·bs, (k + 1)·bs)
+  double num_items = 0;                          // loss tokens of the whole round (dapo's normaliser)
+};
+
+// The layout GRPOConfig / RLOOConfig resolve to.
+struct Layout {
+  int64_t G = 0, bs = 0, spg = 0, iterations = 1, per_round = 0;  // per_round: completions per round
+};
+
+Layout resolve_layout(const OnlineRLConfig& c, const char* name) {
+  Layout l;
+  l.G = c.num_generations, l.bs = c.per_device_train_batch_size, l.iterations = c.num_iterations;
+  if (c.generation_batch_size && c.steps_per_generation)
+    fail("{}: set generation_batch_size or steps_per_generation, not both", name);
+  if (c.generation_batch_size) {
+    if (*c.generation_batch_size < 1 || *c.generation_batch_size % l.bs != 0)
+      fail("{}: generation_batch_size ({}) must be a positive multiple of per_device_train_batch_size ({})", name, *c.generation_batch_size, l.bs);
+    l.spg = *c.generation_batch_size / l.bs;
+  } else {
+    l.spg = c.steps_per_generation.value_or(c.gradient_accumulation_steps);
+    if (l.spg < 1) fail("{}: steps_per_generation must be >= 1, got {}", name, l.spg);
+  }
+  l.per_round = l.bs * l.spg;
+  if (l.per_round % l.G != 0)
+    fail("{}: the generation batch ({} = per_device_train_batch_size {} × steps_per_generation {}) must be a multiple of num_generations ({}); "
+         "change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
+         name, l.per_round, l.bs, l.spg, l.G);
+  return l;
+}
+
+void check_online_config(const OnlineRLConfig& c, const char* name, int64_t reward_functions) {
+  check_training_arguments(c, name);
+  auto bad = [&](const char* option, const std::string& why) { fail("{}: {} {}", name, option, why); };
+  if (c.num_generations < 2) bad("num_generations", fmt::format("must be >= 2 (a group needs a baseline), got {}", c.num_generations));
+  if (c.max_completion_length < 1) bad("max_completion_length", fmt::format("must be >= 1, got {}", c.max_completion_length));
+  if (c.num_iterations < 1) bad("num_iterations", fmt::format("must be >= 1, got {}", c.num_iterations));
+  if (!(c.temperature > 0) || !std::isfinite(c.temperature)) bad("temperature", fmt::format("must be a finite number > 0, got {}", c.temperature));
+  if (!(c.top_p > 0 && c.top_p <= 1)) bad("top_p", fmt::format("must be in (0, 1], got {}", c.top_p));
+  if (c.top_k < 0) bad("top_k", fmt::format("must be >= 0 (0: off), got {}", c.top_k));
+  if (c.min_p && !(*c.min_p >= 0 && *c.min_p <= 1)) bad("min_p", fmt::format("must be in [0, 1], got {}", *c.min_p));
+  if (!(c.repetition_penalty > 0)) bad("repetition_penalty", fmt::format("must be > 0, got {}", c.repetition_penalty));
+  if (!(c.epsilon >= 0) || !std::isfinite(c.epsilon)) bad("epsilon", fmt::format("must be a finite number >= 0, got {}", c.epsilon));
+  if (c.epsilon_high && !(*c.epsilon_high >= 0)) bad("epsilon_high", fmt::format("must be >= 0, got {}", *c.epsilon_high));
+  if (!std::isfinite(c.beta) || c.beta < 0) bad("beta", fmt::format("must be a finite number >= 0, got {}", c.beta));
+  if (!c.cache_implementation.empty() && c.cache_implementation != "static" && c.cache_implementation != "dynamic")
+    bad("cache_implementation", fmt::format("'{}' is not static or dynamic", c.cache_implementation));
+  if (!c.chat_template_kwargs.is_object()) bad("chat_template_kwargs", fmt::format("must be a JSON object, got {}", c.chat_template_kwargs.dump()));
+  if (c.num_completions_to_print && *c.num_completions_to_print < 0) bad("num_completions_to_print", "must be >= 0");
+  if (!(c.reward_timeout_seconds > 0)) bad("reward_timeout_seconds", fmt::format("must be > 0, got {}", c.reward_timeout_seconds));
+  if (reward_functions < 1) fail("{}: no reward function: give at least one (--reward_funcs length:200, ...)", name);
+  if (!c.reward_weights.empty() && static_cast<int64_t>(c.reward_weights.size()) != reward_functions)
+    bad("reward_weights", fmt::format("has {} values for {} reward functions", c.reward_weights.size(), reward_functions));
+  for (double w : c.reward_weights)
+    if (!std::isfinite(w)) bad("reward_weights", "must be finite numbers");
+  if (c.auto_find_batch_size)
+    bad("auto_find_batch_size", "is not supported: the generation batch layout depends on per_device_train_batch_size; set it explicitly");
+  if (c.eval_strategy != "no") bad("eval_strategy", "must be no: evaluation with generation is not implemented for online methods yet");
+  try {
+    parse_pad_to_multiple_of(c.pad_to_multiple_of, 1);
+  } catch (const Error& e) {
+    bad("pad_to_multiple_of", e.what());
+  }
+  resolve_layout(c, name);
+}
+
+class OnlineMethod final : public TrainingMethod {
+ public:
+  // One of grpo / rloo is set.
+  OnlineMethod(const GRPOConfig* grpo, const RLOOConfig* rloo, const Tokenizer& tok, std::vector<NamedRewardFunction> rewards, const Dataset& train,
+               const CausalLM* ref, const Trainer& trainer, std::function<void(const RolloutRecord&)>* on_rollout)
+      : rloo_(rloo != nullptr), tok_(tok), rewards_(std::move(rewards)), on_rollout_(on_rollout) {
+    if (grpo) cfg_ = *grpo, grpo_ = *grpo;
+    else cfg_ = *rloo, rloo_cfg_ = *rloo;
+    name_ = rloo_ ? "RLOO" : "GRPO";
+    layout_ = resolve_layout(cfg_, config_name());
+    multiple_ = parse_pad_to_multiple_of(cfg_.pad_to_multiple_of, trainer.auto_pad_multiple());
+    const auto eos = tok.eos_token_id();
+    const auto pad = tok.pad_token_id();
+    if (!eos || !pad) fail("{}: the tokenizer has no eos_token: completions could not end", name_);
+    eos_ = *eos, pad_ = *pad;
+    weights_ = cfg_.reward_weights.empty() ? std::vector<double>(rewards_.size(), 1.0) : cfg_.reward_weights;
+    prepare_prompts(train, trainer.model().config());
+    rounds_per_epoch_ = static_cast<int64_t>(prompts_.size()) / (layout_.per_round / layout_.G);
+    if (rounds_per_epoch_ < 1)
+      fail("{}: a generation round needs {} prompts ({} completions / num_generations {}), the dataset has {}", name_, layout_.per_round / layout_.G,
+           layout_.per_round, layout_.G, prompts_.size());
+    const int64_t generate_every = layout_.spg * layout_.iterations;
+    // As TRL: the log-probs at generation time are needed when the weights change between generation and a
+    // micro-batch's loss (RLOO needs them for its KL penalty anyway).
+    need_old_ = cfg_.gradient_accumulation_steps % generate_every != 0 || (rloo_ && cfg_.beta != 0);
+    if (cfg_.beta != 0) reference_ = std::make_unique<FrozenModel>(ref, trainer, programs_to_keep());
+  }
+
+  const char* name() const override { return name_.c_str(); }
+  size_t num_items() const override {
+    return static_cast<size_t>(rounds_per_epoch_ * layout_.spg * layout_.iterations * layout_.bs);
+  }
+  bool sequential_items() const override { return true; }
+  size_t programs_to_keep() const override {
+    const int64_t m = multiple_ > 0 ? multiple_ : 1;
+    const int64_t pb = multiple_ > 0 ? longest_prompt_ / m + 2 : 8, cb = multiple_ > 0 ? cfg_.max_completion_length / m + 2 : 8;
+    return static_cast<size_t>(std::min<int64_t>(2 * pb * cb + 4, 64));
+  }
+  std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
+    const int64_t T = padded_length(longest_prompt_, multiple_) + padded_length(cfg_.max_completion_length, multiple_);
+    return model.training_graph(batch, T, DType::F32, cfg_.gradient_checkpointing, true, false, cfg_.temperature);
+  }
+  FrozenMemory frozen_memory(int64_t batch) override {
+    if (!reference_) return {};
+    return reference_->memory(batch, padded_length(longest_prompt_, multiple_) + padded_length(cfg_.max_completion_length, multiple_));
+  }
+
+  // The generator reads the trainer's compute weights in place: a model over the same tensors.
+  void before_training(MethodContext& ctx) override {
+    if (generator_) return;
+    policy_ = std::make_unique<CausalLM>(CausalLM::from_weights(ctx.model.config(), ctx.weights, "policy"));
+    generator_ = std::make_unique<Generator>(*policy_);
+  }
+
+  MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
+    const auto t0 = Clock::now();
+    MethodStep out;
+    double gen_s = 0, reward_s = 0;
+    const int64_t per_round_micro = layout_.spg * layout_.iterations;
+    for (const auto& items : micro) {
+      const int64_t j = static_cast<int64_t>(items.at(0)) / layout_.bs, round = j / per_round_micro, within = j % per_round_micro;
+      if (!rollout_ || rollout_->epoch != ctx.epoch || rollout_->round != round) {
+        generate_round(ctx, ctx.epoch, round, metrics, gen_s, reward_s, out.tokens);
+      }
+      const int64_t chunk = within % layout_.spg;
+      std::vector<size_t> rows(rollout_->order.begin() + chunk * layout_.bs, rollout_->order.begin() + (chunk + 1) * layout_.bs);
+      out.loss += train_micro(ctx, rows, static_cast<int64_t>(micro.size()), metrics, add);
+    }
+    const double total = seconds_since(t0);
+    metrics.add("step_time", total);
+    metrics.add("time/generation", gen_s);
+    metrics.add("time/rewards", reward_s);
+    metrics.add("time/training", total - gen_s - reward_s);
+    return out;
+  }
+
+  void save_state(const std::string& dir) const override {
+    if (!rollout_) return;
+    const Rollout& r = *rollout_;
+    ojson j{{"epoch", r.epoch}, {"round", r.round}, {"P", r.P}, {"C", r.C}, {"prompt_of", r.prompt_of}, {"completions", r.completions},
+            {"truncated", std::vector<int>(r.truncated.begin(), r.truncated.end())}, {"advantages", r.advantages}, {"old_logp", r.old_logp},
+            {"ref_logp", r.ref_logp}, {"order", r.order}, {"num_items", r.num_items}};
+    write_text_file_atomic(dir + "/rollout.json", j.dump());
+  }
+  void load_state(const std::string& dir) override {
+    const std::string path = dir + "/rollout.json";
+    rollout_.reset();
+    if (!std::filesystem::exists(path)) return;
+    try {
+      const ojson j = ojson::parse(read_text_file(path));
+      Rollout r;
+      r.epoch = j.at("epoch"), r.round = j.at("round"), r.P = j.at("P"), r.C = j.at("C");
+      r.prompt_of = j.at("prompt_of").get<std::vector<size_t>>();
+      r.completions = j.at("completions").get<std::vector<std::vector<int32_t>>>();
+      for (int t : j.at("truncated").get<std::vector<int>>()) r.truncated.push_back(static_cast<char>(t));
+      r.advantages = j.at("advantages").get<std::vector<double>>();
+      r.old_logp = j.at("old_logp").get<std::vector<std::vector<float>>>();
+      r.ref_logp = j.at("ref_logp").get<std::vector<std::vector<float>>>();
+      r.order = j.at("order").get<std::vector<size_t>>();
+      r.num_items = j.at("num_items");
+      for (size_t p : r.prompt_of)
+        if (p >= prompts_.size()) fail("prompt index {} is outside the dataset's {} prompts", p, prompts_.size());
+      rollout_ = std::make_unique<Rollout>(std::move(r));
+    } catch (const std::exception& e) {
+      fail("resume_from_checkpoint {}: {} is not a valid generation round: {}", dir, path, e.what());
+    }
+  }
+
+ private:
+  const char* config_name() const { return rloo_ ? "RLOOConfig" : "GRPOConfig"; }
+
+  void prepare_prompts(const Dataset& train, const ModelConfig& mc) {
+    ChatTemplateOptions co;
+    co.add_generation_prompt = true;
+    co.extra = cfg_.chat_template_kwargs;
+    for (size_t i = 0; i < train.size(); ++i) {
+      const ojson& row = train.rows[i];
+      const std::string where = i < train.where.size() ? train.where[i] : fmt::format("row {}", i + 1);
+      if (!row.is_object() || !row.contains("prompt"))
+        fail("{}: {}: a row needs a \"prompt\" (text, or a list of messages); it has {}", name_, where, row.is_object() ? fmt::format("keys {}", keys_of(row)) : row.dump());
+      const ojson& p = row["prompt"];
+      Prompt pr;
+      pr.prompt = p, pr.row = i;
+      if (p.is_string()) {
+        pr.ids = tok_.encode(p.get<std::string>(), /*add_special_tokens=*/false);
+      } else if (p.is_array()) {
+        try {
+          pr.ids = apply_chat_template_ids(tok_, p, co).input_ids;
+        } catch (const Error& e) {
+          fail("{}: {}: the prompt's conversation cannot be rendered: {}", name_, where, e.what());
+        }
+      } else {
+        fail("{}: {}: \"prompt\" must be text or a list of messages, got {}", name_, where, p.dump().substr(0, 200));
+      }
+      if (pr.ids.empty()) fail("{}: {}: the prompt is empty", name_, where);
+      const int64_t need = padded_length(static_cast<int64_t>(pr.ids.size()), multiple_) + padded_length(cfg_.max_completion_length, multiple_);
+      if (need > mc.max_position_embeddings)
+        fail("{}: {}: a prompt of {} tokens and max_completion_length {} need {} positions, more than the model's max_position_embeddings ({})", name_,
+             where, pr.ids.size(), cfg_.max_completion_length, need, mc.max_position_embeddings);
+      longest_prompt_ = std::max<int64_t>(longest_prompt_, static_cast<int64_t>(pr.ids.size()));
+      prompts_.push_back(std::move(pr));
+    }
+    if (prompts_.empty()) fail("{}: the training dataset has no rows", name_);
+    for (const auto& [k, v] : train.rows[0].items())
+      if (k != "prompt" && k != "completion") columns_.push_back(k);
+  }
+
+  static std::string keys_of(const ojson& row) {
+    std::string s;
+    for (const auto& [k, v] : row.items()) s += (s.empty() ? "" : ", ") + k;
+    return "[" + s + "]";
+  }
+
+  // The epoch's prompt order (TRL's RepeatSampler: a seeded permutation when shuffle_dataset).
+  std::vector<size_t> prompt_order(int64_t epoch) const {
+    std::vector<size_t> o(prompts_.size());
+    std::iota(o.begin(), o.end(), 0);
+    if (!cfg_.shuffle_dataset) return o;
+    SplitMix64 rng(cfg_.seed * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(epoch) + 17);
+    for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
+    return o;
+  }
+
+  // [rows, P + C] rows of the round: the prompt left-padded to P, the completion right-padded to C.
+  SFTBatch batch_of(const std::vector<size_t>& rows) const {
+    const Rollout& r = *rollout_;
+    const int64_t B = static_cast<int64_t>(rows.size()), T = r.P + r.C;
+    SFTBatch b;
+    b.input_ids = Tensor::zeros(DType::I32, {B, T});
+    b.attention_mask = Tensor::zeros(DType::I32, {B, T});
+    b.labels = Tensor::zeros(DType::I32, {B, T});
+    b.weights = Tensor::zeros(DType::F32, {B, T});
+    int32_t* ids = b.input_ids.mutable_data_as<int32_t>();
+    int32_t* mask = b.attention_mask.mutable_data_as<int32_t>();
+    int32_t* labels = b.labels.mutable_data_as<int32_t>();
+    for (int64_t k = 0; k < B; ++k) {
+      const size_t i = rows[static_cast<size_t>(k)];
+      const std::vector<int32_t>& p = prompts_[r.prompt_of[i]].ids;
+      const std::vector<int32_t>& c = r.completions[i];
+      const int64_t off = r.P - static_cast<int64_t>(p.size());
+      for (int64_t t = 0; t < T; ++t) ids[k * T + t] = pad_;
+      for (size_t t = 0; t < p.size(); ++t) ids[k * T + off + static_cast<int64_t>(t)] = p[t], mask[k * T + off + static_cast<int64_t>(t)] = 1;
+      for (size_t t = 0; t < c.size(); ++t) ids[k * T + r.P + static_cast<int64_t>(t)] = c[t], mask[k * T + r.P + static_cast<int64_t>(t)] = 1;
+      for (int64_t t = 0; t + 1 < T; ++t) labels[k * T + t] = ids[k * T + t + 1];
+      labels[k * T + T - 1] = pad_;
+      b.num_tokens += static_cast<int64_t>(p.size() + c.size());
+    }
+    b.position_ids = default_position_ids(b.attention_mask);
+    return b;
+  }
+
+  // The loss mask of row i's completion positions: 1 on its tokens, unless mask_truncated_completions drops it.
+  double mask_at(size_t i, int64_t c) const {
+    const Rollout& r = *rollout_;
+    if (cfg_.mask_truncated_completions && r.truncated[i]) return 0;
+    return c < static_cast<int64_t>(r.completions[i].size()) ? 1.0 : 0.0;
+  }
+
+  // Per-token log-probs [N][C] of the round's completions under a model (forward only, batches of bs rows).
+  template <class Run>
+  std::vector<std::vector<float>> round_logps(const Run& run) const {
+    const Rollout& r = *rollout_;
+    const size_t N = r.completions.size();
+    std::vector<std::vector<float>> out(N);
+    for (size_t s = 0; s < N; s += static_cast<size_t>(layout_.bs)) {
+      std::vector<size_t> rows;
+      for (size_t i = s; i < std::min(N, s + static_cast<size_t>(layout_.bs)); ++i) rows.push_back(i);
+      const Tensor lp = run(batch_of(rows));
+      const float* x = lp.data_as<float>();
+      const int64_t T = r.P + r.C;
+      for (size_t k = 0; k < rows.size(); ++k)
+        out[rows[k]].assign(x + static_cast<int64_t>(k) * T + r.P - 1, x + static_cast<int64_t>(k) * T + r.P - 1 + r.C);
+    }
+    return out;
+  }
+
+  void generate_round(MethodContext& ctx, int64_t epoch, int64_t round, MetricWindow& metrics, double& gen_s, double& reward_s, int64_t& tokens) {
+    auto t = Clock::now();
+    const int64_t U = layout_.per_round / layout_.G;
+    const std::vector<size_t> order = prompt_order(epoch);
+    auto r = std::make_unique<Rollout>();
+    r->epoch = epoch, r->round = round;
+    std::vector<std::vector<int32_t>> prompt_ids;
+    for (int64_t u = 0; u < U; ++u) {
+      const size_t p = order[static_cast<size_t>(round * U + u)];
+      prompt_ids.push_back(prompts_[p].ids);
+      for (int64_t g = 0; g < layout_.G; ++g) r->prompt_of.push_back(p);
+    }
+    // Generation with the current weights.
+    GenerationConfig gc;
+    gc.max_new_tokens = cfg_.max_completion_length;
+    gc.do_sample = true;
+    gc.temperature = static_cast<float>(cfg_.temperature);
+    gc.top_p = static_cast<float>(cfg_.top_p);
+    gc.top_k = cfg_.top_k;
+    if (cfg_.min_p) gc.min_p = static_cast<float>(*cfg_.min_p);
+    gc.repetition_penalty = static_cast<float>(cfg_.repetition_penalty);
+    gc.eos_token_id = std::vector<int32_t>{eos_};
+    gc.pad_token_id = pad_;
+    gc.num_return_sequences = layout_.G;
+    gc.seed = cfg_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) * 1000003ull + static_cast<uint64_t>(round) + 1;
+    gc.pad_to_multiple_of = multiple_;
+    gc.disable_compile = !ctx.args.torch_compile;
+    const GenerationOutput g = generator_->generate(prompt_ids, gc, &tok_);
+    const size_t N = g.generated.size();
+    r->P = g.prompt_length;
+    int64_t longest = 1;
+    for (size_t i = 0; i < N; ++i) {
+      std::vector<int32_t> c = g.generated[i];
+      const auto at = std::find(c.begin(), c.end(), eos_);  // cut after the first EOS (kept)
+      if (at != c.end()) c.erase(at + 1, c.end());
+      if (c.empty()) c.push_back(eos_);  // max_completion_length >= 1 always yields a token
+      r->truncated.push_back(c.back() != eos_ && c.back() != pad_);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(c.size()));
+      r->completions.push_back(std::move(c));
+    }
+    r->C = padded_length(longest, multiple_);
+    rollout_ = std::move(r);
+    Rollout& ro = *rollout_;
+    if (need_old_)
+      ro.old_logp = round_logps([&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature); });
+    if (reference_) ro.ref_logp = round_logps([&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature); });
+    gen_s += seconds_since(t);
+
+    // Rewards.
+    t = Clock::now();
+    RewardInputs in;
+    in.batch = epoch * rounds_per_epoch_ + round + 1;
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < N; ++i) {
+      const Prompt& p = prompts_[ro.prompt_of[i]];
+      in.prompts.push_back(p.prompt);
+      texts.push_back(tok_.decode(ro.completions[i], /*skip_special_tokens=*/true));
+      in.completions.push_back(p.prompt.is_array() ? ojson::array({ojson{{"role", "assistant"}, {"content", texts.back()}}}) : ojson(texts.back()));
+      in.completion_ids.push_back(ro.completions[i]);
+      tokens += static_cast<int64_t>(p.ids.size() + ro.completions[i].size());
+    }
+    for (const std::string& col : columns_) {
+      std::vector<ojson> values;
+      for (size_t i = 0; i < N; ++i) {
+        const ojson& row = train_row(ro.prompt_of[i]);
+        values.push_back(row.contains(col) ? row[col] : ojson());
+      }
+      in.columns.emplace_back(col, std::move(values));
+    }
+    const int64_t F = static_cast<int64_t>(rewards_.size());
+    std::vector<double> table(N * static_cast<size_t>(F), kNaN);
+    for (int64_t f = 0; f < F; ++f) {
+      std::vector<std::optional<double>> v;
+      try {
+        v = rewards_[static_cast<size_t>(f)].fn(in);
+      } catch (const Error& e) {
+        fail("{}: reward function '{}' failed on batch {}: {}", name_, rewards_[static_cast<size_t>(f)].name, in.batch, e.what());
+      }
+      if (v.size() != N)
+        fail("{}: reward function '{}' returned {} rewards for the {} completions of batch {}", name_, rewards_[static_cast<size_t>(f)].name, v.size(), N,
+             in.batch);
+      for (size_t i = 0; i < N; ++i) {
+        if (v[i] && !std::isfinite(*v[i]))
+          fail("{}: reward function '{}' returned {} for completion {} of batch {}", name_, rewards_[static_cast<size_t>(f)].name, *v[i], i, in.batch);
+        table[i * static_cast<size_t>(F) + static_cast<size_t>(f)] = v[i] ? *v[i] : kNaN;
+      }
+    }
+    reward_s += seconds_since(t);
+
+    // Advantages and the round's metrics.
+    std::vector<double> kl_rows;
+    double kl_sum = 0, kl_count = 0;
+    if (rloo_ && cfg_.beta != 0) {
+      for (size_t i = 0; i < N; ++i) {
+        double s = 0;
+        for (int64_t c = 0; c < ro.C; ++c) {
+          const double m = mask_at(i, c), d = static_cast<double>(ro.old_logp[i][static_cast<size_t>(c)]) - ro.ref_logp[i][static_cast<size_t>(c)];
+          s += d * m, kl_sum += d * m, kl_count += m;
+        }
+        kl_rows.push_back(s);
+      }
+    }
+    const Advantages a = rloo_ ? rloo_advantages(table, F, weights_, layout_.G, kl_rows, cfg_.beta, rloo_cfg_.reward_clip_range, rloo_cfg_.normalize_advantages)
+                               : grpo_advantages(table, F, weights_, layout_.G, grpo_.scale_rewards, grpo_.multi_objective_aggregation);
+    ro.advantages = a.advantages;
+    for (size_t i = 0; i < N; ++i)
+      for (int64_t c = 0; c < ro.C; ++c) ro.num_items += mask_at(i, c);
+    // Shuffle the round's rows (TRL's shuffle_sequence_dict), seeded by the round.
+    ro.order.resize(N);
+    std::iota(ro.order.begin(), ro.order.end(), 0);
+    SplitMix64 rng(cfg_.seed * 0xA24BAED4963EE407ull + static_cast<uint64_t>(in.batch));
+    for (size_t i = N; i > 1; --i) std::swap(ro.order[i - 1], ro.order[rng.next() % i]);
+    add_round_metrics(metrics, a, kl_count > 0 ? kl_sum / kl_count : kNaN);
+    if (cfg_.log_completions) log_completions(ctx, in, texts, table, a);
+    if (on_rollout_ && *on_rollout_) {
+      RolloutRecord rec;
+      for (size_t i = 0; i < N; ++i) {
+        const ojson& p = in.prompts[i];
+        rec.prompts.push_back(p.is_string() ? p.get<std::string>() : p.dump());
+        rec.completions.push_back(texts[i]);
+        rec.rewards.emplace_back(table.begin() + static_cast<int64_t>(i) * F, table.begin() + static_cast<int64_t>(i + 1) * F);
+      }
+      rec.advantages = a.advantages;
+      (*on_rollout_)(rec);
+    }
+  }
+
+  const ojson& train_row(size_t prompt) const { return train_rows_.at(prompts_[prompt].row); }
+
+  void add_round_metrics(MetricWindow& m, const Advantages& a, double rloo_kl) const {
+    const Rollout& r = *rollout_;
+    std::vector<double> lengths, terminated;
+    int64_t clipped = 0;
+    for (size_t i = 0; i < r.completions.size(); ++i) {
+      const double n = static_cast<double>(r.completions[i].size());
+      lengths.push_back(n);
+      if (r.truncated[i]) ++clipped;
+      else terminated.push_back(n);
+    }
+    if (terminated.empty()) terminated.push_back(0);  // as TRL: no terminated completion logs 0
+    auto add = [&](const std::string& k, double v) {
+      if (std::isfinite(v)) m.add(k, v);  // NaN means "no value" (TRL leaves it out of the mean)
+    };
+    add("completions/mean_length", std::accumulate(lengths.begin(), lengths.end(), 0.0) / static_cast<double>(lengths.size()));
+    add("completions/min_length", *std::min_element(lengths.begin(), lengths.end()));
+    add("completions/max_length", *std::max_element(lengths.begin(), lengths.end()));
+    add("completions/clipped_ratio", static_cast<double>(clipped) / static_cast<double>(lengths.size()));
+    add("completions/mean_terminated_length", std::accumulate(terminated.begin(), terminated.end(), 0.0) / static_cast<double>(terminated.size()));
+    add("completions/min_terminated_length", *std::min_element(terminated.begin(), terminated.end()));
+    add("completions/max_terminated_length", *std::max_element(terminated.begin(), terminated.end()));
+    for (size_t f = 0; f < rewards_.size(); ++f) {
+      add("rewards/" + rewards_[f].name + "/mean", a.func_mean[f]);
+      add("rewards/" + rewards_[f].name + "/std", a.func_std[f]);
+    }
+    add("reward", a.reward_mean);
+    add("reward_std", a.reward_std);
+    add("frac_reward_zero_std", a.frac_reward_zero_std);
+    if (rloo_ && cfg_.beta != 0) add("kl", rloo_kl);
+  }
+
+  // log_completions: a sample of the round in the log (stderr) and every row in output_dir/completions.jsonl.
+  void log_completions(MethodContext& ctx, const RewardInputs& in, const std::vector<std::string>& texts, const std::vector<double>& table,
+                       const Advantages& a) const {
+    const size_t F = rewards_.size(), show = static_cast<size_t>(cfg_.num_completions_to_print.value_or(4));
+    std::string lines;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      ojson rw = ojson::object();
+      for (size_t f = 0; f < F; ++f) {
+        const double v = table[i * F + f];
+        rw[rewards_[f].name] = std::isnan(v) ? ojson() : ojson(v);
+      }
+      lines += ojson{{"step", ctx.global_step + 1}, {"prompt", in.prompts[i]}, {"completion", texts[i]}, {"rewards", rw}, {"advantage", a.advantages[i]}}.dump() +
+               "\n";
+      if (i < show) {
+        const std::string p = in.prompts[i].is_string() ? in.prompts[i].get<std::string>() : in.prompts[i].dump();
+        std::fprintf(stderr, "[trl] %s step %lld | prompt: %.80s | completion: %.120s | rewards: %s | advantage: %.3f\n", name_.c_str(),
+                     static_cast<long long>(ctx.global_step + 1), p.c_str(), texts[i].c_str(), rw.dump().c_str(), a.advantages[i]);
+      }
+    }
+    append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
+  }
+
+  double train_micro(MethodContext& ctx, const std::vector<size_t>& rows, int64_t micro_batches, MetricWindow& metrics, const GradientSink& add) {
+    const Rollout& r = *rollout_;
+    const SFTBatch b = batch_of(rows);
+    const int64_t B = static_cast<int64_t>(rows.size()), T = r.P + r.C;
+    TokenLossResult res;
+    const TokenStepResult step = token_train_step(
+        ctx.model, ctx.weights, ctx.programs, b,
+        [&](const Tensor& logps, const Tensor& entropy, Tensor& seed) {
+          PolicyTokens pt;
+          pt.rows = B, pt.length = r.C;
+          const float* lp = logps.data_as<float>();
+          const float* en = entropy.data_as<float>();
+          for (int64_t k = 0; k < B; ++k) {
+            const size_t i = rows[static_cast<size_t>(k)];
+            pt.advantages.push_back(r.advantages[i]);
+            for (int64_t c = 0; c < r.C; ++c) {
+              const int64_t at = k * T + r.P - 1 + c;
+              pt.logp.push_back(lp[at]);
+              pt.entropy.push_back(en[at]);
+              pt.mask.push_back(mask_at(i, c));
+              if (!r.old_logp.empty()) pt.old_logp.push_back(r.old_logp[i][static_cast<size_t>(c)]);
+              if (!r.ref_logp.empty()) pt.ref_logp.push_back(r.ref_logp[i][static_cast<size_t>(c)]);
+            }
+          }
+          if (rloo_) {
+            if (pt.old_logp.empty()) pt.old_logp = pt.logp;  // the weights have not changed since generation
+            res = rloo_loss(cfg_.epsilon, cfg_.epsilon_high.value_or(cfg_.epsilon), micro_batches, pt);
+          } else {
+            GrpoLossOptions o;
+            o.loss_type = grpo_.loss_type;
+            o.epsilon_low = cfg_.epsilon, o.epsilon_high = cfg_.epsilon_high.value_or(cfg_.epsilon);
+            o.delta = grpo_.delta;
+            o.beta = cfg_.beta;
+            o.importance_sampling_level = grpo_.importance_sampling_level;
+            o.max_completion_length = cfg_.max_completion_length;
+            o.micro_batches = micro_batches;
+            o.num_items_in_batch = r.num_items;
+            res = grpo_loss(o, pt);
+          }
+          float* s = seed.mutable_data_as<float>();
+          for (int64_t k = 0; k < B; ++k)
+            for (int64_t c = 0; c < r.C; ++c) s[k * T + r.P - 1 + c] = static_cast<float>(res.d_logp[static_cast<size_t>(k * r.C + c)]);
+          return res.loss;
+        },
+        cfg_.gradient_checkpointing, cfg_.temperature);
+    auto put = [&](const char* k, double v) {
+      if (std::isfinite(v)) metrics.add(k, v);
+    };
+    put("entropy", res.entropy);
+    if (!rloo_ && cfg_.beta != 0) put("kl", res.kl);
+    put("clip_ratio/low_mean", res.clip_low_mean);
+    put("clip_ratio/low_min", res.clip_low_min);
+    put("clip_ratio/high_mean", res.clip_high_mean);
+    put("clip_ratio/high_max", res.clip_high_max);
+    put("clip_ratio/region_mean", res.clip_region_mean);
+    add(step.grads);
+    return step.loss;
+  }
+
+ public:
+  std::vector<ojson> train_rows_;  // the dataset's rows (the reward functions' extra columns)
+
+ private:
+  bool rloo_;
+  std::string name_;
+  OnlineRLConfig cfg_;
+  GRPOConfig grpo_;
+  RLOOConfig rloo_cfg_;
+  const Tokenizer& tok_;
+  std::vector<NamedRewardFunction> rewards_;
+  std::vector<double> weights_;
+  std::function<void(const RolloutRecord&)>* on_rollout_;
+  Layout layout_;
+  int64_t multiple_ = 0, rounds_per_epoch_ = 0, longest_prompt_ = 0;
+  int32_t eos_ = 0, pad_ = 0;
+  bool need_old_ = false;
+  std::vector<Prompt> prompts_;
+  std::vector<std::string> columns_;
+  std::unique_ptr<FrozenModel> reference_;
+  std::unique_ptr<CausalLM> policy_;
+  std::unique_ptr<Generator> generator_;
+  std::unique_ptr<Rollout> rollout_;
+};
+
+std::vector<NamedRewardFunction> checked_rewards(std::vector<NamedRewardFunction> f, const char* name) {
+  for (size_t i = 0; i < f.size(); ++i)
+    if (!f[i].fn) fail("{}: reward function {} ('{}') is empty", name, i, f[i].name);
+  // Two functions of one name (two regex: rewards) get distinct metric keys: name, name_2, ...
+  for (size_t i = 0; i < f.size(); ++i) {
+    int n = 1;
+    for (size_t k = 0; k < i; ++k)
+      if (f[k].name == f[i].name || f[k].name.rfind(f[i].name + "_", 0) == 0) ++n;
+    if (n > 1) f[i].name += fmt::format("_{}", n);
+  }
+  return f;
+}
+
+}  // namespace
+
+void check_grpo_config(const GRPOConfig& c, int64_t reward_functions) {
+  check_online_config(c, "GRPOConfig", reward_functions);
+  const auto& t = c.loss_type;
+  if (t != "grpo" && t != "bnpo" && t != "dr_grpo" && t != "dapo") fail("GRPOConfig: loss_type '{}' is not grpo, bnpo, dr_grpo or dapo", t);
+  if (c.scale_rewards != "group" && c.scale_rewards != "batch" && c.scale_rewards != "none")
+    fail("GRPOConfig: scale_rewards '{}' is not group, batch or none (true is group, false is none)", c.scale_rewards);
+  if (c.importance_sampling_level != "token" && c.importance_sampling_level != "sequence")
+    fail("GRPOConfig: importance_sampling_level '{}' is not token or sequence", c.importance_sampling_level);
+  if (c.multi_objective_aggregation != "sum_then_normalize" && c.multi_objective_aggregation != "normalize_then_sum")
+    fail("GRPOConfig: multi_objective_aggregation '{}' is not sum_then_normalize or normalize_then_sum", c.multi_objective_aggregation);
+  if (c.delta && !(*c.delta > 1 + c.epsilon_high.value_or(c.epsilon)))
+    fail("GRPOConfig: delta ({}) must be greater than 1 + epsilon_high ({})", *c.delta, 1 + c.epsilon_high.value_or(c.epsilon));
+}
+
+void check_rloo_config(const RLOOConfig& c, int64_t reward_functions) {
+  check_online_config(c, "RLOOConfig", reward_functions);
+  if (c.reward_clip_range && !(c.reward_clip_range->first <= c.reward_clip_range->second))
+    fail("RLOOConfig: reward_clip_range ({}, {}) must be (low, high) with low <= high", c.reward_clip_range->first, c.reward_clip_range->second);
+}
+
+GRPOTrainer::GRPOTrainer(const CausalLM& model, const Tokenizer& tok, std::vector<NamedRewardFunction> reward_funcs, Dataset train, GRPOConfig config,
+                         const CausalLM* ref_model) {
+  reward_funcs = checked_rewards(std::move(reward_funcs), "GRPOConfig");
+  check_grpo_config(config, static_cast<int64_t>(reward_funcs.size()));
+  if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  trainer_ = std::make_unique<Trainer>(model, config, "GRPOConfig");
+  auto m = std::make_unique<OnlineMethod>(&config, nullptr, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
+  m->train_rows_ = std::move(train.rows);
+  trainer_->set_method(std::move(m));
+}
+GRPOTrainer::~GRPOTrainer() = default;
+
+RLOOTrainer::RLOOTrainer(const CausalLM& model, const Tokenizer& tok, std::vector<NamedRewardFunction> reward_funcs, Dataset train, RLOOConfig config,
+                         const CausalLM* ref_model) {
+  reward_funcs = checked_rewards(std::move(reward_funcs), "RLOOConfig");
+  check_rloo_config(config, static_cast<int64_t>(reward_funcs.size()));
+  if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  trainer_ = std::make_unique<Trainer>(model, config, "RLOOConfig");
+  auto m = std::make_unique<OnlineMethod>(nullptr, &config, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
+  m->train_rows_ = std::move(train.rows);
+  trainer_->set_method(std::move(m));
+}
+RLOOTrainer::~RLOOTrainer() = default;
+
+}  // namespace trl
