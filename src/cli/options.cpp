@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -317,6 +318,37 @@ bool Options::given(const std::string& name) const {
   return s != nullptr && s->option->count() > 0;
 }
 
+namespace {
+// A YAML mapping given to an option that takes JSON text (chat_template_kwargs): scalars become true/false, null,
+// numbers or strings as YAML reads them.
+nlohmann::ordered_json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::object();
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& x : n) a.push_back(yaml_to_json(x));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string v = n.as<std::string>();
+  if (n.Tag() != "!") {  // unquoted
+    if (v == "true" || v == "True") return true;
+    if (v == "false" || v == "False") return false;
+    if (v == "null" || v == "~" || v == "None") return nullptr;
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (!v.empty() && *end == '\0') {
+      if (v.find_first_of(".eE") == std::string::npos) return static_cast<int64_t>(d);
+      return d;
+    }
+  }
+  return v;
+}
+}  // namespace
+
 void Options::apply_yaml(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail("--config {}: is a folder; expected a YAML file such as sft.yaml", path);
@@ -343,6 +375,7 @@ void Options::apply_yaml(const std::string& path) {
     }
     std::vector<std::string> values;
     if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
+    else if (kv.second.IsMap() && !s->list) values.push_back(yaml_to_json(kv.second).dump());  // chat_template_kwargs: {...}
     else if (kv.second.IsSequence() && s->list)
       for (const auto& x : kv.second) values.push_back(x.as<std::string>());
     else fail("--config {}:{}: '{}' must be a single value{}", path, line, key, s->list ? " or a list" : "");

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "golden_util.h"
 #include "test_util.h"
 #include "trl/backend/registry.h"
 #include "trl/models/init.h"
@@ -36,22 +37,6 @@ const json& golden() {
   static const json g = json::parse(test::read_file(std::string(TRL_TEST_DATA_DIR) + "/goldens/preference_train.json"));
   return g;
 }
-
-struct GoldenModel {
-  test::TempDir dir;
-  CausalLM model;
-  GoldenModel() : model(make()) {}
-  CausalLM make() {
-    InitOptions o;  // as tests/reference/make_goldens.sh makes it
-    o.preset = "tiny";
-    o.dtype = DType::F32;
-    o.seed = 1234;
-    o.initializer_range = 0.1;
-    o.randomize_norms = true;
-    init_model(o, dir.file("m"));
-    return CausalLM::from_pretrained(dir.file("m"));
-  }
-};
 
 template <class Config>
 Config golden_config(const std::string& out) {
@@ -93,31 +78,6 @@ void expect_steps(const json& want, const std::vector<ojson>& got, const std::st
     }
 }
 
-// Step 1's gradient of every parameter against the golden's summary of it (norm, sum, L1 norm, 8 entries). The
-// tolerances scale with the parameter's gradient norm: f32 sums in another order differ by ~1e-6 of it.
-void expect_gradients(const json& want, const TensorMap& got, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what << ": the trained parameters differ from PyTorch's";
-  for (const auto& [name, w] : want.items()) {
-    ASSERT_TRUE(got.count(name)) << what << ": no gradient for " << name;
-    const std::vector<float> g = got.at(name).to_f32_vector();
-    double sq = 0, sum = 0, l1 = 0;
-    for (float x : g) sq += static_cast<double>(x) * x, sum += x, l1 += std::fabs(x);
-    const double norm = w["norm"].get<double>(), scale = std::max(norm, 1e-8);
-    const auto near = [&](double value, double golden, double tol, const std::string& part) {
-      EXPECT_TRUE(std::isfinite(value) && std::fabs(value - golden) <= tol)
-          << what << " " << name << " " << part << ": " << value << ", PyTorch " << golden << " (tolerance " << tol << ")";
-    };
-    near(std::sqrt(sq), norm, 1e-4 * scale, "norm");
-    near(sum, w["sum"].get<double>(), 1e-4 * std::max(w["abs_sum"].get<double>(), 1e-8), "sum");
-    near(l1, w["abs_sum"].get<double>(), 1e-4 * std::max(w["abs_sum"].get<double>(), 1e-8), "L1 norm");
-    for (size_t k = 0; k < w["at"].size(); ++k) {
-      const size_t at = w["at"][k].get<size_t>();
-      ASSERT_LT(at, g.size()) << what << " " << name;
-      near(g[at], w["values"][k].get<double>(), 1e-4 * std::fabs(w["values"][k].get<double>()) + 1e-5 * scale, "entry " + std::to_string(at));
-    }
-  }
-}
-
 // Captures the gradients handed to the optimizer at step 1.
 template <class T>
 TensorMap& capture_step1(T& trainer, TensorMap& into) {
@@ -130,7 +90,7 @@ TensorMap& capture_step1(T& trainer, TensorMap& into) {
 
 TEST(PreferenceGolden, DpoEveryLossTypeMatchesPyTorchFor3Steps) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  GoldenModel m;
+  test::GoldenModel m;
   const Tokenizer& tok = test::qwen3_tokenizer();
   for (const auto& c : golden()["dpo"]) {
     const json& cfg = c["config"];
@@ -148,12 +108,12 @@ TEST(PreferenceGolden, DpoEveryLossTypeMatchesPyTorchFor3Steps) {
     TensorMap grads;
     capture_step1(tr, grads);
     expect_steps(c["steps"], tr.train().log_history, "dpo " + cfg.dump());
-    expect_gradients(c["grads_step1"], grads, "dpo " + cfg.dump() + " step 1 gradient of");
+    test::expect_gradients(c["grads_step1"], grads, "dpo " + cfg.dump() + " step 1 gradient of");
   }
 }
 
 TEST(PreferenceGolden, KtoWithItsKlTermMatchesPyTorchFor3Steps) {
-  GoldenModel m;
+  test::GoldenModel m;
   const json& k = golden()["kto"];
   Dataset d;
   for (const auto& r : k["rows"]) {
@@ -167,12 +127,12 @@ TEST(PreferenceGolden, KtoWithItsKlTermMatchesPyTorchFor3Steps) {
   capture_step1(tr, grads);
   const TrainOutput o = tr.train();
   expect_steps(k["steps"], o.log_history, "kto");
-  expect_gradients(k["grads_step1"], grads, "kto step 1 gradient of");
+  test::expect_gradients(k["grads_step1"], grads, "kto step 1 gradient of");
   EXPECT_GT(k["steps"][1]["kl"].get<double>(), 0.0);  // the golden exercises a non-zero KL term (step 2; clamped at 0 in step 3)
 }
 
 TEST(PreferenceGolden, RewardModelMatchesPyTorchFor3Steps) {
-  GoldenModel m;
+  test::GoldenModel m;
   const int64_t C = m.model.config().hidden_size;
   std::vector<float> score(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) score[static_cast<size_t>(c)] = 0.05f * static_cast<float>((c * 7) % 13 - 6);
@@ -183,7 +143,7 @@ TEST(PreferenceGolden, RewardModelMatchesPyTorchFor3Steps) {
   TensorMap grads;
   capture_step1(tr, grads);
   expect_steps(golden()["reward"]["steps"], tr.train().log_history, "reward");
-  expect_gradients(golden()["reward"]["grads_step1"], grads, "reward step 1 gradient of");
+  test::expect_gradients(golden()["reward"]["grads_step1"], grads, "reward step 1 gradient of");
   // The saved sequence-classification folder: its score.weight is PyTorch's trained head, and the loaded model's
   // rewards of every pair are PyTorch's after the 3 steps.
   tr.save_model(m.dir.file("reward-saved"));

@@ -24,6 +24,7 @@
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
+#include "train/online_step.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
@@ -46,19 +47,6 @@ struct Prompt {
   ojson prompt;                 // as the dataset holds it (the reward functions' `prompts`)
   std::vector<int32_t> ids;     // tokenized (conversations rendered with the generation prompt)
   size_t row = 0;               // its dataset row
-};
-
-// One generation round: N rows, row i a completion of prompt prompts[i / G].
-struct Rollout {
-  int64_t epoch = -1, round = -1;
-  int64_t P = 0, C = 0;  // prompt and completion buckets
-  std::vector<size_t> prompt_of;                 // [N] index into the method's prompts
-  std::vector<std::vector<int32_t>> completions;  // [N] up to and including EOS
-  std::vector<char> truncated;                   // [N] the last token is neither EOS nor pad
-  std::vector<double> advantages;                // [N]
-  std::vector<std::vector<float>> old_logp, ref_logp;  // [N][C] when computed
-  std::vector<size_t> order;                     // the shuffled rows: chunk k is order[k·bs, (k + 1)·bs)
-  double num_items = 0;                          // loss tokens of the whole round (dapo's normaliser)
 };
 
 // The layout GRPOConfig / RLOOConfig resolve to.
@@ -148,6 +136,17 @@ class OnlineMethod final : public TrainingMethod {
     // micro-batch's loss (RLOO needs them for its KL penalty anyway).
     need_old_ = cfg_.gradient_accumulation_steps % generate_every != 0 || (rloo_ && cfg_.beta != 0);
     if (cfg_.beta != 0) reference_ = std::make_unique<FrozenModel>(ref, trainer, programs_to_keep());
+    loss_.rloo = rloo_;
+    loss_.epsilon_low = cfg_.epsilon, loss_.epsilon_high = cfg_.epsilon_high.value_or(cfg_.epsilon);
+    loss_.temperature = cfg_.temperature;
+    loss_.gradient_checkpointing = cfg_.gradient_checkpointing;
+    GrpoLossOptions& g = loss_.grpo;
+    g.loss_type = grpo_.loss_type;
+    g.epsilon_low = loss_.epsilon_low, g.epsilon_high = loss_.epsilon_high;
+    g.delta = grpo_.delta;
+    g.beta = cfg_.beta;
+    g.importance_sampling_level = grpo_.importance_sampling_level;
+    g.max_completion_length = cfg_.max_completion_length;
   }
 
   const char* name() const override { return name_.c_str(); }
@@ -201,7 +200,7 @@ class OnlineMethod final : public TrainingMethod {
   void save_state(const std::string& dir) const override {
     if (!rollout_) return;
     const Rollout& r = *rollout_;
-    ojson j{{"epoch", r.epoch}, {"round", r.round}, {"P", r.P}, {"C", r.C}, {"prompt_of", r.prompt_of}, {"completions", r.completions},
+    ojson j{{"epoch", r.epoch}, {"round", r.round}, {"P", r.P}, {"C", r.C}, {"prompt_of", r.prompt_of}, {"prompt_ids", r.prompt_ids}, {"completions", r.completions},
             {"truncated", std::vector<int>(r.truncated.begin(), r.truncated.end())}, {"advantages", r.advantages}, {"old_logp", r.old_logp},
             {"ref_logp", r.ref_logp}, {"order", r.order}, {"num_items", r.num_items}};
     write_text_file_atomic(dir + "/rollout.json", j.dump());
@@ -215,7 +214,9 @@ class OnlineMethod final : public TrainingMethod {
       Rollout r;
       r.epoch = j.at("epoch"), r.round = j.at("round"), r.P = j.at("P"), r.C = j.at("C");
       r.prompt_of = j.at("prompt_of").get<std::vector<size_t>>();
+      r.prompt_ids = j.at("prompt_ids").get<std::vector<std::vector<int32_t>>>();
       r.completions = j.at("completions").get<std::vector<std::vector<int32_t>>>();
+      r.mask_truncated = cfg_.mask_truncated_completions;
       for (int t : j.at("truncated").get<std::vector<int>>()) r.truncated.push_back(static_cast<char>(t));
       r.advantages = j.at("advantages").get<std::vector<double>>();
       r.old_logp = j.at("old_logp").get<std::vector<std::vector<float>>>();
@@ -285,70 +286,18 @@ class OnlineMethod final : public TrainingMethod {
     return o;
   }
 
-  // [rows, P + C] rows of the round: the prompt left-padded to P, the completion right-padded to C.
-  SFTBatch batch_of(const std::vector<size_t>& rows) const {
-    const Rollout& r = *rollout_;
-    const int64_t B = static_cast<int64_t>(rows.size()), T = r.P + r.C;
-    SFTBatch b;
-    b.input_ids = Tensor::zeros(DType::I32, {B, T});
-    b.attention_mask = Tensor::zeros(DType::I32, {B, T});
-    b.labels = Tensor::zeros(DType::I32, {B, T});
-    b.weights = Tensor::zeros(DType::F32, {B, T});
-    int32_t* ids = b.input_ids.mutable_data_as<int32_t>();
-    int32_t* mask = b.attention_mask.mutable_data_as<int32_t>();
-    int32_t* labels = b.labels.mutable_data_as<int32_t>();
-    for (int64_t k = 0; k < B; ++k) {
-      const size_t i = rows[static_cast<size_t>(k)];
-      const std::vector<int32_t>& p = prompts_[r.prompt_of[i]].ids;
-      const std::vector<int32_t>& c = r.completions[i];
-      const int64_t off = r.P - static_cast<int64_t>(p.size());
-      for (int64_t t = 0; t < T; ++t) ids[k * T + t] = pad_;
-      for (size_t t = 0; t < p.size(); ++t) ids[k * T + off + static_cast<int64_t>(t)] = p[t], mask[k * T + off + static_cast<int64_t>(t)] = 1;
-      for (size_t t = 0; t < c.size(); ++t) ids[k * T + r.P + static_cast<int64_t>(t)] = c[t], mask[k * T + r.P + static_cast<int64_t>(t)] = 1;
-      for (int64_t t = 0; t + 1 < T; ++t) labels[k * T + t] = ids[k * T + t + 1];
-      labels[k * T + T - 1] = pad_;
-      b.num_tokens += static_cast<int64_t>(p.size() + c.size());
-    }
-    b.position_ids = default_position_ids(b.attention_mask);
-    return b;
-  }
-
-  // The loss mask of row i's completion positions: 1 on its tokens, unless mask_truncated_completions drops it.
-  double mask_at(size_t i, int64_t c) const {
-    const Rollout& r = *rollout_;
-    if (cfg_.mask_truncated_completions && r.truncated[i]) return 0;
-    return c < static_cast<int64_t>(r.completions[i].size()) ? 1.0 : 0.0;
-  }
-
-  // Per-token log-probs [N][C] of the round's completions under a model (forward only, batches of bs rows).
-  template <class Run>
-  std::vector<std::vector<float>> round_logps(const Run& run) const {
-    const Rollout& r = *rollout_;
-    const size_t N = r.completions.size();
-    std::vector<std::vector<float>> out(N);
-    for (size_t s = 0; s < N; s += static_cast<size_t>(layout_.bs)) {
-      std::vector<size_t> rows;
-      for (size_t i = s; i < std::min(N, s + static_cast<size_t>(layout_.bs)); ++i) rows.push_back(i);
-      const Tensor lp = run(batch_of(rows));
-      const float* x = lp.data_as<float>();
-      const int64_t T = r.P + r.C;
-      for (size_t k = 0; k < rows.size(); ++k)
-        out[rows[k]].assign(x + static_cast<int64_t>(k) * T + r.P - 1, x + static_cast<int64_t>(k) * T + r.P - 1 + r.C);
-    }
-    return out;
-  }
-
   void generate_round(MethodContext& ctx, int64_t epoch, int64_t round, MetricWindow& metrics, double& gen_s, double& reward_s, int64_t& tokens) {
     auto t = Clock::now();
     const int64_t U = layout_.per_round / layout_.G;
     const std::vector<size_t> order = prompt_order(epoch);
     auto r = std::make_unique<Rollout>();
     r->epoch = epoch, r->round = round;
+    r->mask_truncated = cfg_.mask_truncated_completions;
     std::vector<std::vector<int32_t>> prompt_ids;
     for (int64_t u = 0; u < U; ++u) {
       const size_t p = order[static_cast<size_t>(round * U + u)];
       prompt_ids.push_back(prompts_[p].ids);
-      for (int64_t g = 0; g < layout_.G; ++g) r->prompt_of.push_back(p);
+      for (int64_t g = 0; g < layout_.G; ++g) r->prompt_of.push_back(p), r->prompt_ids.push_back(prompts_[p].ids);
     }
     // Generation with the current weights.
     GenerationConfig gc;
@@ -382,8 +331,8 @@ class OnlineMethod final : public TrainingMethod {
     rollout_ = std::move(r);
     Rollout& ro = *rollout_;
     if (need_old_)
-      ro.old_logp = round_logps([&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature); });
-    if (reference_) ro.ref_logp = round_logps([&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature); });
+      ro.old_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature); });
+    if (reference_) ro.ref_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature); });
     gen_s += seconds_since(t);
 
     // Rewards.
@@ -434,7 +383,7 @@ class OnlineMethod final : public TrainingMethod {
       for (size_t i = 0; i < N; ++i) {
         double s = 0;
         for (int64_t c = 0; c < ro.C; ++c) {
-          const double m = mask_at(i, c), d = static_cast<double>(ro.old_logp[i][static_cast<size_t>(c)]) - ro.ref_logp[i][static_cast<size_t>(c)];
+          const double m = ro.mask(i, c), d = static_cast<double>(ro.old_logp[i][static_cast<size_t>(c)]) - ro.ref_logp[i][static_cast<size_t>(c)];
           s += d * m, kl_sum += d * m, kl_count += m;
         }
         kl_rows.push_back(s);
@@ -443,8 +392,7 @@ class OnlineMethod final : public TrainingMethod {
     const Advantages a = rloo_ ? rloo_advantages(table, F, weights_, layout_.G, kl_rows, cfg_.beta, rloo_cfg_.reward_clip_range, rloo_cfg_.normalize_advantages)
                                : grpo_advantages(table, F, weights_, layout_.G, grpo_.scale_rewards, grpo_.multi_objective_aggregation);
     ro.advantages = a.advantages;
-    for (size_t i = 0; i < N; ++i)
-      for (int64_t c = 0; c < ro.C; ++c) ro.num_items += mask_at(i, c);
+    ro.count_items();
     // Shuffle the round's rows (TRL's shuffle_sequence_dict), seeded by the round.
     ro.order.resize(N);
     std::iota(ro.order.begin(), ro.order.end(), 0);
@@ -521,62 +469,19 @@ class OnlineMethod final : public TrainingMethod {
   }
 
   double train_micro(MethodContext& ctx, const std::vector<size_t>& rows, int64_t micro_batches, MetricWindow& metrics, const GradientSink& add) {
-    const Rollout& r = *rollout_;
-    const SFTBatch b = batch_of(rows);
-    const int64_t B = static_cast<int64_t>(rows.size()), T = r.P + r.C;
-    TokenLossResult res;
-    const TokenStepResult step = token_train_step(
-        ctx.model, ctx.weights, ctx.programs, b,
-        [&](const Tensor& logps, const Tensor& entropy, Tensor& seed) {
-          PolicyTokens pt;
-          pt.rows = B, pt.length = r.C;
-          const float* lp = logps.data_as<float>();
-          const float* en = entropy.data_as<float>();
-          for (int64_t k = 0; k < B; ++k) {
-            const size_t i = rows[static_cast<size_t>(k)];
-            pt.advantages.push_back(r.advantages[i]);
-            for (int64_t c = 0; c < r.C; ++c) {
-              const int64_t at = k * T + r.P - 1 + c;
-              pt.logp.push_back(lp[at]);
-              pt.entropy.push_back(en[at]);
-              pt.mask.push_back(mask_at(i, c));
-              if (!r.old_logp.empty()) pt.old_logp.push_back(r.old_logp[i][static_cast<size_t>(c)]);
-              if (!r.ref_logp.empty()) pt.ref_logp.push_back(r.ref_logp[i][static_cast<size_t>(c)]);
-            }
-          }
-          if (rloo_) {
-            if (pt.old_logp.empty()) pt.old_logp = pt.logp;  // the weights have not changed since generation
-            res = rloo_loss(cfg_.epsilon, cfg_.epsilon_high.value_or(cfg_.epsilon), micro_batches, pt);
-          } else {
-            GrpoLossOptions o;
-            o.loss_type = grpo_.loss_type;
-            o.epsilon_low = cfg_.epsilon, o.epsilon_high = cfg_.epsilon_high.value_or(cfg_.epsilon);
-            o.delta = grpo_.delta;
-            o.beta = cfg_.beta;
-            o.importance_sampling_level = grpo_.importance_sampling_level;
-            o.max_completion_length = cfg_.max_completion_length;
-            o.micro_batches = micro_batches;
-            o.num_items_in_batch = r.num_items;
-            res = grpo_loss(o, pt);
-          }
-          float* s = seed.mutable_data_as<float>();
-          for (int64_t k = 0; k < B; ++k)
-            for (int64_t c = 0; c < r.C; ++c) s[k * T + r.P - 1 + c] = static_cast<float>(res.d_logp[static_cast<size_t>(k * r.C + c)]);
-          return res.loss;
-        },
-        cfg_.gradient_checkpointing, cfg_.temperature);
+    const OnlineStepResult r = online_train_step(ctx.model, ctx.weights, ctx.programs, *rollout_, rows, loss_, micro_batches, pad_);
     auto put = [&](const char* k, double v) {
-      if (std::isfinite(v)) metrics.add(k, v);
+      if (std::isfinite(v)) metrics.add(k, v);  // NaN: no value (TRL leaves it out of the mean)
     };
-    put("entropy", res.entropy);
-    if (!rloo_ && cfg_.beta != 0) put("kl", res.kl);
-    put("clip_ratio/low_mean", res.clip_low_mean);
-    put("clip_ratio/low_min", res.clip_low_min);
-    put("clip_ratio/high_mean", res.clip_high_mean);
-    put("clip_ratio/high_max", res.clip_high_max);
-    put("clip_ratio/region_mean", res.clip_region_mean);
-    add(step.grads);
-    return step.loss;
+    put("entropy", r.metrics.entropy);
+    if (!rloo_ && cfg_.beta != 0) put("kl", r.metrics.kl);
+    put("clip_ratio/low_mean", r.metrics.clip_low_mean);
+    put("clip_ratio/low_min", r.metrics.clip_low_min);
+    put("clip_ratio/high_mean", r.metrics.clip_high_mean);
+    put("clip_ratio/high_max", r.metrics.clip_high_max);
+    put("clip_ratio/region_mean", r.metrics.clip_region_mean);
+    add(r.grads);
+    return r.loss;
   }
 
  public:
@@ -602,6 +507,7 @@ class OnlineMethod final : public TrainingMethod {
   std::unique_ptr<CausalLM> policy_;
   std::unique_ptr<Generator> generator_;
   std::unique_ptr<Rollout> rollout_;
+  OnlineLoss loss_;
 };
 
 std::vector<NamedRewardFunction> checked_rewards(std::vector<NamedRewardFunction> f, const char* name) {

@@ -1,0 +1,65 @@
+// One generation round of GRPO / RLOO and the training step on a chunk of it (trainers/grpo.cpp drives them;
+// tests/train/grpo_golden_test.cpp runs them on given completions against PyTorch).
+//
+// A row is [P + C] tokens: the prompt left-padded to the round's prompt bucket P, then the completion right-padded
+// to its bucket C. Completion token k sits at position P + k and is predicted at position P − 1 + k, so the
+// per-token values of a row's completion are positions [P − 1, P − 1 + C) of the program's [B, T] outputs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/losses/grpo_loss.h"
+#include "train/sequence_step.h"
+
+namespace trl {
+
+struct Rollout {
+  int64_t epoch = -1, round = -1;
+  int64_t P = 0, C = 0;                           // prompt and completion buckets
+  std::vector<size_t> prompt_of;                  // [N] the trainer's prompt index of each row
+  std::vector<std::vector<int32_t>> prompt_ids;   // [N] unpadded
+  std::vector<std::vector<int32_t>> completions;  // [N] up to and including EOS
+  std::vector<char> truncated;                    // [N] the last token is neither EOS nor pad
+  std::vector<double> advantages;                 // [N]
+  std::vector<std::vector<float>> old_logp, ref_logp;  // [N][C] when computed (else empty)
+  std::vector<size_t> order;                      // the shuffled rows: chunk k is order[k·bs, (k + 1)·bs)
+  double num_items = 0;                           // loss tokens of the whole round (dapo's normaliser)
+  bool mask_truncated = false;                    // mask_truncated_completions
+
+  size_t size() const { return completions.size(); }
+  // The loss mask of row i's completion position c.
+  double mask(size_t i, int64_t c) const;
+  // Σ of the loss mask over every row (sets num_items).
+  void count_items();
+};
+
+// The [rows, P + C] batch of these rows (attention over the real tokens, positions from 0 at the first prompt
+// token, labels = the next token).
+SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_t pad_token_id);
+
+// Per-token log-probs [N][C] of every row's completion positions, from `run` on batches of `batch` rows.
+std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, int32_t pad_token_id,
+                                              const std::function<Tensor(const SFTBatch&)>& run);
+
+struct OnlineLoss {
+  bool rloo = false;
+  GrpoLossOptions grpo;                    // GRPO (micro_batches and num_items_in_batch are set per step)
+  double epsilon_low = 0.2, epsilon_high = 0.2;  // RLOO
+  double temperature = 1.0;
+  bool gradient_checkpointing = false;
+};
+
+struct OnlineStepResult {
+  double loss = 0;
+  TokenLossResult metrics;              // entropy, kl, clip ratios of this micro-batch
+  std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
+};
+
+// The loss of one micro-batch (rows of the round) and the gradients of every parameter.
+OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const Rollout& r,
+                                   const std::vector<size_t>& rows, const OnlineLoss& loss, int64_t micro_batches, int32_t pad_token_id);
+
+}  // namespace trl
