@@ -18,6 +18,7 @@ packages=(
   libyaml-cpp-dev       # `trl sft --config sft.yaml`: TRL's YAML config files
   libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
   libutf8proc-dev       # utf8proc: Unicode normalisation (NFC, ...) and case mapping for the tokenizer
+  python3               # the exec: reward test runs a Python reward script, as TRL users write theirs (tests only)
 )
 if [ "${1:-}" = "--dev" ]; then
   packages+=(python3-torch python3-numpy python3-jinja2 nodejs npm)

@@ -26,6 +26,8 @@ done
 # The preference trainers (DPO for every loss type, KTO, reward) on the tiny f32 model: tests/train/preference_golden_test.cpp.
 "$build/trl" init-model --preset tiny --dtype f32 --seed 1234 --initializer_range 0.1 --randomize_norms --out "$tmp/pref" >/dev/null
 (cd "$root/tests/reference" && /usr/bin/python3 preference_train_reference.py "$tmp/pref" "$out/preference_train.json")
+# GRPO and RLOO on a fixed round of completions, same model: tests/train/grpo_golden_test.cpp.
+(cd "$root/tests/reference" && /usr/bin/python3 grpo_reference.py "$tmp/pref" "$out/grpo_train.json")
 # A folder saved by `trl sft` (tests/data/sft/golden_recipe.yaml on the tiny f32 model above and the demo chat data):
 # PyTorch checks it is a complete Hugging Face folder and computes its logits (tests/models/golden_test.cpp).
 "$build/trl" init-model --preset tiny --dtype f32 --seed 1234 --initializer_range 0.1 --randomize_norms --out "$tmp/sft-base" >/dev/null

@@ -89,6 +89,11 @@ class GRPOTrainer : public BaseTrainer {
   ~GRPOTrainer() override;
   // Called after each generation round with what it produced (tests, demos).
   std::function<void(const RolloutRecord&)> on_rollout;
+  // The generator's program counters (prefill and decode programs compiled and reused).
+  const ProgramCacheStats& generation_program_stats() const { return *generation_stats_; }
+
+ private:
+  const ProgramCacheStats* generation_stats_ = nullptr;
 };
 
 class RLOOTrainer : public BaseTrainer {
@@ -96,7 +101,13 @@ class RLOOTrainer : public BaseTrainer {
   RLOOTrainer(const CausalLM& model, const Tokenizer& tokenizer, std::vector<NamedRewardFunction> reward_funcs, Dataset train,
               RLOOConfig config, const CausalLM* ref_model = nullptr);
   ~RLOOTrainer() override;
+  // Called after each generation round with what it produced (tests, demos).
   std::function<void(const RolloutRecord&)> on_rollout;
+  // The generator's program counters (prefill and decode programs compiled and reused).
+  const ProgramCacheStats& generation_program_stats() const { return *generation_stats_; }
+
+ private:
+  const ProgramCacheStats* generation_stats_ = nullptr;
 };
 
 }  // namespace trl

@@ -46,8 +46,10 @@ struct RewardFunctionOptions {
 // A reward function by its specification:
 //   length:N                            −|N − characters| / 100 (the GRPO quick start's reward_len)
 //   accuracy_reward                      1 if the completion's final answer (its last \boxed{...}, else its last
-//                                        number, else its text) equals the `solution` column's after normalising
-//                                        both, else 0; None when the solution has no answer
+//                                        number, else its text) equals the `solution` column's (its last
+//                                        \boxed{...}, else all of it) after normalising both (spaces, $, \left,
+//                                        \dfrac, thousands commas; numbers compared as numbers), else 0; None when
+//                                        the solution is empty
 //   think_format_reward                  1 if the completion is "<think>...</think>..." with one <think>, else 0
 //   soft_overlong_punishment:MAX:CACHE   0 up to MAX − CACHE tokens, then falling linearly to −1 at MAX, −1 beyond
 //   regex:PATTERN                        1 if PCRE2 PATTERN matches somewhere in the completion's text, else 0

@@ -121,11 +121,18 @@ std::string normalize_answer(std::string s) {
   return s;
 }
 
+// A completion's answer: its last \boxed{...}, else its last number, else its text.
 std::string final_answer(const std::string& text) {
   std::string a = last_boxed(text);
   if (a.empty()) a = last_number(text);
   if (a.empty()) a = text;
   return normalize_answer(a);
+}
+
+// The solution's answer: its last \boxed{...}, else the whole solution (a bare answer such as \frac{1}{3}).
+std::string gold_answer(const std::string& text) {
+  const std::string a = last_boxed(text);
+  return normalize_answer(a.empty() ? text : a);
 }
 
 std::optional<double> as_number(const std::string& s) {
@@ -155,7 +162,7 @@ Rewards accuracy(const RewardInputs& in, const std::string& spec) {
   Rewards out;
   for (size_t i = 0; i < in.size(); ++i) {
     const ojson& s = (*solution)[i];
-    const std::string gold = final_answer(s.is_string() ? s.get<std::string>() : s.dump());
+    const std::string gold = gold_answer(s.is_string() ? s.get<std::string>() : s.dump());
     if (gold.empty()) {
       out.emplace_back(std::nullopt);  // nothing to compare with: no opinion (TRL returns None)
       continue;

@@ -136,6 +136,10 @@ class OnlineMethod final : public TrainingMethod {
     // micro-batch's loss (RLOO needs them for its KL penalty anyway).
     need_old_ = cfg_.gradient_accumulation_steps % generate_every != 0 || (rloo_ && cfg_.beta != 0);
     if (cfg_.beta != 0) reference_ = std::make_unique<FrozenModel>(ref, trainer, programs_to_keep());
+    // The generator reads the trainer's compute weights in place (a model over the same tensors, which AdamW
+    // updates in place): no copy of the weights per round, and no recompilation when they change.
+    policy_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), trainer.compute_weights(), "policy"));
+    generator_ = std::make_unique<Generator>(*policy_);
     loss_.rloo = rloo_;
     loss_.epsilon_low = cfg_.epsilon, loss_.epsilon_high = cfg_.epsilon_high.value_or(cfg_.epsilon);
     loss_.temperature = cfg_.temperature;
@@ -168,12 +172,7 @@ class OnlineMethod final : public TrainingMethod {
     return reference_->memory(batch, padded_length(longest_prompt_, multiple_) + padded_length(cfg_.max_completion_length, multiple_));
   }
 
-  // The generator reads the trainer's compute weights in place: a model over the same tensors.
-  void before_training(MethodContext& ctx) override {
-    if (generator_) return;
-    policy_ = std::make_unique<CausalLM>(CausalLM::from_weights(ctx.model.config(), ctx.weights, "policy"));
-    generator_ = std::make_unique<Generator>(*policy_);
-  }
+  const ProgramCacheStats& generation_stats() const { return generator_->stats(); }
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     const auto t0 = Clock::now();
@@ -553,6 +552,7 @@ GRPOTrainer::GRPOTrainer(const CausalLM& model, const Tokenizer& tok, std::vecto
   trainer_ = std::make_unique<Trainer>(model, config, "GRPOConfig");
   auto m = std::make_unique<OnlineMethod>(&config, nullptr, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
   m->train_rows_ = std::move(train.rows);
+  generation_stats_ = &m->generation_stats();
   trainer_->set_method(std::move(m));
 }
 GRPOTrainer::~GRPOTrainer() = default;
@@ -565,6 +565,7 @@ RLOOTrainer::RLOOTrainer(const CausalLM& model, const Tokenizer& tok, std::vecto
   trainer_ = std::make_unique<Trainer>(model, config, "RLOOConfig");
   auto m = std::make_unique<OnlineMethod>(nullptr, &config, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
   m->train_rows_ = std::move(train.rows);
+  generation_stats_ = &m->generation_stats();
   trainer_->set_method(std::move(m));
 }
 RLOOTrainer::~RLOOTrainer() = default;

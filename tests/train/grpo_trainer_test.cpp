@@ -1,0 +1,309 @@
+// GRPOTrainer and RLOOTrainer end to end on the tiny model: generation reads the live weights, the programs an
+// epoch compiles, an exact resume in the middle of a generation round, learning within CI time (a format reward
+// and a length reward, the exec: reward equal to the built-in), and the errors of bad options, data and rewards.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "trl/core/error.h"
+#include "trl/data/sft.h"
+#include "trl/models/init.h"
+#include "trl/train/grpo_trainer.h"
+#include "trl/train/sft_trainer.h"
+
+namespace trl {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+Dataset prompt_rows(const std::vector<std::string>& prompts) {
+  Dataset d;
+  for (const std::string& p : prompts) {
+    d.rows.push_back(ojson{{"prompt", p}, {"solution", "4"}});
+    d.where.push_back("prompts.jsonl:" + std::to_string(d.rows.size()));
+  }
+  return d;
+}
+
+template <class Config>
+Config small_config(const std::string& out) {
+  Config c;
+  c.output_dir = out;
+  c.bf16 = false;
+  c.per_device_train_batch_size = 4;
+  c.num_generations = 4;
+  c.max_completion_length = 8;
+  c.max_steps = 2;
+  c.logging_steps = 1;
+  c.save_steps = 1000;
+  c.report = false;
+  c.progress = false;
+  c.pad_to_multiple_of = "32";
+  return c;
+}
+
+std::vector<NamedRewardFunction> rewards(const std::vector<std::string>& specs) {
+  std::vector<NamedRewardFunction> out;
+  for (const auto& s : specs) out.push_back(reward_function(s));
+  return out;
+}
+
+// Two runs from the same weights and seed: with learning_rate 0 and with a large one. Round 1 is the same; round 2
+// differs only if generation read the weights the first optimizer step changed (the generator holds no copy).
+TEST(GrpoTrainer, GenerationReadsTheLiveWeights) {
+  const test::TinyModel m;
+  std::vector<std::vector<std::string>> completions[2];
+  ProgramCacheStats gen_stats;
+  for (int run = 0; run < 2; ++run) {
+    test::TempDir out;
+    GRPOConfig c = small_config<GRPOConfig>(out.path());
+    c.learning_rate = run == 0 ? 0.0 : 0.05;
+    c.shuffle_dataset = false;
+    GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), prompt_rows({"Say a word.", "Say a word."}), c);
+    t.on_rollout = [&](const RolloutRecord& r) { completions[run].push_back(r.completions); };
+    t.train();
+    gen_stats = t.generation_program_stats();
+  }
+  ASSERT_EQ(completions[0].size(), 2u);
+  ASSERT_EQ(completions[1].size(), 2u);
+  EXPECT_EQ(completions[0][0], completions[1][0]);  // the same weights and seed: the same samples
+  EXPECT_NE(completions[0][1], completions[1][1]);  // the step changed the weights the generator reads
+  // One prefill and one decode program, compiled once and reused by the second round (and every decode step).
+  EXPECT_EQ(gen_stats.compilations, 2);
+  EXPECT_GT(gen_stats.hits, 8);
+}
+
+// Prompts of 2 to ~90 tokens over a whole epoch: programs are compiled per bucket, not per length.
+TEST(GrpoTrainer, AnEpochCompilesAProgramPerBucket) {
+  const test::TinyModel m;
+  std::vector<std::string> prompts;
+  std::set<int64_t> buckets;
+  for (int k = 0; k < 10; ++k) {
+    std::string p = "Count";
+    for (int w = 0; w < k * k; ++w) p += " w";
+    prompts.push_back(p);
+    const int64_t n = static_cast<int64_t>(test::qwen3_tokenizer().encode(p, false).size());
+    buckets.insert((n + 31) / 32 * 32);
+  }
+  ASSERT_GE(buckets.size(), 3u);
+  test::TempDir out;
+  GRPOConfig c = small_config<GRPOConfig>(out.path());
+  c.max_steps = -1;
+  c.num_train_epochs = 1;
+  c.learning_rate = 0;
+  GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), prompt_rows(prompts), c);
+  const TrainOutput o = t.train();
+  EXPECT_EQ(o.global_step, 10);  // one prompt × 4 generations per step
+  // Training: one program per prompt bucket (every completion fits one bucket of 32). Generation: a prefill per
+  // prompt bucket and a decode per cache length (prompt bucket + 32).
+  EXPECT_EQ(o.programs.compilations, static_cast<int64_t>(buckets.size()));
+  EXPECT_EQ(t.generation_program_stats().compilations, 2 * static_cast<int64_t>(buckets.size()));
+}
+
+// A generation round that spans two optimizer steps (num_iterations 2, so the old log-probs are computed): a run
+// resumed from the checkpoint between them (the round is in the checkpoint) logs what the uninterrupted run logs.
+TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
+  const test::TinyModel m;
+  test::TempDir out;
+  auto config = [&](const std::string& dir) {
+    GRPOConfig c = small_config<GRPOConfig>(dir);
+    c.max_steps = 4;
+    c.num_iterations = 2;
+    c.save_steps = 1;
+    c.learning_rate = 0.02;
+    c.beta = 0.05;
+    return c;
+  };
+  const Dataset d = prompt_rows({"One", "Two", "Three", "Four"});
+  GRPOTrainer full(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), d, config(out.file("full")));
+  const TrainOutput a = full.train();
+  ASSERT_TRUE(std::filesystem::exists(out.file("full/checkpoint-1/rollout.json")));
+  GRPOConfig rc = config(out.file("full"));
+  rc.resume_from_checkpoint = out.file("full/checkpoint-1");
+  GRPOTrainer resumed(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), d, rc);
+  const TrainOutput b = resumed.train();
+  ASSERT_EQ(a.log_history.size(), 4u);
+  ASSERT_EQ(b.log_history.size(), 4u);
+  // Steps 2 and 4 train on the round generated at steps 1 and 3 (their logs have no reward metrics, as TRL's).
+  EXPECT_FALSE(a.log_history[1].contains("reward"));
+  ASSERT_TRUE(a.log_history[2].contains("reward"));
+  const std::set<std::string> timing = {"step_time", "time/generation", "time/rewards", "time/training", "train_tokens_per_s", "step_seconds",
+                                        "data_seconds"};
+  for (size_t s = 1; s < 4; ++s) {
+    EXPECT_EQ(a.log_history[s].size(), b.log_history[s].size()) << "step " << s + 1;
+    for (const auto& [key, value] : a.log_history[s].items()) {
+      if (timing.count(key)) continue;
+      ASSERT_TRUE(b.log_history[s].contains(key)) << "step " << s + 1 << " " << key;
+      EXPECT_EQ(value, b.log_history[s][key]) << "step " << s + 1 << " " << key;
+    }
+  }
+  EXPECT_GT(a.log_history[3]["kl"].get<double>(), 0.0);  // the policy moved away from its reference
+}
+
+// The tiny model, after a short SFT on " one two ... <k>" completions (k random), learns under GRPO to answer
+// exactly " one two three" (a format reward), and moves its completion length toward a target; RLOO learns the
+// format too; an exec: reward in Python gives the same rewards as the built-in length:N.
+TEST(GrpoTrainer, TinyModelLearnsAFormatAndALength) {
+  if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TempDir dir;
+  const test::TinyModel base;
+  const std::vector<std::string> words = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"};
+  Dataset sft;
+  uint64_t x = 12345;
+  for (int i = 0; i < 64; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const size_t k = 1 + (x >> 33) % words.size();
+    std::string c;
+    for (size_t w = 0; w < k; ++w) c += " " + words[w];
+    sft.rows.push_back(ojson{{"prompt", "Count:"}, {"completion", c}});
+    sft.where.push_back("count.jsonl:" + std::to_string(i + 1));
+  }
+  SFTConfig sc;
+  sc.output_dir = dir.file("sft");
+  sc.learning_rate = 1e-2;
+  sc.per_device_train_batch_size = 8;
+  sc.max_steps = 40;
+  sc.logging_steps = 10;
+  sc.save_steps = 1000;
+  sc.report = false, sc.progress = false, sc.bf16 = false;
+  SFTTrainer(base.model, tok, sft, sc).train();
+  const CausalLM tuned = CausalLM::from_pretrained(dir.file("sft"));
+  const Dataset prompts = prompt_rows(std::vector<std::string>(64, "Count:"));
+
+  auto config = [&](auto c, const std::string& out, int64_t steps) {
+    c.output_dir = dir.file(out);
+    c.bf16 = false;
+    c.per_device_train_batch_size = 8;
+    c.num_generations = 8;
+    c.max_completion_length = 24;
+    c.max_steps = steps;
+    c.logging_steps = 3;
+    c.learning_rate = 5e-3;
+    c.save_steps = 1000;
+    c.report = false, c.progress = false;
+    c.pad_to_multiple_of = "32";
+    return c;
+  };
+  auto mean_of = [](const TrainOutput& o, const char* key, size_t from, size_t to) {
+    double s = 0;
+    for (size_t i = from; i < to; ++i) s += o.log_history.at(i)[key].get<double>();
+    return s / static_cast<double>(to - from);
+  };
+  // Format: 1 for exactly " one two three".
+  {
+    GRPOTrainer t(tuned, tok, rewards({"regex:^ one two three$"}), prompts, config(GRPOConfig{}, "format", 24));
+    const TrainOutput o = t.train();
+    const double first = o.log_history.front()["reward"].get<double>(), last = mean_of(o, "reward", 6, 8);
+    std::printf("[ learning ] grpo regex: reward %.3f -> %.3f\n", first, last);
+    EXPECT_GT(last, 0.8);
+    EXPECT_GT(last, first + 0.2);
+  }
+  {
+    RLOOConfig rc = config(RLOOConfig{}, "rloo", 24);
+    rc.num_generations = 4;
+    RLOOTrainer t(tuned, tok, rewards({"regex:^ one two three$"}), prompts, rc);
+    const TrainOutput o = t.train();
+    const double first = o.log_history.front()["reward"].get<double>(), last = mean_of(o, "reward", 6, 8);
+    std::printf("[ learning ] rloo regex: reward %.3f -> %.3f\n", first, last);
+    EXPECT_GT(last, 0.8);
+    EXPECT_GT(last, first + 0.2);
+  }
+  // Length: completions of 40 characters (" one two ... eight" is 39).
+  std::vector<std::vector<double>> builtin_rewards;
+  {
+    GRPOTrainer t(tuned, tok, rewards({"length:40"}), prompts, config(GRPOConfig{}, "length", 18));
+    t.on_rollout = [&](const RolloutRecord& r) {
+      if (builtin_rewards.size() < 2)
+        for (const auto& row : r.rewards) builtin_rewards.push_back(row);
+    };
+    const TrainOutput o = t.train();
+    const double r0 = o.log_history.front()["reward"].get<double>(), r1 = mean_of(o, "reward", 4, 6);
+    const double l0 = o.log_history.front()["completions/mean_length"].get<double>(), l1 = mean_of(o, "completions/mean_length", 4, 6);
+    std::printf("[ learning ] grpo length:40: reward %.3f -> %.3f, mean length %.2f -> %.2f tokens\n", r0, r1, l0, l1);
+    EXPECT_GT(r1, r0 + 0.05);
+    EXPECT_GT(r1, -0.05);
+  }
+  // The same run's first two rounds with the Python script: the same rewards.
+  {
+    const std::string script = std::string(TRL_TEST_DATA_DIR) + "/grpo/reward_len.py";
+    GRPOTrainer t(tuned, tok, rewards({"exec:python3 " + script + " 40"}), prompts, config(GRPOConfig{}, "exec", 2));
+    std::vector<std::vector<double>> got;
+    t.on_rollout = [&](const RolloutRecord& r) {
+      for (const auto& row : r.rewards) got.push_back(row);
+    };
+    t.train();
+    ASSERT_EQ(got.size(), builtin_rewards.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_DOUBLE_EQ(got[i].at(0), builtin_rewards[i].at(0)) << "completion " << i;
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(GrpoTrainer, BadOptionsAndDataAreClearErrors) {
+  const test::TinyModel m;
+  test::TempDir out;
+  const Dataset d = prompt_rows({"a", "b"});
+  auto grpo = [&](const std::function<void(GRPOConfig&)>& edit, const Dataset& data = Dataset{}, std::vector<std::string> r = {"length:5"}) {
+    GRPOConfig c = small_config<GRPOConfig>(out.path());
+    edit(c);
+    return error_of([&] { GRPOTrainer(m.model, test::qwen3_tokenizer(), rewards(r), data.rows.empty() ? d : data, c); });
+  };
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.num_generations = 1; }).find("num_generations must be >= 2"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.num_generations = 3; }).find("must be a multiple of num_generations (3)"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.loss_type = "ppo"; }).find("loss_type 'ppo'"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.scale_rewards = "yes"; }).find("scale_rewards 'yes'"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.reward_weights = {1, 2}; }).find("reward_weights has 2 values for 1 reward functions"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.generation_batch_size = 8, c.steps_per_generation = 2; }).find("not both"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.delta = 1.1; }).find("delta (1.1) must be greater than 1 + epsilon_high"), std::string::npos);
+  EXPECT_NE(grpo([](GRPOConfig&) {}, Dataset{}, {}).find("no reward function"), std::string::npos);
+  Dataset bad;
+  bad.rows = {ojson{{"question", "x"}}};
+  bad.where = {"bad.jsonl:1"};
+  const std::string e = grpo([](GRPOConfig&) {}, bad);
+  EXPECT_NE(e.find("bad.jsonl:1: a row needs a \"prompt\""), std::string::npos) << e;
+  EXPECT_NE(e.find("question"), std::string::npos) << e;
+  // More completions per round than the dataset has prompts for.
+  EXPECT_NE(grpo([](GRPOConfig& c) { c.per_device_train_batch_size = 12; }).find("a generation round needs 3 prompts"), std::string::npos);
+}
+
+// A reward process that fails at the third round: the error names it and the batch, and the checkpoints saved
+// before it stay complete.
+TEST(GrpoTrainer, AFailingRewardStopsTheRunWithItsCheckpointsIntact) {
+  const test::TinyModel m;
+  test::TempDir out;
+  GRPOConfig c = small_config<GRPOConfig>(out.path());
+  c.max_steps = 4;
+  c.save_steps = 1;
+  const std::string script = "n=0; while read -r l; do n=$((n+1)); if [ $n -eq 3 ]; then exit 7; fi; echo '[0, 0.5, 1, 0]'; done";
+  GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"exec:" + script}), prompt_rows({"a", "b", "c", "d"}), c);
+  const std::string e = error_of([&] { t.train(); });
+  EXPECT_NE(e.find("batch 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("exited with status 7"), std::string::npos) << e;
+  for (const char* ck : {"checkpoint-1", "checkpoint-2"}) {
+    EXPECT_TRUE(std::filesystem::exists(out.file(std::string(ck) + "/optimizer.safetensors"))) << ck;
+    EXPECT_TRUE(std::filesystem::exists(out.file(std::string(ck) + "/trainer_state.json"))) << ck;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out.file("checkpoint-3")));
+}
+
+}  // namespace
+}  // namespace trl
