@@ -19,7 +19,7 @@ template <class Config>
 struct OnlineArgs {
   Config c;
   TrainCommandArgs t;
-  std::string ref_model, chat_template_kwargs, scale_rewards;
+  std::string ref_model, reward_model, chat_template_kwargs, scale_rewards;
   std::vector<std::string> reward_funcs;
   std::vector<double> reward_clip_range;
   // Accepted for pasted TRL command lines; they change nothing here.
@@ -36,6 +36,7 @@ void add_online_options(Options& o, OnlineArgs<Config>& a) {
   o.add("reward_funcs", a.reward_funcs,
         "Reward functions: length:N, accuracy_reward, think_format_reward, soft_overlong_punishment:MAX:CACHE, regex:PATTERN, exec:COMMAND")
       .default_text("none (required)");
+  o.add("reward_model_name_or_path", a.reward_model, "A reward model (folder or local-cache id): the first reward function").default_text("None");
   o.add("reward_weights", c.reward_weights, "One weight per reward function").default_text("1 each");
   o.add("ref_model_name_or_path", a.ref_model, "The frozen reference model when beta > 0 (default: a copy of the starting model)").default_text("None");
   o.add("num_generations", c.num_generations, "Completions per prompt (a group)").min(2);
@@ -76,14 +77,19 @@ void finish_online(const char* command, OnlineArgs<Config>& a, Config& cfg) {
       fail("--chat_template_kwargs: not valid JSON ({}): {}", a.chat_template_kwargs, e.what());
     }
   }
-  if (a.reward_funcs.empty()) fail("trl {}: --reward_funcs is required (e.g. --reward_funcs length:200)", command);
+  if (a.reward_funcs.empty() && a.reward_model.empty())
+    fail("trl {}: --reward_funcs (or --reward_model_name_or_path) is required, e.g. --reward_funcs length:200", command);
   if (a.use_vllm) std::fprintf(stderr, "[trl] %s: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n", command);
   if (a.max_prompt_length) std::fprintf(stderr, "[trl] %s: max_prompt_length is ignored: TRL no longer truncates prompts\n", command);
 }
 
-std::vector<NamedRewardFunction> make_rewards(const std::vector<std::string>& specs, double timeout) {
+// As TRL's script: the reward model first, then --reward_funcs in order (a folder among them is a reward model too).
+template <class Config>
+std::vector<NamedRewardFunction> make_rewards(const OnlineArgs<Config>& a, const Config& c) {
+  std::vector<std::string> specs = a.reward_funcs;
+  if (!a.reward_model.empty() && a.reward_model != "None") specs.insert(specs.begin(), a.reward_model);
   std::vector<NamedRewardFunction> out;
-  for (const std::string& s : specs) out.push_back(reward_function(s, RewardFunctionOptions{timeout}));
+  for (const std::string& s : specs) out.push_back(reward_from_spec(s, RewardFunctionOptions{c.reward_timeout_seconds}, c.bf16, c.chat_template_kwargs));
   return out;
 }
 
@@ -110,7 +116,7 @@ void register_grpo(CLI::App& app) {
       const std::string& s = a->scale_rewards;
       cfg.scale_rewards = s == "true" || s == "True" ? "group" : s == "false" || s == "False" ? "none" : s;
     }
-    std::vector<NamedRewardFunction> rewards = make_rewards(a->reward_funcs, cfg.reward_timeout_seconds);
+    std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
     check_grpo_config(cfg, static_cast<int64_t>(rewards.size()));  // before loading anything
     TrainRun run = load_train_run(a->t, cfg);
     std::optional<CausalLM> ref;
@@ -138,7 +144,7 @@ void register_rloo(CLI::App& app) {
       if (a->reward_clip_range.size() != 2) fail("--reward_clip_range takes two numbers (low high), got {}", a->reward_clip_range.size());
       cfg.reward_clip_range = std::make_pair(a->reward_clip_range[0], a->reward_clip_range[1]);
     }
-    std::vector<NamedRewardFunction> rewards = make_rewards(a->reward_funcs, cfg.reward_timeout_seconds);
+    std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
     check_rloo_config(cfg, static_cast<int64_t>(rewards.size()));
     TrainRun run = load_train_run(a->t, cfg);
     std::optional<CausalLM> ref;

@@ -103,8 +103,12 @@ int64_t pooled_position(const int32_t* ids, int64_t length, int32_t pad) {
 
 std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::vector<int32_t>>& sequences, Backend& backend, int64_t batch_size) {
   ProgramCache programs(backend);
+  return reward_scores(m, sequences, programs, batch_size);
+}
+
+std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs, int64_t batch_size) {
   std::vector<double> out;
-  const int64_t multiple = backend.auto_pad_multiple();
+  const int64_t multiple = programs.backend().auto_pad_multiple();
   for (size_t start = 0; start < sequences.size(); start += static_cast<size_t>(batch_size)) {
     const size_t end = std::min(sequences.size(), start + static_cast<size_t>(batch_size));
     int64_t longest = 1;

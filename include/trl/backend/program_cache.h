@@ -36,6 +36,7 @@ std::string default_program_cache_dir();
 class ProgramCache {
  public:
   explicit ProgramCache(Backend& backend, size_t capacity = 64) : backend_(backend), capacity_(capacity) {}
+  Backend& backend() const { return backend_; }
   ProgramCache(Backend& backend, ProgramCacheOptions options)
       : backend_(backend), capacity_(options.capacity), disk_dir_(std::move(options.disk_dir)) {}
   // The compiled program for `graph` (compiling it on a miss). The reference stays valid until it is evicted.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trl/backend/backend.h"
+#include "trl/backend/program_cache.h"
 #include "trl/models/causal_lm.h"
 
 namespace trl {
@@ -44,5 +45,9 @@ int64_t pooled_position(const int32_t* ids, int64_t length, int32_t pad_token_id
 
 // The reward of each sequence, in batches of `batch_size` rows padded to the backend's bucket (forward only).
 std::vector<double> reward_scores(const RewardModel& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend, int64_t batch_size = 8);
+// The same with the caller's programs (kept across calls: GRPO scores every generation round with one program
+// per bucket).
+std::vector<double> reward_scores(const RewardModel& model, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs,
+                                  int64_t batch_size = 8);
 
 }  // namespace trl

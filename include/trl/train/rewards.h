@@ -60,4 +60,18 @@ struct RewardFunctionOptions {
 // An unknown name or a malformed argument is an error that lists these.
 NamedRewardFunction reward_function(const std::string& spec, const RewardFunctionOptions& options = {});
 
+struct RewardModel;
+class Tokenizer;
+// A reward model (`trl reward`'s output, or any one-label sequence-classification checkpoint) as TRL scores with one:
+// the score head at the last token of the chat-rendered conversation prompt + completion (chat_template_kwargs
+// applied), or of the text prompt + completion, tokenized without special tokens by the reward model's tokenizer.
+// Named after its folder (rewards/<name>/mean).
+NamedRewardFunction reward_model_function(std::shared_ptr<const RewardModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+                                          const std::string& name, nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object());
+
+// A reward_funcs entry: a model folder (with config.json) or a local-cache id that resolves to one is a reward
+// model (loaded with `options`, its own tokenizer), anything else reward_function(spec).
+NamedRewardFunction reward_from_spec(const std::string& spec, const RewardFunctionOptions& options = {}, bool bf16 = false,
+                                     nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object());
+
 }  // namespace trl

@@ -22,7 +22,8 @@ using ojson = nlohmann::ordered_json;
 using Rewards = std::vector<std::optional<double>>;
 
 constexpr const char* kKnown =
-    "length:N, accuracy_reward, think_format_reward, soft_overlong_punishment:MAX:CACHE, regex:PATTERN, exec:COMMAND";
+    "length:N, accuracy_reward, reasoning_accuracy_reward, think_format_reward, soft_overlong_punishment:MAX:CACHE "
+    "(get_soft_overlong_punishment: 1280:256, as TRL's script), regex:PATTERN, exec:COMMAND, or a reward model's folder";
 
 // Characters as Python's len() counts them: code points (UTF-8 bytes that do not continue a sequence).
 int64_t code_points(const std::string& s) {
@@ -155,7 +156,9 @@ bool same_answer(const std::string& a, const std::string& b) {
   return x && y && std::fabs(*x - *y) <= 1e-9 * std::max(1.0, std::fabs(*y));
 }
 
-Rewards accuracy(const RewardInputs& in, const std::string& spec) {
+// With `reasoning`: only the text after the last </think> is the answer, and a completion without one scores 0
+// (TRL's reasoning_accuracy_reward penalises unfinished reasoning).
+Rewards accuracy(const RewardInputs& in, const std::string& spec, bool reasoning = false) {
   const auto* solution = in.column("solution");
   if (!solution)
     fail("reward function '{}' (batch {}): the dataset has no 'solution' column to compare the completions with", spec, in.batch);
@@ -167,7 +170,16 @@ Rewards accuracy(const RewardInputs& in, const std::string& spec) {
       out.emplace_back(std::nullopt);  // nothing to compare with: no opinion (TRL returns None)
       continue;
     }
-    out.emplace_back(same_answer(final_answer(in.completion_text(i)), gold) ? 1.0 : 0.0);
+    std::string text = in.completion_text(i);
+    if (reasoning) {
+      const size_t end = text.rfind("</think>");
+      if (end == std::string::npos) {
+        out.emplace_back(0.0);
+        continue;
+      }
+      text = text.substr(end + 8);
+    }
+    out.emplace_back(same_answer(final_answer(text), gold) ? 1.0 : 0.0);
   }
   return out;
 }
@@ -206,6 +218,10 @@ NamedRewardFunction reward_function(const std::string& spec, const RewardFunctio
   }
   if (kind == "accuracy_reward" && colon == std::string::npos)
     return {"accuracy_reward", [spec](const RewardInputs& in) { return accuracy(in, spec); }};
+  if (kind == "reasoning_accuracy_reward" && colon == std::string::npos)
+    return {"reasoning_accuracy_reward", [spec](const RewardInputs& in) { return accuracy(in, spec, true); }};
+  if (kind == "get_soft_overlong_punishment" && colon == std::string::npos)  // TRL's script registers it with these
+    return reward_function("soft_overlong_punishment:1280:256", options);
   if (kind == "think_format_reward" && colon == std::string::npos) {
     // TRL's pattern, matched at the start: ^<think>(?!.*<think>)(.*?)</think>.*$ with DOTALL and MULTILINE.
     auto p = std::make_shared<Pattern>("^<think>(?!.*<think>)(.*?)</think>.*$", PCRE2_ANCHORED | PCRE2_DOTALL | PCRE2_MULTILINE, spec);

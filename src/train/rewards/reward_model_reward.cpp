@@ -1,0 +1,69 @@
+// Reward models as reward functions (include/trl/train/rewards.h, reward_model_function).
+#include <filesystem>
+
+#include "trl/backend/program_cache.h"
+#include "trl/backend/registry.h"
+#include "trl/core/error.h"
+#include "trl/io/hub.h"
+#include "trl/models/reward_model.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
+#include "trl/train/rewards.h"
+
+namespace trl {
+
+namespace {
+using ojson = nlohmann::ordered_json;
+}  // namespace
+
+NamedRewardFunction reward_model_function(std::shared_ptr<const RewardModel> model, std::shared_ptr<const Tokenizer> tok, const std::string& name,
+                                          ojson chat_template_kwargs) {
+  struct Scorer {
+    std::shared_ptr<const RewardModel> model;
+    std::shared_ptr<const Tokenizer> tok;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ProgramCache> programs;
+    ojson kwargs;
+  };
+  auto s = std::make_shared<Scorer>();
+  s->model = std::move(model), s->tok = std::move(tok), s->kwargs = std::move(chat_template_kwargs);
+  s->backend = make_backend(s->model->backbone.device(), BackendOptions{.share_arena = true});
+  s->programs = std::make_unique<ProgramCache>(*s->backend, 16);
+  return {name, [s, name](const RewardInputs& in) {
+            std::vector<std::vector<int32_t>> seqs;
+            ChatTemplateOptions co;
+            co.extra = s->kwargs;
+            for (size_t i = 0; i < in.size(); ++i) {
+              const ojson& p = in.prompts[i];
+              if (p.is_array()) {
+                ojson messages = p;
+                messages.push_back(ojson{{"role", "assistant"}, {"content", in.completion_text(i)}});
+                seqs.push_back(apply_chat_template_ids(*s->tok, messages, co).input_ids);
+              } else {
+                seqs.push_back(s->tok->encode((p.is_string() ? p.get<std::string>() : p.dump()) + in.completion_text(i), false));
+              }
+              if (seqs.back().empty()) seqs.back().push_back(s->model->pad_token_id);
+            }
+            std::vector<std::optional<double>> out;
+            for (double r : reward_scores(*s->model, seqs, *s->programs)) out.emplace_back(r);
+            return out;
+          }};
+}
+
+NamedRewardFunction reward_from_spec(const std::string& spec, const RewardFunctionOptions& options, bool bf16, ojson chat_template_kwargs) {
+  std::error_code ec;
+  const bool folder = std::filesystem::is_regular_file(std::filesystem::path(spec) / "config.json", ec);
+  std::string dir;
+  if (folder) dir = spec;
+  else if (spec.find(':') == std::string::npos && spec.find('/') != std::string::npos) dir = resolve_model_dir(spec);  // an id: the local cache
+  if (dir.empty()) return reward_function(spec, options);
+  LoadOptions lo;
+  if (bf16) lo.dtype = DType::BF16;
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_pretrained(dir));
+  auto model = std::make_shared<const RewardModel>(load_reward_model(dir, lo, tok->pad_token_id()));
+  std::string name = std::filesystem::path(spec).filename().string();
+  if (name.empty()) name = std::filesystem::path(spec).parent_path().filename().string();
+  return reward_model_function(std::move(model), std::move(tok), name, std::move(chat_template_kwargs));
+}
+
+}  // namespace trl
