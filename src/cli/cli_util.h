@@ -45,6 +45,7 @@ void register_sft(CLI::App& app);
 void register_dpo(CLI::App& app);
 void register_kto(CLI::App& app);
 void register_grpo(CLI::App& app);
+void register_demo_grpo(CLI::App& app);
 void register_rloo(CLI::App& app);
 void register_reward(CLI::App& app);
 

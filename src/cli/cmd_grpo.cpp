@@ -123,7 +123,8 @@ void register_grpo(CLI::App& app) {
     if (cfg.beta != 0) ref = load_ref_model(a->ref_model, a->t, cfg);
     std::fprintf(stderr, "[trl] grpo: %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
     GRPOTrainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
-    print_train_output(trainer.train());
+    const TrainOutput out = trainer.train();
+    print_train_output(out, &trainer.generation_program_stats());
   });
 }
 
@@ -151,7 +152,8 @@ void register_rloo(CLI::App& app) {
     if (cfg.beta != 0) ref = load_ref_model(a->ref_model, a->t, cfg);
     std::fprintf(stderr, "[trl] rloo: %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
     RLOOTrainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
-    print_train_output(trainer.train());
+    const TrainOutput out = trainer.train();
+    print_train_output(out, &trainer.generation_program_stats());
   });
 }
 

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   trl::cli::register_init_model(app);
   trl::cli::register_score(app);
   trl::cli::register_demo(app);
+  trl::cli::register_demo_grpo(app);
   trl::cli::register_tokenize(app);
   trl::cli::register_sft(app);
   trl::cli::register_dpo(app);

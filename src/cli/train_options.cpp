@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "trl/core/error.h"
 
 namespace trl::cli {
@@ -116,10 +118,15 @@ std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const Tr
   return CausalLM::from_pretrained(name_or_path, lo);
 }
 
-void print_train_output(const TrainOutput& out) {
-  std::printf("{\"global_step\": %lld, \"training_loss\": %.6f, \"programs_compiled\": %lld, \"cache_hits\": %lld, \"interrupted\": %s}\n",
+void print_train_output(const TrainOutput& out, const ProgramCacheStats* generation) {
+  std::string gen;
+  if (generation)
+    gen = fmt::format(", \"generation_programs_compiled\": {}, \"generation_cache_hits\": {}, \"generation_compile_seconds\": {:.3f}",
+                      generation->compilations, generation->hits, generation->compile_seconds);
+  std::printf("{\"global_step\": %lld, \"training_loss\": %.6f, \"programs_compiled\": %lld, \"cache_hits\": %lld, \"compile_seconds\": %.3f%s, "
+              "\"interrupted\": %s}\n",
               static_cast<long long>(out.global_step), out.training_loss, static_cast<long long>(out.programs.compilations),
-              static_cast<long long>(out.programs.hits), out.interrupted ? "true" : "false");
+              static_cast<long long>(out.programs.hits), out.programs.compile_seconds, gen.c_str(), out.interrupted ? "true" : "false");
   if (out.interrupted) std::exit(130);
 }
 

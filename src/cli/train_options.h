@@ -51,7 +51,8 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c);
 // --ref_model_name_or_path: the frozen reference in the compute dtype (bf16 under --bf16), or nullopt for "" / None.
 std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const TrainCommandArgs& a, const TrainingArguments& c);
 
-// The one-line JSON summary a training command prints on stdout; exits 130 when interrupted.
-void print_train_output(const TrainOutput& out);
+// The one-line JSON summary a training command prints on stdout (with the generator's program counters for the
+// online methods); exits 130 when interrupted.
+void print_train_output(const TrainOutput& out, const ProgramCacheStats* generation = nullptr);
 
 }  // namespace trl::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -130,16 +131,23 @@ void process_logits(std::vector<float>& s, const std::vector<int32_t>& context, 
 
 int32_t pick_token(const std::vector<float>& s, bool do_sample, double u) {
   if (!do_sample) return static_cast<int32_t>(std::max_element(s.begin(), s.end()) - s.begin());
-  const std::vector<double> prob = softmax(s);
+  // Inverse CDF of softmax(s): one pass of exps (float, into a buffer) and their total, then the first index whose
+  // running sum passes u·total. -inf scores (filtered tokens) have weight 0 and are never picked.
+  const float mx = *std::max_element(s.begin(), s.end());
+  thread_local std::vector<float> e;
+  e.resize(s.size());
+  double total = 0;
+  for (size_t i = 0; i < s.size(); ++i) total += e[i] = s[i] == -INFINITY ? 0.0f : std::exp(s[i] - mx);
+  const double target = u * total;
   double cum = 0;
   int32_t last = 0;
-  for (size_t i = 0; i < prob.size(); ++i) {
-    if (prob[i] == 0) continue;
-    cum += prob[i];
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i] == 0) continue;
+    cum += e[i];
     last = static_cast<int32_t>(i);
-    if (u < cum) return last;
+    if (target < cum) return last;
   }
-  return last;  // rounding left u above the total
+  return last;  // rounding left u·total above the sum
 }
 
 struct Generator::State {
@@ -268,10 +276,18 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   const int64_t V = mc.vocab_size;
   std::vector<std::vector<float>> logits(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V)));
   auto take_logits = [&](const Tensor& t, int64_t rows_stride, int64_t row_offset) {
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t v = 0; v < V; ++v)
-        logits[static_cast<size_t>(b)][static_cast<size_t>(v)] =
-            static_cast<float>(load_element(t.data(), t.dtype(), (b * rows_stride + row_offset) * V + v));
+    for (int64_t b = 0; b < B; ++b) {
+      float* row = logits[static_cast<size_t>(b)].data();
+      const int64_t at = (b * rows_stride + row_offset) * V;
+      if (t.dtype() == DType::BF16) {
+        const uint16_t* x = static_cast<const uint16_t*>(t.data()) + at;
+        for (int64_t v = 0; v < V; ++v) row[v] = bf16_to_f32(x[v]);
+      } else if (t.dtype() == DType::F32) {
+        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(V) * sizeof(float));
+      } else {
+        for (int64_t v = 0; v < V; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
+      }
+    }
   };
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).
   auto run_full = [&](int64_t T) {

@@ -7,7 +7,12 @@
 #include <string>
 
 #include "test_util.h"
+#include "trl/backend/registry.h"
 #include "trl/core/error.h"
+#include "trl/models/init.h"
+#include "trl/models/reward_model.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 #include "trl/train/rewards.h"
 
 namespace trl {
@@ -122,6 +127,39 @@ TEST(Rewards, ExecFailuresNameTheCommandAndTheBatch) {
   const auto f = reward_function("exec:exit 1");
   error_of([&] { f.fn(in); });
   EXPECT_NE(error_of([&] { f.fn(in); }).find("failed on an earlier batch"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trl
+
+namespace trl {
+namespace {
+
+// A reward model folder in reward_funcs scores the text prompt + completion (and a conversation rendered with
+// the chat template) as reward_scores does on the same tokens.
+TEST(Rewards, ARewardModelFolderScoresPromptAndCompletion) {
+  const test::TinyModel m;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  const RewardModel rm{m.model, new_score_head(m.model.config(), DType::F32, 7), *tok.pad_token_id(), true};
+  test::TempDir dir;
+  TensorMap w = m.model.weights();
+  w["score.weight"] = rm.score;
+  save_reward_model(dir.file("rm"), m.model.config(), w, rm.pad_token_id, DType::F32);
+  write_tokenizer_files(dir.file("rm"));
+  const NamedRewardFunction f = reward_from_spec(dir.file("rm"));
+  EXPECT_EQ(f.name, "rm");
+  RewardInputs in = inputs({" a", " b c"});
+  in.prompts[1] = ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}});
+  in.completions[1] = ojson::array({ojson{{"role", "assistant"}, {"content", "Hello"}}});
+  const auto got = f.fn(in);
+  ojson conversation = in.prompts[1];
+  conversation.push_back(ojson{{"role", "assistant"}, {"content", "Hello"}});
+  auto backend = make_backend("cpu");
+  const std::vector<double> want =
+      reward_scores(rm, {tok.encode("p a", false), apply_chat_template_ids(tok, conversation).input_ids}, *backend);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(got[i] && std::fabs(*got[i] - want[i]) <= 1e-6 * std::max(1.0, std::fabs(want[i]))) << i;
+  EXPECT_NE(*got[0], *got[1]);
 }
 
 }  // namespace
