@@ -172,6 +172,21 @@ std::string training_report_html(const std::vector<ojson>& log, const RunSummary
   html += chart("Mean token accuracy", "accuracy",
                 {{series(log, "mean_token_accuracy"), blue, "training (label = argmax)"},
                  {series(log, "eval_mean_token_accuracy"), orange, "evaluation (label = argmax)"}});
+  if (!series(log, "reward").empty()) {  // online RL
+    html += chart("Reward", "reward", {{series(log, "reward"), blue, "mean reward of the round (weighted sum)"}});
+    html += chart("Completion length", "tokens", {{series(log, "completions/mean_length"), "#9467bd", "mean completion length"}});
+  }
+  if (!s.completions.empty()) {
+    html += "<h2>Completions</h2>\n<table class=\"summary\"><tr><th>step</th><th>prompt</th><th>completion</th><th>rewards</th><th>advantage</th></tr>";
+    for (const ojson& c : s.completions) {
+      const ojson& p = c.value("prompt", ojson());
+      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3f}</td></tr>", c.value("step", 0),
+                          html_escape((p.is_string() ? p.get<std::string>() : p.dump()).substr(0, 300)),
+                          html_escape(c.value("completion", std::string()).substr(0, 600)), html_escape(c.value("rewards", ojson::object()).dump()),
+                          c.value("advantage", 0.0));
+    }
+    html += "</table>\n";
+  }
   return html + "</body></html>\n";
 }
 

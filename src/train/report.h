@@ -36,6 +36,8 @@ struct RunSummary {
   int64_t tokens = 0;         // tokens seen (padding included), from the start of training
   double train_seconds = 0;   // wall time of this run (after a resume: since the resume)
   ProgramCacheStats programs;
+  // log_completions (GRPO, RLOO): sample rows {"step", "prompt", "completion", "rewards": {name: value}, "advantage"}.
+  std::vector<nlohmann::ordered_json> completions;
 };
 
 // A duration as the progress line and the report show it: "05:07", or "1:02:03" from an hour on.

@@ -781,6 +781,7 @@ TrainOutput Trainer::train() {
     summary.tokens = s.tokens_seen;
     summary.train_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
     summary.programs = s.programs->stats();
+    summary.completions = method_->report_samples();
     s.save_final(c.report ? &summary : nullptr);
   }
   result.global_step = s.global_step;

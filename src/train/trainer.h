@@ -106,6 +106,8 @@ class TrainingMethod {
   // when it spans several steps): written into, and read back from, the checkpoint folder.
   virtual void save_state(const std::string& /*dir*/) const {}
   virtual void load_state(const std::string& /*dir*/) {}
+  // Sample rows for the HTML report (log_completions): {"step", "prompt", "completion", "rewards", "advantage"}.
+  virtual std::vector<nlohmann::ordered_json> report_samples() const { return {}; }
   virtual bool has_eval() const { return false; }
   // eval_loss and the method's eval_* metrics over its eval dataset with the current weights.
   virtual nlohmann::ordered_json evaluate(MethodContext& ctx);

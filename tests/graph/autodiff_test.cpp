@@ -124,6 +124,14 @@ TEST(Autodiff, Entropy) {
   check_vjp({{"h", {2, 3, 4}}, {"w", {9, 4}}}, [](Builder& b, const std::vector<ValueId>& v) { return b.entropy(v[0], v[1]); });
 }
 
+// A constant scale (a sampling temperature's 1/T before the vocabulary ops): d(x·s)/dx = s.
+TEST(Autodiff, ScaleByAConstant) {
+  check_vjp({{"h", {2, 3, 4}}, {"w", {9, 4}}, {"t", {2, 3}, DType::I32, 9}}, [](Builder& b, const std::vector<ValueId>& v) {
+    const ValueId scaled = b.scale_by(v[0], b.fill({}, DType::F64, 1.0 / 0.7), DType::F64);
+    return b.token_logprobs(scaled, v[1], v[2]);
+  });
+}
+
 TEST(Autodiff, ValueUsedTwiceAccumulates) {
   // w is both a matmul weight and a token_logprobs head (like tied embeddings).
   check_vjp({{"x", {2, 4}}, {"w", {4, 4}}, {"t", {2}, DType::I32, 4}}, [](Builder& b, const std::vector<ValueId>& v) {

@@ -12,6 +12,7 @@
 // (P, C) pair met, one prefill per prompt bucket and one decode per cache length.
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -446,8 +447,10 @@ class OnlineMethod final : public TrainingMethod {
   }
 
   // log_completions: a sample of the round in the log (stderr) and every row in output_dir/completions.jsonl.
+  std::vector<ojson> report_samples() const override { return {samples_.begin(), samples_.end()}; }
+
   void log_completions(MethodContext& ctx, const RewardInputs& in, const std::vector<std::string>& texts, const std::vector<double>& table,
-                       const Advantages& a) const {
+                       const Advantages& a) {
     const size_t F = rewards_.size(), show = static_cast<size_t>(cfg_.num_completions_to_print.value_or(4));
     std::string lines;
     for (size_t i = 0; i < texts.size(); ++i) {
@@ -456,8 +459,12 @@ class OnlineMethod final : public TrainingMethod {
         const double v = table[i * F + f];
         rw[rewards_[f].name] = std::isnan(v) ? ojson() : ojson(v);
       }
-      lines += ojson{{"step", ctx.global_step + 1}, {"prompt", in.prompts[i]}, {"completion", texts[i]}, {"rewards", rw}, {"advantage", a.advantages[i]}}.dump() +
-               "\n";
+      const ojson row{{"step", ctx.global_step + 1}, {"prompt", in.prompts[i]}, {"completion", texts[i]}, {"rewards", rw}, {"advantage", a.advantages[i]}};
+      lines += row.dump() + "\n";
+      if (i < std::max<size_t>(show, 1)) {  // the report keeps the first rows of the last rounds
+        samples_.push_back(row);
+        while (samples_.size() > 20) samples_.pop_front();
+      }
       if (i < show) {
         const std::string p = in.prompts[i].is_string() ? in.prompts[i].get<std::string>() : in.prompts[i].dump();
         std::fprintf(stderr, "[trl] %s step %lld | prompt: %.80s | completion: %.120s | rewards: %s | advantage: %.3f\n", name_.c_str(),
@@ -507,6 +514,7 @@ class OnlineMethod final : public TrainingMethod {
   std::unique_ptr<Generator> generator_;
   std::unique_ptr<Rollout> rollout_;
   OnlineLoss loss_;
+  std::deque<ojson> samples_;  // log_completions: the report's rows
 };
 
 std::vector<NamedRewardFunction> checked_rewards(std::vector<NamedRewardFunction> f, const char* name) {
