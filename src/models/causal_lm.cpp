@@ -294,13 +294,26 @@ ValueId temperature_scaled(Builder& b, ValueId h, double temperature, DType dtyp
   if (!(temperature > 0) || !std::isfinite(temperature)) fail("temperature must be a finite number > 0, got {}", temperature);
   return b.scale_by(h, b.fill({}, DType::F32, 1.0 / temperature, "inv_temperature"), dtype, "h.temperature");
 }
+
+// logits_to_keep K > 0 (TRL's name): the vocabulary ops only at the K positions of each row that predict its last
+// K tokens, gathered from h by the input kept_positions [B, K] i32 (flat indices b·T + t, t in [T − 1 − K, T − 1),
+// bound by the caller). A gather is an embedding lookup into h seen as a [B·T, C] table, so its VJP (a scatter into
+// zeros) is the embedding's. Returns h itself for K = 0.
+ValueId kept_rows(Builder& b, ValueId h, int64_t B, int64_t T, int64_t C, int64_t K, DType dtype) {
+  if (K == 0) return h;
+  if (K < 0 || K >= T) fail("logits_to_keep must be in [1, {}) for rows of {} tokens, got {}", T, T, K);
+  const ValueId table = b.reshape(h, {B * T, C}, "h.rows");
+  return b.embedding(b.input("kept_positions", {B, K}, DType::I32), table, dtype, "h.kept");
+}
 }  // namespace
 
-graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature) const {
+graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature, int64_t logits_to_keep) const {
   Builder b;
   ValueId head = kNone;
-  const ValueId h = temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_);
-  const ValueId labels = b.input("labels", {B, T}, DType::I32);
+  const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
+  const ValueId h =
+      kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
+  const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
   b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
   return b.finish();
 }
@@ -337,12 +350,14 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
 }
 
 graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics, bool logit_sums,
-                                      double temperature) const {
+                                      double temperature, int64_t logits_to_keep) const {
   Builder b;
   ValueId head = kNone;
-  const ValueId h = temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_);
-  const ValueId labels = b.input("labels", {B, T}, DType::I32);
-  const ValueId weights = b.input("loss_weights", {B, T}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
+  const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
+  const ValueId h =
+      kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
+  const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
+  const ValueId weights = b.input("loss_weights", {B, Tk}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
   const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
   ValueId entropy = kNone, match = kNone;
@@ -356,7 +371,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   if (logit_sums) {
     const ValueId column_sum = b.reshape(b.sum_rows(head, DType::F32, "head.column_sum"), {1, config_.hidden_size}, "head.column_sum.row");
     const ValueId h32 = dtype_ == DType::F32 ? h : b.cast(h, DType::F32, "h.f32");
-    logit_sum = b.reshape(b.matmul(h32, column_sum, kNone, DType::F32, "logit_sum"), {B, T}, "logit_sum.squeeze");
+    logit_sum = b.reshape(b.matmul(h32, column_sum, kNone, DType::F32, "logit_sum"), {B, Tk}, "logit_sum.squeeze");
   }
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
   const size_t forward_nodes = b.size();

@@ -34,8 +34,8 @@ std::vector<double> FrozenModel::sequence_logps(const SequenceBatch& batch) {
   return trl::sequence_logps(model(), model().weights(), programs(), batch);
 }
 
-Tensor FrozenModel::token_logprobs(const SFTBatch& batch, double temperature) {
-  return trl::token_logprobs(model(), model().weights(), programs(), batch, temperature);
+Tensor FrozenModel::token_logprobs(const SFTBatch& batch, double temperature, int64_t logits_to_keep) {
+  return trl::token_logprobs(model(), model().weights(), programs(), batch, temperature, logits_to_keep);
 }
 
 FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {

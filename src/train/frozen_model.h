@@ -22,7 +22,7 @@ class FrozenModel {
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
   // log p(labels) at every position [B, T] f32, of logits / temperature (GRPO's reference).
-  Tensor token_logprobs(const SFTBatch& batch, double temperature = 1.0);
+  Tensor token_logprobs(const SFTBatch& batch, double temperature = 1.0, int64_t logits_to_keep = 0);
   const CausalLM& model() const;
   // Its weights and the arena of its forward-only log-prob program for `rows` × `tokens` (compiled, not cached or
   // allocated); nothing once released.

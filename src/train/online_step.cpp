@@ -47,17 +47,14 @@ SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_
 
 std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, int32_t pad, const std::function<Tensor(const SFTBatch&)>& run) {
   const size_t N = r.size();
-  const int64_t T = r.P + r.C;
   std::vector<std::vector<float>> out(N);
   for (size_t s = 0; s < N; s += static_cast<size_t>(batch)) {
     std::vector<size_t> rows;
     for (size_t i = s; i < std::min(N, s + static_cast<size_t>(batch)); ++i) rows.push_back(i);
-    const Tensor lp = run(rollout_batch(r, rows, pad));
+    const Tensor lp = run(rollout_batch(r, rows, pad));  // [rows, C]: logits_to_keep = C
+    if (lp.shape() != Shape{static_cast<int64_t>(rows.size()), r.C}) fail("rollout_logps: {} log-probs for {} rows of {} completion positions", shape_str(lp.shape()), rows.size(), r.C);
     const float* x = lp.data_as<float>();
-    for (size_t k = 0; k < rows.size(); ++k) {
-      const float* at = x + static_cast<int64_t>(k) * T + r.P - 1;
-      out[rows[k]].assign(at, at + r.C);
-    }
+    for (size_t k = 0; k < rows.size(); ++k) out[rows[k]].assign(x + static_cast<int64_t>(k) * r.C, x + static_cast<int64_t>(k + 1) * r.C);
   }
   return out;
 }
@@ -65,7 +62,7 @@ std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, i
 OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const Rollout& r,
                                    const std::vector<size_t>& rows, const OnlineLoss& L, int64_t micro_batches, int32_t pad) {
   const SFTBatch b = rollout_batch(r, rows, pad);
-  const int64_t B = static_cast<int64_t>(rows.size()), T = r.P + r.C;
+  const int64_t B = static_cast<int64_t>(rows.size());
   OnlineStepResult out;
   const TokenLoss loss = [&](const Tensor& logps, const Tensor& entropy, Tensor& seed) {
     PolicyTokens pt;
@@ -76,7 +73,7 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
       const size_t i = rows[static_cast<size_t>(k)];
       pt.advantages.push_back(r.advantages.at(i));
       for (int64_t c = 0; c < r.C; ++c) {
-        const int64_t at = k * T + r.P - 1 + c;
+        const int64_t at = k * r.C + c;  // logits_to_keep = C: the completion's positions only
         pt.logp.push_back(lp[at]);
         pt.entropy.push_back(en[at]);
         pt.mask.push_back(r.mask(i, c));
@@ -95,10 +92,10 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
     }
     float* s = seed.mutable_data_as<float>();
     for (int64_t k = 0; k < B; ++k)
-      for (int64_t c = 0; c < r.C; ++c) s[k * T + r.P - 1 + c] = static_cast<float>(out.metrics.d_logp[static_cast<size_t>(k * r.C + c)]);
+      for (int64_t c = 0; c < r.C; ++c) s[k * r.C + c] = static_cast<float>(out.metrics.d_logp[static_cast<size_t>(k * r.C + c)]);
     return out.metrics.loss;
   };
-  TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature);
+  TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature, r.C);
   out.loss = step.loss;
   out.grads = std::move(step.grads);
   return out;

@@ -3,7 +3,8 @@
 //
 // A row is [P + C] tokens: the prompt left-padded to the round's prompt bucket P, then the completion right-padded
 // to its bucket C. Completion token k sits at position P + k and is predicted at position P − 1 + k, so the
-// per-token values of a row's completion are positions [P − 1, P − 1 + C) of the program's [B, T] outputs.
+// per-token values of a row's completion are positions [P − 1, P − 1 + C): the programs run the vocabulary ops
+// there only (logits_to_keep = C, as TRL computes GRPO's logits) and their per-token outputs are [B, C].
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ struct Rollout {
 // token, labels = the next token).
 SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_t pad_token_id);
 
-// Per-token log-probs [N][C] of every row's completion positions, from `run` on batches of `batch` rows.
+// Per-token log-probs [N][C] of every row's completion positions, from `run` on batches of `batch` rows (`run`
+// returns [rows, C]: a logprobs program with logits_to_keep = C).
 std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, int32_t pad_token_id,
                                               const std::function<Tensor(const SFTBatch&)>& run);
 

@@ -124,14 +124,36 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   return out;
 }
 
+namespace {
+// The inputs of a logits_to_keep program: the labels of the kept positions [B, K] and their flat indices.
+TensorMap kept_inputs(const TensorMap& weights, const SFTBatch& batch, int64_t K) {
+  TensorMap in = batch_inputs(weights, batch);
+  if (K == 0) return in;
+  const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
+  if (K < 0 || K >= T) fail("logits_to_keep must be in [1, {}) for rows of {} tokens, got {}", T, T, K);
+  Tensor labels = Tensor::zeros(DType::I32, {B, K}), positions = Tensor::zeros(DType::I32, {B, K});
+  const int32_t* all = batch.labels.data_as<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t t = T - 1 - K + k;
+      labels.mutable_data_as<int32_t>()[b * K + k] = all[b * T + t];
+      positions.mutable_data_as<int32_t>()[b * K + k] = static_cast<int32_t>(b * T + t);
+    }
+  in["labels"] = labels;
+  in["kept_positions"] = positions;
+  return in;
+}
+}  // namespace
+
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
-                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature) {
-  const int64_t R = batch.input_ids.size(0), T = batch.input_ids.size(1);
-  const graph::Graph g = model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true, /*logit_sums=*/false, temperature);
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature, int64_t logits_to_keep) {
+  const int64_t R = batch.input_ids.size(0), T = batch.input_ids.size(1), Tk = logits_to_keep > 0 ? logits_to_keep : T;
+  const graph::Graph g =
+      model.training_graph(R, T, DType::F32, gradient_checkpointing, /*metrics=*/true, /*logit_sums=*/false, temperature, logits_to_keep);
   Program& program = programs.get(g);
-  const std::vector<Tensor> first = program.run_stage(batch_inputs(weights, batch), 0);
+  const std::vector<Tensor> first = program.run_stage(kept_inputs(weights, batch, logits_to_keep), 0);
   TokenStepResult out;
-  Tensor seed = Tensor::zeros(DType::F32, {R, T});
+  Tensor seed = Tensor::zeros(DType::F32, {R, Tk});
   out.loss = loss(first.at(g.output_index("token_logprobs")), first.at(g.output_index("entropy")), seed);
   TensorMap seeds;
   seeds["loss_weights"] = seed;
@@ -141,9 +163,10 @@ TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights
   return out;
 }
 
-Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature) {
-  const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature);
-  return programs.get(g).run(batch_inputs(weights, batch)).at(g.output_index("token_logprobs")).clone();
+Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature,
+                      int64_t logits_to_keep) {
+  const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature, logits_to_keep);
+  return programs.get(g).run(kept_inputs(weights, batch, logits_to_keep)).at(g.output_index("token_logprobs")).clone();
 }
 
 }  // namespace trl

@@ -78,11 +78,14 @@ struct TokenStepResult {
 };
 
 // One micro-batch of a per-token loss: stage 0, the loss on the host, stage 1 seeded with its dL/dlogp. With a
-// temperature T ≠ 1 every vocabulary quantity is of logits / T. `batch.weights` is not read.
+// temperature T ≠ 1 every vocabulary quantity is of logits / T. `batch.weights` is not read. logits_to_keep K > 0:
+// only the positions [T − 1 − K, T − 1) of each row (those predicting its last K tokens) go through the vocabulary,
+// and `logps`, `entropy` and `seed` are [B, K] (TRL computes GRPO's logits on the completion positions only).
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
-                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0);
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0, int64_t logits_to_keep = 0);
 
-// log p(labels[b, t]) at every position [B, T] f32 (a copy), forward only, of logits / temperature.
-Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature = 1.0);
+// log p(labels[b, t]) [B, T] f32 (a copy), forward only, of logits / temperature; [B, K] with logits_to_keep K.
+Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature = 1.0,
+                      int64_t logits_to_keep = 0);
 
 }  // namespace trl

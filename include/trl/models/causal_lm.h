@@ -65,7 +65,8 @@ class CausalLM {
   // log p(labels[b, t] | ids[b, ≤t]) for every position: inputs as forward_graph plus labels [B,T] i32; output
   // token_logprobs [B,T] f32, one chunked pass over the vocabulary (no [B,T,V] logits). `trl score` and the
   // frozen reference model of DPO and KTO run it. With a temperature T ≠ 1: the log-probs of logits / T (GRPO's).
-  graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0) const;
+  // logits_to_keep K > 0: only the K positions predicting each row's last K tokens (as training_graph's).
+  graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
   // A reward model's training program (AutoModelForSequenceClassification with num_labels 1): the backbone, then
   // the `score` head (score.weight [1, C], no bias, in the model dtype) at every position: rewards [B,T] f32, a
   // stage-0 output. reward_weights [B,T] f32 is the seed: the trainer pools each row's reward at its last real
@@ -109,8 +110,11 @@ class CausalLM {
   // and returns token_logprobs (and the metrics); stage 1 binds loss_weights = dL/d token_logprobs, for any loss L
   // of the per-token log-probs computed on the host in between, and returns the gradients of that L.
   // temperature T ≠ 1: every vocabulary quantity (log-probs, entropy, logit sums) is of logits / T (GRPO, RLOO).
+  // logits_to_keep K > 0 (TRL's option of that name): the vocabulary ops run only at the K positions that predict
+  // each row's last K tokens, [T − 1 − K, T − 1); labels, loss_weights and the per-token outputs are then [B, K],
+  // and the input kept_positions [B, K] i32 holds those positions' flat indices b·T + t (token_train_step binds it).
   graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
-                              bool metrics = false, bool logit_sums = false, double temperature = 1.0) const;
+                              bool metrics = false, bool logit_sums = false, double temperature = 1.0, int64_t logits_to_keep = 0) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

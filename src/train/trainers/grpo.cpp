@@ -165,8 +165,8 @@ class OnlineMethod final : public TrainingMethod {
     return static_cast<size_t>(std::min<int64_t>(2 * pb * cb + 4, 64));
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
-    const int64_t T = padded_length(longest_prompt_, multiple_) + padded_length(cfg_.max_completion_length, multiple_);
-    return model.training_graph(batch, T, DType::F32, cfg_.gradient_checkpointing, true, false, cfg_.temperature);
+    const int64_t C = padded_length(cfg_.max_completion_length, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
+    return model.training_graph(batch, T, DType::F32, cfg_.gradient_checkpointing, true, false, cfg_.temperature, C);
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     if (!reference_) return {};
@@ -331,8 +331,8 @@ class OnlineMethod final : public TrainingMethod {
     rollout_ = std::move(r);
     Rollout& ro = *rollout_;
     if (need_old_)
-      ro.old_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature); });
-    if (reference_) ro.ref_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature); });
+      ro.old_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature, ro.C); });
+    if (reference_) ro.ref_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature, ro.C); });
     gen_s += seconds_since(t);
 
     // Rewards.
