@@ -269,6 +269,56 @@ TEST(Cli, DpoFromFlagsAndYaml) {
   }
 }
 
+// `trl grpo` and `trl rloo` from a TRL-style YAML file (reward_funcs as a list, chat_template_kwargs as a mapping,
+// conversational prompts) and from flags (an exec: reward); bad options and rewards as errors.
+TEST(Cli, GrpoAndRlooFromFlagsAndYaml) {
+  test::TempDir dir;
+  std::string out;
+  const std::string trl = std::string(TRL_BINARY);
+  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+  test::write_file(dir.file("prompts.jsonl"),
+                   "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"solution\": \"4\"}\n"
+                   "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 3+3?\"}], \"solution\": \"6\"}\n");
+  test::write_file(dir.file("grpo.yaml"), "model_name_or_path: " + dir.file("m") + "\ndataset_name: " + dir.file("prompts.jsonl") +
+                                              "\noutput_dir: " + dir.file("o") +
+                                              "\nreward_funcs: [accuracy_reward, think_format_reward]\nreward_weights: [1.0, 0.5]\n"
+                                              "chat_template_kwargs: {enable_thinking: false}\nper_device_train_batch_size: 4\nnum_generations: 4\n"
+                                              "max_completion_length: 8\nmax_steps: 2\nlogging_steps: 1\nbf16: false\nbeta: 0.04\nlog_completions: true\n"
+                                              "use_vllm: false\n");
+  ASSERT_EQ(test::run_command(trl + " grpo --config " + dir.file("grpo.yaml") + " --loss_type grpo 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"generation_programs_compiled\": 2"), std::string::npos) << out;
+  const auto state = nlohmann::json::parse(test::read_file(dir.file("o/trainer_state.json")));
+  EXPECT_EQ(state["trl_cpp"]["method"], "GRPO");
+  for (const char* key : {"rewards/accuracy_reward/mean", "rewards/think_format_reward/mean", "reward", "kl", "entropy", "completions/mean_length",
+                          "clip_ratio/region_mean", "time/generation"})
+    EXPECT_TRUE(state["log_history"][0].contains(key)) << key;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("o/completions.jsonl")));
+  // log_completions writes every row with the dataset's prompt (the conversation, as the reward functions see it).
+  EXPECT_NE(test::read_file(dir.file("o/completions.jsonl")).find("What is 2+2?"), std::string::npos);
+  const std::string script = "exec:while read -r l; do echo '[1, 0, 0.5, null]'; done";
+  ASSERT_EQ(test::run_command(trl + " rloo --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("prompts.jsonl") +
+                                  " --output_dir " + dir.file("r") + " --reward_funcs \"" + script +
+                                  "\" --per_device_train_batch_size 4 --num_generations 4 --max_completion_length 8 --max_steps 1 --bf16 false "
+                                  "--reward_clip_range -1 1 --normalize_advantages 2>&1",
+                              &out),
+            0)
+      << out;
+  EXPECT_EQ(nlohmann::json::parse(test::read_file(dir.file("r/trainer_state.json")))["trl_cpp"]["method"], "RLOO");
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"grpo --config " + dir.file("grpo.yaml") + " --reward_funcs rewardz", "unknown reward function 'rewardz'"},
+           {"grpo --config " + dir.file("grpo.yaml") + " --num_generations 3", "multiple of num_generations (3)"},
+           {"grpo --config " + dir.file("grpo.yaml") + " --loss_type ppo", "--loss_type"},
+           {"grpo --config " + dir.file("grpo.yaml") + " --chat_template_kwargs '{bad'", "--chat_template_kwargs: not valid JSON"},
+           {"grpo --config " + dir.file("grpo.yaml") + " --reward_weights 1", "reward_weights has 1 values for 2 reward functions"},
+           {"rloo --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("prompts.jsonl") + " --reward_funcs length:5 --reward_clip_range 1",
+            "--reward_clip_range takes two numbers"},
+           {"grpo --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("prompts.jsonl"), "--reward_funcs"}}) {
+    EXPECT_NE(test::run_command(trl + " " + args + " 2>&1", &out), 0) << args;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
+}
+
 // `trl kto` on a paired file (unpaired as TRL does) and on unpaired rows; TRL's rules as errors.
 TEST(Cli, KtoFromFlags) {
   test::TempDir dir;
