@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "trl/core/error.h"
 #include "trl/models/init.h"
 #include "trl/tokenizer/tokenizer.h"
 
@@ -34,6 +35,15 @@ const Tokenizer& qwen3_tokenizer() {
     return Tokenizer::from_pretrained(dir.path());
   }();
   return tok;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 TempDir::TempDir() {

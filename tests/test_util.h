@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -47,6 +48,9 @@ inline double nan_max(double worst, double x) {
 inline double nan_min(double best, double x) {
   return std::isnan(best) || std::isnan(x) ? std::numeric_limits<double>::quiet_NaN() : std::min(best, x);
 }
+
+// The message of the trl::Error that f throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);

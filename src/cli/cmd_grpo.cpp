@@ -93,6 +93,19 @@ std::vector<NamedRewardFunction> make_rewards(const OnlineArgs<Config>& a, const
   return out;
 }
 
+// Loads the run (model, tokenizer, prompts; the reference when beta > 0), trains and prints the summary line.
+template <class Trainer, class Config>
+void run_online(const char* command, const OnlineArgs<Config>& a, const Config& cfg, std::vector<NamedRewardFunction> rewards) {
+  TrainRun run = load_train_run(a.t, cfg);
+  std::optional<CausalLM> ref;
+  if (cfg.beta != 0) ref = load_ref_model(a.ref_model, a.t, cfg);
+  std::fprintf(stderr, "[trl] %s: %s on %s (%zu prompts), output %s\n", command, a.t.model.c_str(), a.t.dataset.c_str(), run.train.size(),
+               cfg.output_dir.c_str());
+  Trainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
+  const TrainOutput out = trainer.train();
+  print_train_output(out, &trainer.generation_program_stats());
+}
+
 }  // namespace
 
 void register_grpo(CLI::App& app) {
@@ -118,13 +131,7 @@ void register_grpo(CLI::App& app) {
     }
     std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
     check_grpo_config(cfg, static_cast<int64_t>(rewards.size()));  // before loading anything
-    TrainRun run = load_train_run(a->t, cfg);
-    std::optional<CausalLM> ref;
-    if (cfg.beta != 0) ref = load_ref_model(a->ref_model, a->t, cfg);
-    std::fprintf(stderr, "[trl] grpo: %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
-    GRPOTrainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
-    const TrainOutput out = trainer.train();
-    print_train_output(out, &trainer.generation_program_stats());
+    run_online<GRPOTrainer>("grpo", *a, cfg, std::move(rewards));
   });
 }
 
@@ -147,13 +154,7 @@ void register_rloo(CLI::App& app) {
     }
     std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
     check_rloo_config(cfg, static_cast<int64_t>(rewards.size()));
-    TrainRun run = load_train_run(a->t, cfg);
-    std::optional<CausalLM> ref;
-    if (cfg.beta != 0) ref = load_ref_model(a->ref_model, a->t, cfg);
-    std::fprintf(stderr, "[trl] rloo: %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
-    RLOOTrainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
-    const TrainOutput out = trainer.train();
-    print_train_output(out, &trainer.generation_program_stats());
+    run_online<RLOOTrainer>("rloo", *a, cfg, std::move(rewards));
   });
 }
 

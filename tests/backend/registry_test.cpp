@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/core/error.h"
 #include "trl/runtime/runtime.h"
@@ -11,14 +12,7 @@
 namespace trl {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Registry, MakesEveryBuiltBackendByNameAndAutoPicksTheBestDevice) {
   EXPECT_EQ(make_backend("cpu")->name(), "cpu");

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from preference_train_reference import grad_summary
 from qwen3_reference import forward, load_safetensors
 
 EOS = 151645
@@ -228,16 +229,6 @@ def rloo_micro_loss(case, lp, old, mask, adv, micro_batches):
     return loss, {"clip_ratio/low_mean": low.mean().item(), "clip_ratio/high_mean": high.mean().item(),
                   "clip_ratio/region_mean": region.mean().item(), "clip_ratio/low_min": low.min().item(),
                   "clip_ratio/high_max": high.max().item()}
-
-
-def grad_summary(W):
-    out = {}
-    for name, p in W.items():
-        g = p.grad.double().flatten()
-        n = g.numel()
-        out[name] = {"norm": g.norm().item(), "sum": g.sum().item(), "abs_sum": g.abs().sum().item(),
-                     "at": [k * n // 8 for k in range(8)], "values": [g[k * n // 8].item() for k in range(8)]}
-    return out
 
 
 def run_case(cfg, W0, case, rloo):

@@ -250,14 +250,7 @@ TEST(GrpoTrainer, TinyModelLearnsAFormatAndALength) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(GrpoTrainer, BadOptionsAndDataAreClearErrors) {
   const test::TinyModel m;

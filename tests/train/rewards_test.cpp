@@ -37,14 +37,7 @@ std::vector<double> values(const std::vector<std::optional<double>>& r) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Rewards, LengthCountsCharactersAsPythonDoes) {
   const auto f = reward_function("length:5");
