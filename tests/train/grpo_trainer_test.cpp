@@ -13,6 +13,8 @@
 #include "trl/core/error.h"
 #include "trl/data/sft.h"
 #include "trl/models/init.h"
+#include "trl/tokenizer/chat_template.h"
+#include "trl/tokenizer/tokenizer.h"
 #include "trl/train/grpo_trainer.h"
 #include "trl/train/sft_trainer.h"
 
@@ -82,6 +84,45 @@ TEST(GrpoTrainer, GenerationReadsTheLiveWeights) {
   // One prefill and one decode program, compiled once and reused by the second round (and every decode step).
   EXPECT_EQ(gen_stats.compilations, 2);
   EXPECT_GT(gen_stats.hits, 8);
+}
+
+// Conversational prompts go through the chat template with the generation prompt and chat_template_kwargs: with
+// enable_thinking false Qwen3's template appends an empty think block, so each prompt is that many tokens longer
+// (num_tokens counts the prompt and completion tokens of every row; the completions are max_completion_length
+// long, as the random model emits no EOS), and a bf16 model trains as an f32 one does.
+TEST(GrpoTrainer, ChatPromptsUseTheTemplateAndItsKwargs) {
+  const test::TinyModel m;
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  const ojson conversation = ojson::array({ojson{{"role", "user"}, {"content", "Name a colour."}}});
+  Dataset d;
+  d.rows = {ojson{{"prompt", conversation}}};
+  d.where = {"chat.jsonl:1"};
+  int64_t tokens[2];
+  for (int thinking = 0; thinking < 2; ++thinking) {
+    test::TempDir out;
+    GRPOConfig c = small_config<GRPOConfig>(out.path());
+    c.max_steps = 1;
+    c.bf16 = true;
+    if (thinking == 0) c.chat_template_kwargs = ojson{{"enable_thinking", false}};
+    GRPOTrainer t(m.model, tok, rewards({"length:20"}), d, c);
+    int64_t completion_tokens = 0;
+    std::vector<std::string> completions;
+    t.on_rollout = [&](const RolloutRecord& r) { completions = r.completions; };
+    const TrainOutput o = t.train();
+    ASSERT_EQ(completions.size(), 4u);
+    completion_tokens = 4 * c.max_completion_length;
+    EXPECT_EQ(o.log_history[0]["completions/mean_length"].get<double>(), static_cast<double>(c.max_completion_length));
+    EXPECT_TRUE(std::isfinite(o.log_history[0]["grad_norm"].get<double>()));
+    tokens[thinking] = o.log_history[0]["num_tokens"].get<int64_t>() - completion_tokens;
+  }
+  ChatTemplateOptions plain, no_thinking;
+  plain.add_generation_prompt = no_thinking.add_generation_prompt = true;
+  no_thinking.extra["enable_thinking"] = false;
+  const int64_t p_plain = static_cast<int64_t>(apply_chat_template_ids(tok, conversation, plain).input_ids.size());
+  const int64_t p_off = static_cast<int64_t>(apply_chat_template_ids(tok, conversation, no_thinking).input_ids.size());
+  ASSERT_GT(p_off, p_plain);
+  EXPECT_EQ(tokens[1], 4 * p_plain);
+  EXPECT_EQ(tokens[0], 4 * p_off);
 }
 
 // Prompts of 2 to ~90 tokens over a whole epoch: programs are compiled per bucket, not per length.
