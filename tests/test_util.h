@@ -15,6 +15,13 @@ class Tokenizer;
 
 namespace trl::test {
 
+// Built with AddressSanitizer (scripts/test.sh's second pass): the long learning tests skip themselves there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 // The bundled Qwen3 tokenizer, loaded once per test process.
 const Tokenizer& qwen3_tokenizer();
 

@@ -19,11 +19,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 // Pairs of a rule: the chosen answer repeats the prompt's word, the rejected one says another word.
 Dataset repeat_pairs(int n) {

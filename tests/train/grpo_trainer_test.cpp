@@ -23,11 +23,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 Dataset prompt_rows(const std::vector<std::string>& prompts) {
   Dataset d;

@@ -21,11 +21,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 const char* kWords[] = {"apple", "river", "stone", "cloud", "green", "tiger", "piano", "light", "ocean", "bread", "chair", "music", "lemon", "glass"};
 

@@ -27,11 +27,7 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 const json& golden() {
   static const json g = json::parse(test::read_file(std::string(TRL_TEST_DATA_DIR) + "/goldens/preference_train.json"));

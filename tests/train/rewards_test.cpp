@@ -89,7 +89,7 @@ TEST(Rewards, UnknownNamesListTheBuiltIns) {
 }
 
 TEST(Rewards, ExecSpeaksJsonLinesAndPassesEveryColumn) {
-  // A shell reward that answers with the number of the batch's completions... and echoes a column back.
+  // A shell reward that answers [1, null] only when the batch carries the dataset's solution column, else [0, 0].
   const std::string script = "while read -r line; do case \"$line\" in *'\"solution\":[\"x\",\"y\"]'*) echo '[1, null]';; *) echo '[0, 0]';; esac; done";
   const auto f = reward_function("exec:" + script);
   RewardInputs in = inputs({"a", "b"});

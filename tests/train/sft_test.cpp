@@ -35,11 +35,7 @@ Dataset rows(const std::vector<std::string>& lines) {
 
 // The training tests run real steps over the 151936-word vocabulary; under the sanitizers (10-20x slower) the
 // longest ones are skipped: the sanitizer pass still runs the data, collation and resume tests.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 TEST(SFTData, LossMasksPerFormat) {
   const Tokenizer& tok = test::qwen3_tokenizer();

@@ -116,7 +116,7 @@ class OnlineMethod final : public TrainingMethod {
   // One of grpo / rloo is set.
   OnlineMethod(const GRPOConfig* grpo, const RLOOConfig* rloo, const Tokenizer& tok, std::vector<NamedRewardFunction> rewards, const Dataset& train,
                const CausalLM* ref, const Trainer& trainer, std::function<void(const RolloutRecord&)>* on_rollout)
-      : rloo_(rloo != nullptr), tok_(tok), rewards_(std::move(rewards)), on_rollout_(on_rollout) {
+      : train_rows_(train.rows), rloo_(rloo != nullptr), tok_(tok), rewards_(std::move(rewards)), on_rollout_(on_rollout) {
     if (grpo) cfg_ = *grpo, grpo_ = *grpo;
     else cfg_ = *rloo, rloo_cfg_ = *rloo;
     name_ = rloo_ ? "RLOO" : "GRPO";
@@ -490,10 +490,7 @@ class OnlineMethod final : public TrainingMethod {
     return r.loss;
   }
 
- public:
   std::vector<ojson> train_rows_;  // the dataset's rows (the reward functions' extra columns)
-
- private:
   bool rloo_;
   std::string name_;
   OnlineRLConfig cfg_;
@@ -559,7 +556,6 @@ GRPOTrainer::GRPOTrainer(const CausalLM& model, const Tokenizer& tok, std::vecto
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
   trainer_ = std::make_unique<Trainer>(model, config, "GRPOConfig");
   auto m = std::make_unique<OnlineMethod>(&config, nullptr, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
-  m->train_rows_ = std::move(train.rows);
   generation_stats_ = &m->generation_stats();
   trainer_->set_method(std::move(m));
 }
@@ -572,7 +568,6 @@ RLOOTrainer::RLOOTrainer(const CausalLM& model, const Tokenizer& tok, std::vecto
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
   trainer_ = std::make_unique<Trainer>(model, config, "RLOOConfig");
   auto m = std::make_unique<OnlineMethod>(nullptr, &config, tok, std::move(reward_funcs), train, ref_model, *trainer_, &on_rollout);
-  m->train_rows_ = std::move(train.rows);
   generation_stats_ = &m->generation_stats();
   trainer_->set_method(std::move(m));
 }
