@@ -18,6 +18,8 @@ packages=(
   libyaml-cpp-dev       # `trl sft --config sft.yaml`: TRL's YAML config files
   libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
   libutf8proc-dev       # utf8proc: Unicode normalisation (NFC, ...) and case mapping for the tokenizer
+  libopenmpi-dev        # Open MPI: the collectives of distributed training (data parallel)
+  openmpi-bin           # mpirun: starts the ranks (trl sft --nproc_per_node N runs it)
   python3               # the exec: reward test runs a Python reward script, as TRL users write theirs (tests only)
 )
 if [ "${1:-}" = "--dev" ]; then

@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "core/cpu_features.h"
 #include "trl/backend/registry.h"
+#include "trl/dist/communicator.h"
 #include "trl/io/hub.h"
 #include "trl/runtime/runtime.h"
 #include "version.h"
@@ -47,7 +48,13 @@ nlohmann::ordered_json env_info() {
   for (const BackendInfo& b : backend_registry())
     backends.push_back(b.built && b.present ? b.name : b.name + (b.built ? " (device not present)" : " (not built)"));
   j["backends"] = backends;
-  const auto cores = visible_cores();
+  const dist::Communicator& world = dist::world();
+  j["communicator"] = world.kind();
+  j["rank"] = world.rank();
+  j["world_size"] = world.size();
+  j["local_rank"] = world.local_rank();
+  j["local_world_size"] = world.local_size();
+  const auto cores = visible_cores();  // this rank's, under mpirun
   j["visible_cores"] = cores_str(cores);
   j["num_visible_cores"] = cores.size();
   j["threads"] = num_threads();

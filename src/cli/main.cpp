@@ -1,13 +1,18 @@
 // The `trl` command line: one binary, one subcommand per job (docs/CLI.md).
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "cli/cli_util.h"
+#include "cli/launch.h"
 #include "trl/core/error.h"
+#include "trl/dist/communicator.h"
 #include "version.h"
 
 namespace {
@@ -45,15 +50,53 @@ std::string unknown_options_message(const CLI::App& cmd, const std::string& fall
   return out.empty() ? fallback : out;
 }
 
+// Under mpirun: the rank's error, then the whole job ends (the other ranks may be waiting in a collective).
+[[noreturn]] void fail_job(const std::string& message, int code) {
+  std::fprintf(stderr, "error: %s%s\n", trl::dist::rank_prefix().c_str(), message.c_str());
+  trl::dist::world().abort(code);
+  std::_Exit(code);  // not reached
+}
+
+// Under an MPI launcher: MPI starts, each rank pins itself to its cores (before any OpenMP thread exists), and
+// --nproc_per_node, if given, must match the local ranks. Outside one, --nproc_per_node N starts mpirun.
+// Returns the arguments to parse.
+std::vector<std::string> start_distributed(int argc, char** argv) {
+  const std::optional<trl::cli::LaunchRequest> launch = trl::cli::take_nproc_per_node(argc, argv);
+  if (!trl::dist::launched_by_mpi()) {
+    if (launch && launch->nproc_per_node > 1) trl::cli::exec_mpirun(*launch);
+    return launch ? launch->args : std::vector<std::string>(argv, argv + argc);
+  }
+  trl::dist::Communicator& world = trl::dist::world();
+  if (launch && launch->nproc_per_node != world.local_size())
+    trl::fail("--nproc_per_node {} under mpirun, which started {} ranks on this machine: give one or the other", launch->nproc_per_node,
+              world.local_size());
+  trl::dist::pin_local_cores(world);
+  return launch ? launch->args : std::vector<std::string>(argv, argv + argc);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  try {
+    args = start_distributed(argc, argv);
+  } catch (const std::exception& e) {
+    if (trl::dist::launched_by_mpi()) fail_job(e.what(), 1);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  const bool job = trl::dist::launched_by_mpi() && trl::dist::world().size() > 1;
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  argc = static_cast<int>(arg_ptrs.size());
+  arg_ptrs.push_back(nullptr);
+  argv = arg_ptrs.data();
   CLI::App app{"trl.cpp: train and serve Qwen3-class language models natively (TRL and Transformers concepts, no Python)", "trl"};
   app.set_version_flag("--version", std::string("trl.cpp ") + TRL_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);
   // Parse errors read like every other error: "error: --max_new_tokens must be at least 1, got 0".
-  app.failure_message([](const CLI::App* cmd, const CLI::Error& e) {
+  const auto failure = [](const CLI::App* cmd, const CLI::Error& e) {
     std::string where = "trl";
     const CLI::App* last = cmd;
     for (const CLI::App* sub = cmd; sub != nullptr;) {
@@ -64,7 +107,8 @@ int main(int argc, char** argv) {
     std::string what = e.what();
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) what = unknown_options_message(*last, what);
     return "error: " + what + " (see " + where + " --help)\n";
-  });
+  };
+  app.failure_message(failure);
   trl::cli::register_env(app);
   trl::cli::register_init_model(app);
   trl::cli::register_score(app);
@@ -87,20 +131,28 @@ int main(int argc, char** argv) {
     known = known || (argc > 1 && sub->get_name() == argv[1]);
   }
   if (argc > 1 && argv[1][0] != '-' && !known) {
-    std::fprintf(stderr, "error: unknown command '%s' (commands: %s; see trl --help)\n", argv[1], names.c_str());
+    const std::string message = fmt::format("unknown command '{}' (commands: {}; see trl --help)", argv[1], names);
+    if (job) fail_job(message, 2);
+    std::fprintf(stderr, "error: %s\n", message.c_str());
     return 2;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (job && e.get_exit_code() != 0) {
+      std::string message = failure(&app, e);
+      if (message.rfind("error: ", 0) == 0) message = message.substr(7);
+      while (!message.empty() && message.back() == '\n') message.pop_back();
+      fail_job(message, 2);
+    }
     const int rc = app.exit(e);
+    trl::dist::finalize();
     return rc == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as argparse exits
-  } catch (const trl::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
+    if (job) fail_job(e.what(), 1);
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+  trl::dist::finalize();
   return 0;
 }

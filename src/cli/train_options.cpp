@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "trl/core/error.h"
+#include "trl/dist/communicator.h"
 
 namespace trl::cli {
 
@@ -86,6 +87,8 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("dataloader_drop_last", c.dataloader_drop_last, "Drop the last incomplete batch");
   o.add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
   o.add("report", c.report, "Write training_report.html");
+  o.add("tp_size", c.distributed.tp_size, "Tensor-parallel ranks per model replica (docs/DISTRIBUTED.md)").min(1);
+  o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the weights, gradients and optimizer state (docs/DISTRIBUTED.md)").min(1);
   add_compat_options(o, a.compat);
 }
 
@@ -119,6 +122,10 @@ std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const Tr
 }
 
 void print_train_output(const TrainOutput& out, const ProgramCacheStats* generation) {
+  if (dist::world().rank() != 0) {  // rank 0 speaks for the job
+    if (out.interrupted) dist::finalize(), std::exit(130);
+    return;
+  }
   std::string gen;
   if (generation)
     gen = fmt::format(", \"generation_programs_compiled\": {}, \"generation_cache_hits\": {}, \"generation_compile_seconds\": {:.3f}",
@@ -127,7 +134,7 @@ void print_train_output(const TrainOutput& out, const ProgramCacheStats* generat
               "\"interrupted\": %s}\n",
               static_cast<long long>(out.global_step), out.training_loss, static_cast<long long>(out.programs.compilations),
               static_cast<long long>(out.programs.hits), out.programs.compile_seconds, gen.c_str(), out.interrupted ? "true" : "false");
-  if (out.interrupted) std::exit(130);
+  if (out.interrupted) std::fflush(stdout), dist::finalize(), std::exit(130);
 }
 
 }  // namespace trl::cli

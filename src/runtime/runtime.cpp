@@ -73,7 +73,17 @@ std::vector<int> parse_core_list(const std::string& text, int num_cores) {
   return cores;
 }
 
+namespace {
+std::vector<int>& rank_cores() {
+  static std::vector<int> cores;
+  return cores;
+}
+}  // namespace
+
+void set_rank_cores(std::vector<int> cores) { rank_cores() = std::move(cores); }
+
 std::vector<int> visible_cores() {
+  if (!rank_cores().empty()) return rank_cores();
   const char* v = std::getenv("TRL_VISIBLE_CORES");
   if (v != nullptr) return parse_core_list(v, machine_cores());
   std::vector<int> all(static_cast<size_t>(machine_cores()));

@@ -161,8 +161,55 @@ int64_t shape_tokens(const graph::Graph& g) {
 }
 
 struct StepResult {
-  double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0;
+  double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0, comm_seconds = 0;
+  bool interrupted = false;  // Ctrl-C on any rank
 };
+
+// A step's micro-batches: this rank's item indices of each, and each one's rows over all ranks.
+struct StepItems {
+  std::vector<std::vector<size_t>> local;
+  std::vector<int64_t> rows;
+};
+
+// Gradients are summed over the ranks in buckets of about 25 MB (torch DDP's bucket_cap_mb): a tensor that large or
+// larger is reduced in place, smaller ones are packed together first, so that a model's hundreds of small norm
+// weights cost a few collectives instead of hundreds.
+void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads) {
+  constexpr int64_t kBucket = 25 << 20 >> 2;  // f32 elements
+  std::vector<Tensor*> pending;
+  int64_t pending_n = 0;
+  std::vector<float> bucket;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    bucket.resize(static_cast<size_t>(pending_n));
+    int64_t at = 0;
+    for (Tensor* t : pending) std::memcpy(bucket.data() + at, t->data(), t->nbytes()), at += t->numel();
+    comm.all_reduce(bucket.data(), pending_n, DType::F32, dist::ReduceOp::Sum);
+    at = 0;
+    for (Tensor* t : pending) std::memcpy(t->mutable_data(), bucket.data() + at, t->nbytes()), at += t->numel();
+    pending.clear(), pending_n = 0;
+  };
+  for (auto& [name, g] : grads) {  // a std::map: the same order on every rank
+    if (g.numel() >= kBucket) {
+      comm.all_reduce(g);
+      continue;
+    }
+    if (pending_n + g.numel() > kBucket) flush();
+    pending.push_back(&g), pending_n += g.numel();
+  }
+  flush();
+}
+
+// A cheap fingerprint of the master weights (every 61st element's bits of every tensor): data-parallel ranks apply
+// the same update to the same weights, so their fingerprints must agree.
+uint64_t weights_fingerprint(const TensorMap& master) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, w] : master) {
+    const uint32_t* x = static_cast<const uint32_t*>(w.data());
+    for (int64_t i = 0; i < w.numel(); i += 61) h = (h ^ x[i]) * 1099511628211ull;
+  }
+  return h;
+}
 
 }  // namespace
 
@@ -203,6 +250,16 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
   if (c.seed > 0xFFFFFFFFull)
     bad("seed", fmt::format("must be in [0, 4294967295], got {}{}", c.seed,
                             c.seed >> 63 ? fmt::format(" (= {} as a signed number)", static_cast<int64_t>(c.seed)) : ""));
+  count_at_least("tp_size", c.distributed.tp_size, 1);
+  count_at_least("fsdp_size", c.distributed.fsdp_size, 1);
+  if (const int64_t W = dist::world().size(), model = c.distributed.tp_size * c.distributed.fsdp_size; W % model != 0)
+    bad("tp_size", fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
+                               "tp_size): start a multiple of {} processes, or change tp_size / fsdp_size",
+                               c.distributed.tp_size, c.distributed.fsdp_size, model, W, model));
+  if (c.distributed.tp_size > 1 || c.distributed.fsdp_size > 1)
+    bad(c.distributed.tp_size > 1 ? "tp_size" : "fsdp_size",
+        "> 1: tensor parallel and FSDP are not built yet; data parallel over every process is (leave tp_size and fsdp_size at 1; "
+        "docs/DISTRIBUTED.md)");
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "constant" &&
       c.lr_scheduler_type != "constant_with_warmup")
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
@@ -235,6 +292,12 @@ ojson MetricWindow::means() const {
   return out;
 }
 
+ojson MetricWindow::sums() const {
+  ojson out = ojson::object();
+  for (const auto& [n, s] : sums_) out[n] = ojson::array({s.first, s.second});
+  return out;
+}
+
 ojson TrainingMethod::evaluate(MethodContext&) { fail("evaluate: {} has no eval dataset", name()); }
 
 struct Trainer::State {
@@ -254,15 +317,19 @@ struct Trainer::State {
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<ojson> log_history;
   std::string model_name;  // for the report
+  dist::Communicator& comm;  // data parallel over every rank of the job
 
   State(const CausalLM& m, const TrainingArguments& c, const char* name)
       : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
         opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
-        model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path) {}
+        model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path), comm(dist::world()) {}
 
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch()}; }
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), comm}; }
+  bool is_main() const { return comm.rank() == 0; }
+  // Rows of a micro-batch over all ranks: each rank takes per_device_train_batch_size of them.
+  int64_t micro_rows() const { return cfg.per_device_train_batch_size * comm.size(); }
   int64_t micro_batches() const {
-    const int64_t n = static_cast<int64_t>(method->num_items()), b = cfg.per_device_train_batch_size;
+    const int64_t n = static_cast<int64_t>(method->num_items()), b = micro_rows();
     return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
   }
   int64_t steps_per_epoch() const {
@@ -297,7 +364,9 @@ struct Trainer::State {
   };
   std::optional<MemoryPlan> plan_memory(int64_t batch);
   void check_memory(bool resumed);
-  std::vector<std::vector<size_t>> step_items(const std::vector<size_t>& order, int64_t within) const;
+  StepItems step_items(const std::vector<size_t>& order, int64_t within) const;
+  ojson global_means(const MetricWindow& metrics) const;
+  void check_ranks_agree() const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
   StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
@@ -364,6 +433,7 @@ ojson Trainer::evaluate() {
 
 void Trainer::save_model(const std::string& dir) const {
   const State& s = *s_;
+  if (!s.is_main()) return;  // rank 0 writes
   std::error_code ec;
   stdfs::create_directories(dir, ec);
   if (ec) fail("save_model: cannot create the folder {}: {}", dir, ec.message());
@@ -413,7 +483,7 @@ ojson Trainer::State::trainer_state() const {
                         {"train_sampling_strategy", cfg.train_sampling_strategy},
                         {"per_device_train_batch_size", cfg.per_device_train_batch_size},
                         {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}, {"dataloader_drop_last", cfg.dataloader_drop_last},
-                        {"world_size", 1}};
+                        {"world_size", comm.size()}};
   return st;
 }
 
@@ -447,6 +517,8 @@ std::string Trainer::State::resume_advice(bool disk_full) const {
 std::string Trainer::State::save_checkpoint() {
   const std::string name = fmt::format("checkpoint-{}", global_step);
   const stdfs::path dir = stdfs::path(cfg.output_dir) / name, tmp = stdfs::path(cfg.output_dir) / (name + ".tmp");
+  check_ranks_agree();
+  if (!is_main()) return dir.string();  // rank 0 writes the checkpoint
   write_folder_or_clean_up(
       name, tmp,
       [&](const std::string& t) {
@@ -470,6 +542,7 @@ void Trainer::State::rotate_checkpoints() const {
 
 // The final model, trainer_state.json and the report, all or nothing; checkpoints stay whatever happens.
 void Trainer::State::save_final(const RunSummary* summary) const {
+  if (!is_main()) return;
   publish_files(
       cfg.output_dir, "the final model to " + cfg.output_dir,
       [&](const std::string& tmp) {
@@ -487,17 +560,31 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
   if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object()) fail("resume_from_checkpoint {}: trainer_state.json has no trl_cpp section", dir);
   const ojson& saved = st["trl_cpp"];
   const ojson now = trainer_state()["trl_cpp"];
-  for (const char* field : {"seed", "method", "train_items", "train_sampling_strategy", "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
-                            "world_size"}) {
+  // Any number of processes resumes a checkpoint, as long as a micro-batch has the same rows over all of them
+  // (world_size × per_device_train_batch_size): the data order and the position in it are the same.
+  if (saved.contains("per_device_train_batch_size")) {
+    const int64_t saved_world = saved.value("world_size", int64_t{1}), saved_b = saved["per_device_train_batch_size"].get<int64_t>();
+    const int64_t rows = saved_world * saved_b;
+    if (rows != micro_rows()) {
+      const int64_t W = comm.size();
+      fail("resume_from_checkpoint {}: the checkpoint was written by {} process{} × per_device_train_batch_size {} ({} rows per micro-batch), "
+           "this run is {} process{} × {} ({} rows); {}",
+           dir, saved_world, saved_world == 1 ? "" : "es", saved_b, rows, W, W == 1 ? "" : "es", cfg.per_device_train_batch_size, micro_rows(),
+           rows % W == 0 ? fmt::format("resume with --per_device_train_batch_size {} on {} process{} (the data order and the position in it depend on it), "
+                                       "or start a new run", rows / W, W, W == 1 ? "" : "es")
+                         : fmt::format("resume on a number of processes that divides {}, or start a new run", rows));
+    }
+  }
+  for (const char* field : {"seed", "method", "train_items", "train_sampling_strategy", "gradient_accumulation_steps", "dataloader_drop_last"}) {
     if (!saved.contains(field) || saved[field] == now[field]) continue;
-    const bool option = std::string(field) != "method" && std::string(field) != "train_items" && std::string(field) != "world_size";
+    const bool option = std::string(field) != "method" && std::string(field) != "train_items";
     fail("resume_from_checkpoint {}: the checkpoint was written with {} = {}, this run has {} = {}; {}", dir, field, saved[field].dump(), field,
          now[field].dump(),
          option ? fmt::format("resume with --{} {} (the data order and the position in it depend on it), or start a new run", field,
                               saved[field].is_string() ? saved[field].get<std::string>() : saved[field].dump())
                 : std::string(field) == "train_items"
                     ? "the training data changed since the checkpoint: resume with the same dataset and max_length, or start a new run"
-                    : "resume with the same trainer and number of processes, or start a new run");
+                    : "resume with the same trainer, or start a new run");
   }
 }
 
@@ -520,6 +607,10 @@ std::optional<Trainer::State::MemoryPlan> Trainer::State::plan_memory(int64_t ba
   MemoryPlan p;
   p.more = moments + accumulation + arena + frozen.arena;
   p.budget = memory_budget();
+  if (comm.local_size() > 1) {  // the ranks on this machine share its memory
+    p.budget.available /= static_cast<uint64_t>(comm.local_size());
+    p.budget.source += fmt::format(", shared by {} ranks on this machine", comm.local_size());
+  }
   p.held = fmt::format("compute weights {}, f32 masters {}{}", format_bytes(compute_bytes), format_bytes(masters),
                        frozen.weights ? ", frozen models " + format_bytes(frozen.weights) : std::string());
   p.parts = fmt::format("AdamW moments {}, gradient accumulation {}, the largest program's working memory {} ({} × {} tokens){}",
@@ -547,10 +638,14 @@ void Trainer::State::check_memory(bool resumed) {
       if (probe->fits()) fits = mid, best = std::move(probe);
       else too_large = mid;
     }
-    if (fits > 0) {
+    // Every rank must train with the same batch size: the smallest any of them found.
+    if (const int64_t agreed = comm.min(fits); agreed != fits) fits = agreed, best = fits > 0 ? plan_memory(fits) : std::nullopt;
+    if (fits > 0 && is_main()) {
       std::fprintf(stderr, "[trl] auto_find_batch_size: per_device_train_batch_size %lld needs %s more, %s is available; %lld fits\n",
                    static_cast<long long>(cfg.per_device_train_batch_size), format_bytes(p->more).c_str(), format_bytes(p->budget.available).c_str(),
                    static_cast<long long>(fits));
+    }
+    if (fits > 0) {
       cfg.per_device_train_batch_size = fits;
       p = std::move(best);
     } else {
@@ -563,7 +658,7 @@ void Trainer::State::check_memory(bool resumed) {
          "--gradient_accumulation_steps (the same effective batch){}, or a smaller --max_length; TRL_SKIP_MEMORY_CHECK=1 skips this check",
          method->name(), p->held, format_bytes(p->more), p->parts, format_bytes(p->budget.available), p->budget.source,
          cfg.auto_find_batch_size ? std::string() : " or --auto_find_batch_size");
-  std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", p->held.c_str(), format_bytes(p->more).c_str(), p->parts.c_str(),
+  if (is_main()) std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", p->held.c_str(), format_bytes(p->more).c_str(), p->parts.c_str(),
                format_bytes(p->budget.available).c_str(), p->budget.source.c_str());
 }
 
@@ -604,36 +699,71 @@ void Trainer::State::resume(const std::string& spec) {
   tokens_seen = st.at("trl_cpp").at("num_tokens").get<int64_t>();
   log_history.clear();
   for (const auto& e : st.at("log_history")) log_history.push_back(e);
-  std::fprintf(stderr, "[trl] resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(global_step));
+  if (is_main()) std::fprintf(stderr, "[trl] resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(global_step));
 }
 
 // A fresh run starts log.jsonl anew; a resume keeps the checkpoint's entries (the steps after it are redone).
 // Written atomically, so a crash leaves the old file or the new one, never a torn line.
-void Trainer::State::start_log() const { write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history)); }
+void Trainer::State::start_log() const {
+  if (is_main()) write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history));
+}
 
 void Trainer::State::log(ojson e) {
   e["epoch"] = static_cast<double>(global_step) / static_cast<double>(steps_per_epoch());
   e["step"] = global_step;
   const std::string line = e.dump() + "\n";
+  log_history.push_back(std::move(e));  // every rank keeps the history (TrainOutput), only rank 0 writes it
+  if (!is_main()) return;
   try {
     append_text_file(out_path("log.jsonl"), line);
   } catch (const Error& err) {
     fail("logging step {} failed: {}; {}", global_step, err.what(), resume_advice(is_disk_full_message(err.what())));
   }
-  log_history.push_back(std::move(e));
   if (cfg.progress && !isatty(2)) std::fprintf(stderr, "%s", line.c_str());
 }
 
-// The item indices of each micro-batch of step `within` of the epoch's `order`.
-std::vector<std::vector<size_t>> Trainer::State::step_items(const std::vector<size_t>& order, int64_t within) const {
-  const int64_t ga = cfg.gradient_accumulation_steps, bsz = cfg.per_device_train_batch_size;
-  std::vector<std::vector<size_t>> micro;
+// The micro-batches of step `within` of the epoch's `order`. Micro-batch k is the k-th run of micro_rows() items
+// of the order (the last of an epoch may be shorter), and rank r takes its r-th run of per_device_train_batch_size
+// items (accelerate's batch-sampler sharding): together the ranks see exactly the micro-batches one process with
+// per_device_train_batch_size × world_size would.
+StepItems Trainer::State::step_items(const std::vector<size_t>& order, int64_t within) const {
+  const int64_t ga = cfg.gradient_accumulation_steps, bsz = cfg.per_device_train_batch_size, rows = micro_rows();
+  const int64_t n = static_cast<int64_t>(order.size()), r = comm.rank();
+  StepItems s;
   for (int64_t k = within * ga; k < std::min(micro_batches(), (within + 1) * ga); ++k) {
-    micro.emplace_back();
-    for (int64_t i = k * bsz; i < std::min<int64_t>(static_cast<int64_t>(order.size()), (k + 1) * bsz); ++i)
-      micro.back().push_back(order[static_cast<size_t>(i)]);
+    const int64_t end = std::min(n, (k + 1) * rows);
+    s.rows.push_back(end - k * rows);
+    s.local.emplace_back();
+    for (int64_t i = k * rows + r * bsz; i < std::min(end, k * rows + (r + 1) * bsz); ++i) s.local.back().push_back(order[static_cast<size_t>(i)]);
   }
-  return micro;
+  return s;
+}
+
+// The logging window's means over every rank's micro-batches (each rank's per-name sums and counts, summed).
+ojson Trainer::State::global_means(const MetricWindow& metrics) const {
+  if (comm.size() == 1) return metrics.means();
+  const ojson own = metrics.sums();
+  ojson merged = ojson::object();
+  for (int root = 0; root < comm.size(); ++root) {
+    const ojson part = ojson::parse(comm.broadcast_string(own.dump(), root));
+    for (const auto& [name, sc] : part.items()) {
+      if (!merged.contains(name)) merged[name] = ojson::array({0.0, 0});
+      merged[name][0] = merged[name][0].get<double>() + sc[0].get<double>();
+      merged[name][1] = merged[name][1].get<int64_t>() + sc[1].get<int64_t>();
+    }
+  }
+  ojson out = ojson::object();
+  for (const auto& [name, sc] : merged.items()) out[name] = sc[0].get<double>() / static_cast<double>(std::max<int64_t>(1, sc[1].get<int64_t>()));
+  return out;
+}
+
+// Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update).
+void Trainer::State::check_ranks_agree() const {
+  if (comm.size() == 1) return;
+  const int64_t h = static_cast<int64_t>(weights_fingerprint(master) >> 1);
+  if (comm.min(h) != comm.max(h))
+    fail("{}after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
+         "model or options?)", dist::rank_prefix(), global_step);
 }
 
 // Micro-batch k of n: a single micro-batch's gradients are used where they are (views into the arena, consumed by
@@ -691,14 +821,30 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
                                       const std::function<void(int64_t, const TensorMap&)>& pre_optimizer) {
   const auto t_step = Clock::now();
   StepResult r;
-  const std::vector<std::vector<size_t>> micro = step_items(order, global_step % steps_per_epoch());
+  const StepItems items = step_items(order, global_step % steps_per_epoch());
+  const size_t filled = static_cast<size_t>(std::count_if(items.local.begin(), items.local.end(), [](const auto& m) { return !m.empty(); }));
   size_t k = 0;
   MethodContext ctx = context();
-  const MethodStep m = method->step(micro, ctx, metrics, [&](const std::map<std::string, Tensor>& out) { add_gradients(out, k++, micro.size()); });
-  if (k != micro.size()) fail("{}: the step handed gradients for {} of its {} micro-batches", method->name(), k, micro.size());
+  if (comm.size() > 1) ctx.micro_rows = items.rows;
+  const MethodStep m = method->step(items.local, ctx, metrics, [&](const std::map<std::string, Tensor>& out) { add_gradients(out, k++, filled); });
+  if (k != filled) fail("{}: the step handed gradients for {} of its {} micro-batches", method->name(), k, filled);
   r.data_seconds = m.data_seconds;
   r.loss = m.loss;
-  tokens_seen += m.tokens;
+  int64_t tokens = m.tokens;
+  if (comm.size() > 1) {
+    // The ranks' shares of the loss and their gradients sum to the step's; Ctrl-C on one rank stops them all.
+    const auto t_comm = Clock::now();
+    if (filled == 0)  // this rank had no rows in this (last, short) step: it adds nothing
+      for (const auto& [name, w] : master) grads[name] = Tensor::zeros(DType::F32, w.shape());
+    double totals[3] = {r.loss, static_cast<double>(tokens), g_interrupted ? 1.0 : 0.0};
+    comm.all_reduce(totals, 3, DType::F64, dist::ReduceOp::Sum);
+    r.loss = totals[0], tokens = static_cast<int64_t>(totals[1]), r.interrupted = totals[2] > 0;
+    all_reduce_gradients(comm, grads);
+    r.comm_seconds = std::chrono::duration<double>(Clock::now() - t_comm).count();
+  } else {
+    r.interrupted = g_interrupted;
+  }
+  tokens_seen += tokens;
   r.grad_norm = clip_gradients(r.loss);
   if (pre_optimizer) pre_optimizer(global_step + 1, grads);
   r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
@@ -726,7 +872,7 @@ TrainOutput Trainer::train() {
   s.start_log();
   const int64_t total = s.total_steps(), spe = s.steps_per_epoch();
   TrainOutput result;
-  const bool tty = c.progress && isatty(2);
+  const bool tty = c.progress && isatty(2) && s.is_main();
   const auto t_start = Clock::now();
   const int64_t start_step = s.global_step, tokens_at_start = s.tokens_seen;
   MetricWindow metrics;
@@ -748,12 +894,13 @@ TrainOutput Trainer::train() {
       if (tty) print_progress(s.global_step, total, start_step, elapsed, r.loss, r.lr, tps);
       if (s.global_step % c.logging_steps == 0 || s.global_step == total) {
         ojson e{{"loss", window_loss / static_cast<double>(window_steps)}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}};
-        const ojson means = metrics.means();
+        const ojson means = s.global_means(metrics);
         for (const auto& [name, v] : means.items()) e[name] = v;
         e["num_tokens"] = s.tokens_seen;
         e["train_tokens_per_s"] = tps;
         e["step_seconds"] = r.step_seconds;
         e["data_seconds"] = r.data_seconds;
+        if (s.comm.size() > 1) e["comm_seconds"] = r.comm_seconds;
         s.log(std::move(e));
         metrics.clear();
         window_loss = 0, window_steps = 0;
@@ -763,9 +910,9 @@ TrainOutput Trainer::train() {
         s.log(evaluate());
       // As in Transformers, the last step too is saved when it is a multiple of save_steps.
       if (s.global_step % c.save_steps == 0) s.save_checkpoint(), saved_step = s.global_step;
-      if (g_interrupted) {
+      if (r.interrupted) {
         const std::string dir = saved_step == s.global_step ? s.out_path(fmt::format("checkpoint-{}", s.global_step)) : s.save_checkpoint();
-        std::fprintf(stderr, "\n[trl] interrupted: saved %s; resume with --resume_from_checkpoint %s\n", dir.c_str(), dir.c_str());
+        if (s.is_main()) std::fprintf(stderr, "\n[trl] interrupted: saved %s; resume with --resume_from_checkpoint %s\n", dir.c_str(), dir.c_str());
         result.interrupted = true;
         break;
       }

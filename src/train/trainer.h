@@ -23,6 +23,7 @@
 #include "trl/backend/backend.h"
 #include "trl/backend/program_cache.h"
 #include "trl/data/dataset.h"
+#include "trl/dist/communicator.h"
 #include "trl/models/causal_lm.h"
 #include "trl/train/training_args.h"
 
@@ -36,6 +37,8 @@ class MetricWindow {
   bool empty() const { return sums_.empty(); }
   // name → mean over the values added since the last clear().
   nlohmann::ordered_json means() const;
+  // name → [sum, count] (the ranks' windows are merged from these).
+  nlohmann::ordered_json sums() const;
   void clear() { sums_.clear(); }
 
  private:
@@ -51,6 +54,18 @@ struct MethodContext {
   const TrainingArguments& args;
   int64_t global_step = 0;  // optimizer steps done before this one
   int64_t epoch = 0;        // the epoch this step belongs to
+  // Data parallel: the ranks that share each step (size 1 with one process). Every rank holds the whole dataset
+  // and its own slice of each micro-batch; a method's collectives over `dp` are called by every rank in the same
+  // order (a micro-batch this rank has no rows of included).
+  dist::Communicator& dp;
+  // The rows of each micro-batch of the step over all ranks (micro_rows[k] >= this rank's micro[k].size()).
+  std::vector<int64_t> micro_rows = {};
+
+  // The weight of this rank's rows in micro-batch k's mean: a method that averages over the rows of a micro-batch
+  // scales its local mean by this (1 with one process), so that the ranks' shares sum to the mean over all rows.
+  double share(size_t k, size_t local_rows) const {
+    return micro_rows.empty() ? 1.0 : static_cast<double>(local_rows) / static_cast<double>(micro_rows.at(k));
+  }
 };
 
 // A micro-batch's gradients, by graph output name ("grad.<parameter>"), of its share of the step's loss (the
@@ -83,8 +98,10 @@ class TrainingMethod {
   // Called once before the first step (a resumed run included): frozen-model passes such as
   // precompute_ref_log_probs.
   virtual void before_training(MethodContext&) {}
-  // One optimizer step: micro[k] are the item indices of micro-batch k. Calls `add` once per micro-batch and adds
-  // its per-micro-batch metrics to `metrics`.
+  // One optimizer step: micro[k] are this rank's item indices of micro-batch k (empty when the last, short
+  // micro-batch of an epoch has no rows for this rank). Calls `add` once per non-empty micro-batch and adds its
+  // per-micro-batch metrics to `metrics`. Under data parallel the loss it returns and the gradients it hands are
+  // this rank's share of the step's (the Trainer sums them over the ranks).
   virtual MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) = 0;
   // Parameters the policy trains beyond the model's own (a reward model's score.weight), f32 or its dtype; and the
   // model's parameters it does not train (kept as compute inputs, no masters or moments: a reward model's lm_head).

@@ -14,8 +14,10 @@ std::string resolve_device(const std::string& requested);
 // Parses a core list such as "0-3", "0,1" or "2,4-5" (like NEURON_RT_VISIBLE_CORES). Throws on a malformed list,
 // a duplicate, or a core that this machine does not have (`num_cores`).
 std::vector<int> parse_core_list(const std::string& text, int num_cores);
-// TRL_VISIBLE_CORES, or every core of the machine.
+// This rank's cores in a distributed run (set_rank_cores), else TRL_VISIBLE_CORES, else every core of the machine.
 std::vector<int> visible_cores();
+// The cores a distributed run gave this rank (dist::pin_local_cores): visible_cores() and num_threads() follow them.
+void set_rank_cores(std::vector<int> cores);
 // TRL_NUM_THREADS, else the number of visible cores.
 int num_threads();
 // TRL_CACHE_DIR, else $XDG_CACHE_HOME/trl.cpp, else ~/.cache/trl.cpp.

@@ -15,6 +15,14 @@
 
 namespace trl {
 
+// How the ranks of a distributed run (docs/DISTRIBUTED.md) split the model: tp_size ranks hold a slice of every
+// layer (tensor parallel), fsdp_size ranks a shard of the weights, gradients and optimizer state; data parallel
+// takes what is left of the world size (world = dp × fsdp × tp).
+struct DistributedConfig {
+  int64_t tp_size = 1;
+  int64_t fsdp_size = 1;
+};
+
 struct TrainingArguments {
   std::string output_dir = "trainer_output";
   double learning_rate = 5e-5;
@@ -55,6 +63,7 @@ struct TrainingArguments {
   // the trainer itself never loads by them). Default: the model's folder and the training rows' file.
   std::string model_name_or_path;
   std::string dataset_name;
+  DistributedConfig distributed;
 };
 
 // Checks every option as TrainingArguments and torch.optim.AdamW do: finite numbers in range (learning_rate >= 0,

@@ -115,8 +115,10 @@ class DpoMethod final : public TrainingMethod {
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     MethodStep out;
     DpoStepOptions o = opt_;
-    o.loss_scale = 1.0 / static_cast<double>(micro.size());
-    for (const auto& items : micro) {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const std::vector<size_t>& items = micro[k];
+      if (items.empty()) continue;  // data parallel: this rank has no rows of the epoch's last micro-batch
+      o.loss_scale = ctx.share(k, items.size()) / static_cast<double>(micro.size());
       const auto t0 = Clock::now();
       std::vector<const PreferenceExample*> pairs;
       for (size_t i : items) pairs.push_back(&train_[i]);

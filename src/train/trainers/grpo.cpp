@@ -120,6 +120,9 @@ class OnlineMethod final : public TrainingMethod {
     if (grpo) cfg_ = *grpo, grpo_ = *grpo;
     else cfg_ = *rloo, rloo_cfg_ = *rloo;
     name_ = rloo_ ? "RLOO" : "GRPO";
+    if (dist::world().size() > 1)
+      fail("{}: data-parallel generation (each rank its share of a round, groups gathered across ranks) is not built yet; run {} as one "
+           "process for now (docs/DISTRIBUTED.md, \"What runs distributed\")", name_, rloo_ ? "trl rloo" : "trl grpo");
     layout_ = resolve_layout(cfg_, config_name());
     multiple_ = parse_pad_to_multiple_of(cfg_.pad_to_multiple_of, trainer.auto_pad_multiple());
     const auto eos = tok.eos_token_id();

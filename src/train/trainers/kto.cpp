@@ -47,7 +47,9 @@ class KtoMethod final : public TrainingMethod {
     PreferenceDataStats stats;
     train_ = prepare_unpaired_dataset(train, tok, data_, &stats);
     report_preference_stats("kto", "training", stats);
-    train_kl_ = kl_sources(train_.size(), c.per_device_train_batch_size);
+    // The KL pairs are formed within the micro-batches of all ranks together (one process's batches of
+    // per_device_train_batch_size × world_size), so that a data-parallel run is the same as one such process.
+    train_kl_ = kl_sources(train_.size(), c.per_device_train_batch_size * dist::world().size());
     if (eval) {
       PreferenceDataStats es;
       eval_ = prepare_unpaired_dataset(*eval, tok, data_, &es);
@@ -94,13 +96,16 @@ class KtoMethod final : public TrainingMethod {
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     MethodStep out;
-    const double scale = 1.0 / static_cast<double>(micro.size());
-    for (const auto& items : micro) {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const std::vector<size_t>& items = micro[k];
+      // The KL estimate is one collective per micro-batch, also on a rank without rows of it.
+      const std::vector<KtoRef> ref = items.empty() ? std::vector<KtoRef>{} : reference_for(train_, train_kl_, items, train_ref_);
+      const double z = kl_estimate(ctx, train_, train_kl_, items, ref);
+      if (items.empty()) continue;  // data parallel: this rank has no rows of the epoch's last micro-batch
+      const double scale = ctx.share(k, items.size()) / static_cast<double>(micro.size());
       const auto t0 = Clock::now();
       const SequenceBatch rows = batch(train_, items, nullptr);
       out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();  // the forward passes below are compute
-      const std::vector<KtoRef> ref = reference_for(train_, train_kl_, items, train_ref_);
-      const double z = kl_estimate(ctx, train_, train_kl_, items, ref);
       KtoLoss l;
       const SequenceLoss loss = [&](const std::vector<double>& logps, std::vector<double>& d) {
         l = kto_loss(loss_, kto_rows(train_, items, logps, ref), z);
@@ -195,6 +200,17 @@ class KtoMethod final : public TrainingMethod {
   double kl_estimate(MethodContext& ctx, const std::vector<UnpairedExample>& data, const std::vector<size_t>& kl_src, const std::vector<size_t>& items,
                      const std::vector<KtoRef>& ref) const {
     if (!kl_) return 0.0;
+    if (ctx.dp.size() > 1) {
+      // TRL gathers the estimate over the ranks before the clamp; here the mean is over every rank's KL rows of the
+      // micro-batch, as one process with the whole micro-batch would take it.
+      double sum_count[2] = {0, static_cast<double>(items.size())};
+      if (!items.empty()) {
+        const std::vector<double> policy = sequence_logps(ctx.model, ctx.weights, ctx.programs, batch(data, items, &kl_src));
+        for (size_t i = 0; i < policy.size(); ++i) sum_count[0] += policy[i] - ref[i].kl_logp;
+      }
+      ctx.dp.all_reduce(sum_count, 2, DType::F64, dist::ReduceOp::Sum);
+      return std::max(0.0, sum_count[0] / std::max(1.0, sum_count[1]));
+    }
     const std::vector<double> policy = sequence_logps(ctx.model, ctx.weights, ctx.programs, batch(data, items, &kl_src));
     std::vector<double> reference;
     for (const KtoRef& r : ref) reference.push_back(r.kl_logp);

@@ -57,8 +57,10 @@ class RewardMethod final : public TrainingMethod {
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     MethodStep out;
-    const double scale = 1.0 / static_cast<double>(micro.size());
-    for (const auto& items : micro) {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const std::vector<size_t>& items = micro[k];
+      if (items.empty()) continue;  // data parallel: this rank has no rows of the epoch's last micro-batch
+      const double scale = ctx.share(k, items.size()) / static_cast<double>(micro.size());
       const auto t0 = Clock::now();
       const SFTBatch b = batch(train_, items);
       out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -104,9 +104,11 @@ class SftMethod final : public TrainingMethod {
     std::vector<SFTBatch> batches;
     int64_t items = 0;
     for (const auto& chosen : micro) {
+      if (chosen.empty()) continue;  // data parallel: this rank has no rows of the epoch's last micro-batch
       batches.push_back(collate_train(chosen));
       items += batches.back().num_items;
     }
+    items = ctx.dp.sum(items);  // num_items_in_batch counts every rank's labels
     MethodStep out;
     out.data_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const float scale = -1.0f / static_cast<float>(std::max<int64_t>(1, items));
