@@ -1,0 +1,198 @@
+// Data parallel under Open MPI (docs/DISTRIBUTED.md): a run of 2 ranks × per_device_train_batch_size 2 is the run
+// of one process with batch 4 (losses, token counts, final weights), also with accumulation and a short last
+// micro-batch that leaves one rank without rows; a 2-rank checkpoint resumes in 1 and in 2 ranks; ranks over TCP
+// only (as on two hosts); a rank that fails ends the job with its error; the core split between local ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "trl/core/error.h"
+#include "trl/dist/communicator.h"
+#include "trl/io/safetensors.h"
+
+namespace trl {
+namespace {
+
+using json = nlohmann::json;
+const std::string kTrl = TRL_BINARY;
+// As root (CI containers) mpirun needs these; leak checking would flag Open MPI's own allocations in sanitized builds.
+const std::string kEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 ";
+const std::string kMpirun = kEnv + "timeout 600 mpirun -np 2 --bind-to none ";
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+    ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --out {} > /dev/null 2>&1", kTrl, dir_.file("model"))), 0);
+    // 13 rows of uneven lengths: micro-batches of 4 rows leave a last one of 1 row (rank 1 has none of it).
+    std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl"));
+    const char* words[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"};
+    for (int i = 0; i < 13; ++i) {
+      std::string text;
+      for (int w = 0; w < 3 + (i * 7) % 23; ++w) text += fmt::format("{}{}", w ? " " : "", words[(i * 5 + w * 3) % 6]);
+      sft << json{{"text", text}}.dump() << "\n";
+      dpo << json{{"prompt", fmt::format("Say {}", words[i % 6])}, {"chosen", fmt::format(" {}", text)}, {"rejected", fmt::format(" {}", words[(i + 1) % 6])}}.dump()
+          << "\n";
+    }
+  }
+  // The options every run shares (the trainer's name comes before them).
+  std::string common(const std::string& data) const {
+    return fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 4 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
+                       "--report false --save_steps 2 --gradient_accumulation_steps 2",
+                       dir_.file("model"), dir_.file(data));
+  }
+  // Runs a command; on failure the test fails with its output.
+  void run(const std::string& cmd, int expect = 0) {
+    std::string out;
+    const int rc = test::run_command(cmd + " 2>&1", &out);
+    ASSERT_EQ(rc, expect) << cmd << "\n" << out;
+  }
+  std::vector<json> log(const std::string& out) const {
+    std::vector<json> entries;
+    std::ifstream in(dir_.file(out + "/log.jsonl"));
+    for (std::string line; std::getline(in, line);) entries.push_back(json::parse(line));
+    return entries;
+  }
+  // Losses and token counts agree step by step (relative 1e-6, f32), and so do the final weights.
+  void expect_same_run(const std::string& a, const std::string& b, size_t steps = 4) {
+    const std::vector<json> la = log(a), lb = log(b);
+    ASSERT_EQ(la.size(), steps);
+    ASSERT_EQ(lb.size(), steps);
+    for (size_t i = 0; i < steps; ++i) {
+      const double x = la[i]["loss"], y = lb[i]["loss"];
+      EXPECT_TRUE(std::isfinite(x) && std::fabs(x - y) <= 1e-6 * std::fabs(x)) << "step " << i + 1 << ": " << x << " vs " << y;
+      EXPECT_EQ(la[i]["num_tokens"], lb[i]["num_tokens"]) << "step " << i + 1;
+      EXPECT_EQ(la[i]["step"], lb[i]["step"]);
+    }
+    const SafeTensorsFile fa = SafeTensorsFile::open(dir_.file(a + "/model.safetensors"));
+    const SafeTensorsFile fb = SafeTensorsFile::open(dir_.file(b + "/model.safetensors"));
+    double worst = 0;
+    for (const std::string& name : fa.names()) {
+      const Tensor ta = fa.get(name).to(DType::F32), tb = fb.get(name).to(DType::F32);
+      ASSERT_EQ(ta.shape(), tb.shape()) << name;
+      for (int64_t i = 0; i < ta.numel(); ++i) worst = test::nan_max(worst, std::fabs(ta.data_as<float>()[i] - tb.data_as<float>()[i]));
+    }
+    EXPECT_LE(worst, 1e-5) << "largest difference of a final weight";
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(Distributed, SftTwoRanksEqualOneProcessWithTheirBatch) {
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("sft.jsonl"), dir_.file("one")));
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("sft.jsonl"), dir_.file("two")));
+  expect_same_run("one", "two");
+  // Only rank 0 writes: one log line per step.
+  const std::vector<json> l = log("two");
+  EXPECT_GT(l.at(0).value("comm_seconds", -1.0), 0.0);
+}
+
+TEST_F(Distributed, DpoTwoRanksEqualOneProcessWithTheirBatch) {
+  run(fmt::format("{} dpo {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("dpo.jsonl"), dir_.file("one")));
+  run(fmt::format("{} {} dpo {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("dpo.jsonl"), dir_.file("two")));
+  expect_same_run("one", "two");
+}
+
+TEST_F(Distributed, RewardTwoRanksEqualOneProcessWithTheirBatch) {
+  run(fmt::format("{} reward {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("dpo.jsonl"), dir_.file("one")));
+  run(fmt::format("{} {} reward {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("dpo.jsonl"), dir_.file("two")));
+  expect_same_run("one", "two");
+}
+
+TEST_F(Distributed, CheckpointOfTwoRanksResumesInOneAndInTwo) {
+  const std::string sft = common("sft.jsonl");
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, sft, dir_.file("two")));
+  const std::string ckpt = dir_.file("two/checkpoint-2");
+  run(fmt::format("cp -r {} {}", dir_.file("two"), dir_.file("again2")));
+  run(fmt::format("cp -r {} {}", dir_.file("two"), dir_.file("again1")));
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {} --resume_from_checkpoint {}/checkpoint-2", kMpirun, kTrl, sft,
+                  dir_.file("again2"), dir_.file("again2")));
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {} --resume_from_checkpoint {}/checkpoint-2", kTrl, sft, dir_.file("again1"),
+                  dir_.file("again1")));
+  expect_same_run("two", "again2");
+  expect_same_run("two", "again1");
+  // Another number of rows per micro-batch is refused with what to resume with.
+  std::string out;
+  EXPECT_NE(test::run_command(fmt::format("{} sft {} --per_device_train_batch_size 2 --output_dir {} --resume_from_checkpoint {} 2>&1", kTrl, sft,
+                                          dir_.file("bad"), ckpt),
+                              &out),
+            0);
+  EXPECT_NE(out.find("resume with --per_device_train_batch_size 4 on 1 process"), std::string::npos) << out;
+}
+
+TEST_F(Distributed, RanksOverTcpOnlyAsOnTwoHostsAndThroughNprocPerNode) {
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("sft.jsonl"), dir_.file("one")));
+  run(fmt::format("{} --mca btl tcp,self {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("sft.jsonl"),
+                  dir_.file("tcp")));
+  expect_same_run("one", "tcp");
+  run(fmt::format("{} {} sft --nproc_per_node 2 {} --per_device_train_batch_size 2 --output_dir {}", kEnv, kTrl, common("sft.jsonl"),
+                  dir_.file("launched")));
+  expect_same_run("one", "launched");
+}
+
+TEST_F(Distributed, AFailingRankEndsTheJobWithItsError) {
+  test::write_file(dir_.file("broken.jsonl"), "{\"text\": \"fine\"}\n{\"text\": \"broken\n");
+  std::string out;
+  const int rc = test::run_command(fmt::format("{}timeout 300 mpirun --bind-to none -np 1 {} sft {} --per_device_train_batch_size 2 --output_dir {} : "
+                                               "-np 1 {} sft {} --per_device_train_batch_size 2 --output_dir {} 2>&1",
+                                               kEnv, kTrl, common("sft.jsonl"), dir_.file("a"), kTrl, common("broken.jsonl"), dir_.file("a")),
+                                   &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung: " << out;
+  EXPECT_NE(out.find("error: [rank 1/2] "), std::string::npos) << out;
+  EXPECT_NE(out.find("broken.jsonl"), std::string::npos) << out;
+  // A rank killed in the middle of training ends the job too.
+  out.clear();
+  const int killed = test::run_command(
+      fmt::format("{}timeout 300 mpirun --bind-to none -np 2 sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (sleep 2; kill -9 $$) & fi; exec {} sft {} "
+                  "--max_steps 100000 --per_device_train_batch_size 2 --output_dir {}' 2>&1",
+                  kEnv, kTrl, common("sft.jsonl"), dir_.file("k")),
+      &out);
+  EXPECT_NE(killed, 0) << out;
+  EXPECT_NE(killed, 124) << "the job hung after a rank was killed: " << out;
+}
+
+TEST_F(Distributed, ModelParallelSizesAreCheckedAgainstTheWorld) {
+  std::string out;
+  EXPECT_NE(test::run_command(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --tp_size 3 --output_dir {} 2>&1", kMpirun, kTrl,
+                                          common("sft.jsonl"), dir_.file("tp")),
+                              &out),
+            0);
+  EXPECT_NE(out.find("does not divide the 2 processes"), std::string::npos) << out;
+}
+
+TEST(DistributedCores, SplitBetweenLocalRanks) {
+  // Unbound ranks (the same mask) split the visible cores evenly.
+  const std::vector<std::vector<int>> same{{0, 1, 2, 3}, {0, 1, 2, 3}};
+  EXPECT_EQ(dist::assign_cores({}, same, 0, false).cores, (std::vector<int>{0, 1}));
+  EXPECT_EQ(dist::assign_cores({}, same, 1, false).cores, (std::vector<int>{2, 3}));
+  // Ranks the launcher bound to their own cores keep them.
+  EXPECT_EQ(dist::assign_cores({}, {{0}, {1}}, 1, false).cores, (std::vector<int>{1}));
+  // TRL_VISIBLE_CORES: split evenly, or an error that says why.
+  EXPECT_EQ(dist::assign_cores({4, 5, 6, 7}, same, 1, true).cores, (std::vector<int>{6, 7}));
+  const std::string e = test::error_of([&] { dist::assign_cores({0, 1, 2}, same, 0, true); });
+  EXPECT_NE(e.find("3 cores cannot be split evenly between the 2 ranks"), std::string::npos) << e;
+  // More ranks than cores share them, one core each.
+  const std::vector<std::vector<int>> four(4, std::vector<int>{0, 1});
+  EXPECT_EQ(dist::assign_cores({}, four, 3, false).cores, (std::vector<int>{1}));
+}
+
+TEST(DistributedCores, OneProcessIsItsOwnWorld) {
+  dist::Communicator& w = dist::world();
+  if (dist::launched_by_mpi()) GTEST_SKIP() << "run under mpirun";
+  EXPECT_EQ(w.size(), 1);
+  EXPECT_EQ(w.sum(int64_t{5}), 5);
+  float x[2] = {1.5f, -2.0f};
+  w.all_reduce(x, 2, DType::F32, dist::ReduceOp::Sum);
+  EXPECT_EQ(x[0], 1.5f);
+  EXPECT_EQ(w.broadcast_string("abc", 0), "abc");
+}
+
+}  // namespace
+}  // namespace trl
