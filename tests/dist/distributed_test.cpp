@@ -32,7 +32,7 @@ class Distributed : public ::testing::Test {
     if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
     ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --out {} > /dev/null 2>&1", kTrl, dir_.file("model"))), 0);
     // 13 rows of uneven lengths: micro-batches of 4 rows leave a last one of 1 row (rank 1 has none of it).
-    std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl"));
+    std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl")), kto(dir_.file("kto.jsonl"));
     const char* words[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"};
     for (int i = 0; i < 13; ++i) {
       std::string text;
@@ -40,6 +40,7 @@ class Distributed : public ::testing::Test {
       sft << json{{"text", text}}.dump() << "\n";
       dpo << json{{"prompt", fmt::format("Say {}", words[i % 6])}, {"chosen", fmt::format(" {}", text)}, {"rejected", fmt::format(" {}", words[(i + 1) % 6])}}.dump()
           << "\n";
+      kto << json{{"prompt", fmt::format("Say {}", words[i % 6])}, {"completion", fmt::format(" {}", text)}, {"label", i % 3 != 0}}.dump() << "\n";
     }
   }
   // The options every run shares (the trainer's name comes before them).
@@ -96,6 +97,12 @@ TEST_F(Distributed, SftTwoRanksEqualOneProcessWithTheirBatch) {
 TEST_F(Distributed, DpoTwoRanksEqualOneProcessWithTheirBatch) {
   run(fmt::format("{} dpo {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("dpo.jsonl"), dir_.file("one")));
   run(fmt::format("{} {} dpo {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("dpo.jsonl"), dir_.file("two")));
+  expect_same_run("one", "two");
+}
+
+TEST_F(Distributed, KtoTwoRanksEqualOneProcessWithTheirBatch) {
+  run(fmt::format("{} kto {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("kto.jsonl"), dir_.file("one")));
+  run(fmt::format("{} {} kto {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("kto.jsonl"), dir_.file("two")));
   expect_same_run("one", "two");
 }
 
