@@ -565,6 +565,10 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
   if (saved.contains("per_device_train_batch_size")) {
     const int64_t saved_world = saved.value("world_size", int64_t{1}), saved_b = saved["per_device_train_batch_size"].get<int64_t>();
     const int64_t rows = saved_world * saved_b;
+    if (rows != micro_rows() && saved_world == comm.size())
+      fail("resume_from_checkpoint {}: the checkpoint was written with per_device_train_batch_size = {}, this run has per_device_train_batch_size = {}; "
+           "resume with --per_device_train_batch_size {} (the data order and the position in it depend on it), or start a new run",
+           dir, saved_b, cfg.per_device_train_batch_size, saved_b);
     if (rows != micro_rows()) {
       const int64_t W = comm.size();
       fail("resume_from_checkpoint {}: the checkpoint was written by {} process{} × per_device_train_batch_size {} ({} rows per micro-batch), "
@@ -910,7 +914,8 @@ TrainOutput Trainer::train() {
         s.log(evaluate());
       // As in Transformers, the last step too is saved when it is a multiple of save_steps.
       if (s.global_step % c.save_steps == 0) s.save_checkpoint(), saved_step = s.global_step;
-      if (r.interrupted) {
+      // One process: Ctrl-C during this step (its callbacks included); several: as the ranks agreed in the step.
+      if (s.comm.size() > 1 ? r.interrupted : g_interrupted.load()) {
         const std::string dir = saved_step == s.global_step ? s.out_path(fmt::format("checkpoint-{}", s.global_step)) : s.save_checkpoint();
         if (s.is_main()) std::fprintf(stderr, "\n[trl] interrupted: saved %s; resume with --resume_from_checkpoint %s\n", dir.c_str(), dir.c_str());
         result.interrupted = true;

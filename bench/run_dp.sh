@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Data-parallel scaling of `trl sft` on this machine: the same global batch (GLOBAL rows of SEQ tokens per step,
+# random weights of PRESET, f32 or bf16) trained as
+#   1 rank  × 1 core   (TRL_VISIBLE_CORES=0, per_device_train_batch_size GLOBAL),
+#   2 ranks × 1 core   (mpirun -np 2, per_device_train_batch_size GLOBAL/2: each rank pins itself to one core),
+#   1 rank  × 2 cores  (per_device_train_batch_size GLOBAL).
+# Prints each run's mean step seconds over the steps after the first (compilation), the ranks' comm_seconds, and
+# the speed-ups: 2 ranks against 1 core (the goal: 1.9x), and against 1 rank on both cores.
+#   bash bench/run_dp.sh                            # PRESET=small GLOBAL=8 SEQ=256 STEPS=4
+#   PRESET=qwen3-0.6b GLOBAL=4 SEQ=128 bash bench/run_dp.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-$root/build}
+PRESET=${PRESET:-small} GLOBAL=${GLOBAL:-8} SEQ=${SEQ:-256} STEPS=${STEPS:-4} DTYPE=${DTYPE:-bf16}
+cmake --build "$build" --target trl >/dev/null
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$build/trl" init-model --preset "$PRESET" --dtype "$DTYPE" --seed 1 --out "$tmp/model" >/dev/null
+/usr/bin/python3 - "$tmp/data.jsonl" "$SEQ" <<'PY'
+import json, sys
+# " a" is one token of Qwen3's vocabulary: rows of SEQ - 1 tokens (the EOS makes SEQ).
+open(sys.argv[1], "w").write("".join(json.dumps({"text": " a" * (int(sys.argv[2]) - 1)}) + "\n" for _ in range(256)))
+PY
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE
+bf16=$([ "$DTYPE" = bf16 ] && echo true || echo false)
+common=(sft --model_name_or_path "$tmp/model" --dataset_name "$tmp/data.jsonl" --max_length "$SEQ" --max_steps "$STEPS" --logging_steps 1
+        --save_steps 100000 --report false --bf16 "$bf16" --learning_rate 1e-5)
+mean_step() {  # mean step_seconds (and comm_seconds) of the log's steps after the first
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][1:]
+step = sum(r["step_seconds"] for r in rows) / len(rows)
+comm = sum(r.get("comm_seconds", 0) for r in rows) / len(rows)
+print(f"{step:.3f} {comm:.3f}")
+PY
+}
+TRL_VISIBLE_CORES=0 "$build/trl" "${common[@]}" --per_device_train_batch_size "$GLOBAL" --output_dir "$tmp/one_core" >/dev/null 2>&1
+read -r one_core _ < <(mean_step "$tmp/one_core/log.jsonl")
+mpirun -np 2 --bind-to none "$build/trl" "${common[@]}" --per_device_train_batch_size $((GLOBAL / 2)) --output_dir "$tmp/two_ranks" >/dev/null 2>&1
+read -r two_ranks comm < <(mean_step "$tmp/two_ranks/log.jsonl")
+"$build/trl" "${common[@]}" --per_device_train_batch_size "$GLOBAL" --output_dir "$tmp/two_cores" >/dev/null 2>&1
+read -r two_cores _ < <(mean_step "$tmp/two_cores/log.jsonl")
+/usr/bin/python3 - "$PRESET" "$DTYPE" "$GLOBAL" "$SEQ" "$one_core" "$two_ranks" "$comm" "$two_cores" <<'PY'
+import json, sys
+preset, dtype, g, seq, one, two, comm, both = sys.argv[1:]
+one, two, comm, both = map(float, (one, two, comm, both))
+print(json.dumps({"preset": preset, "dtype": dtype, "global_batch": int(g), "seq": int(seq),
+                  "step_s_1rank_1core": one, "step_s_2ranks_1core_each": two, "comm_s_2ranks": comm, "step_s_1rank_2cores": both,
+                  "speedup_2ranks_vs_1core": round(one / two, 3), "efficiency": round(one / two / 2, 3),
+                  "speedup_2ranks_vs_1rank_2cores": round(both / two, 3)}))
+PY
