@@ -30,6 +30,8 @@ class Distributed : public ::testing::Test {
  protected:
   void SetUp() override {
     if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+    // Open MPI's libraries are not built with the sanitizers; these tests run in the Release pass (scripts/test.sh).
+    if (test::kSanitized) GTEST_SKIP() << "the multi-process tests run in the Release build";
     ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --out {} > /dev/null 2>&1", kTrl, dir_.file("model"))), 0);
     // 13 rows of uneven lengths: micro-batches of 4 rows leave a last one of 1 row (rank 1 has none of it).
     std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl")), kto(dir_.file("kto.jsonl"));
