@@ -39,6 +39,7 @@ class SingleCommunicator final : public Communicator {
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleCommunicator>(); }
 };
 
 std::string cores_text(const std::vector<int>& cores) {

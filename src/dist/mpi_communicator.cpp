@@ -43,19 +43,40 @@ MPI_Datatype mpi_type(DType t) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    int ready = 0;
-    MPI_Initialized(&ready);
-    if (!ready) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // The world (MPI_COMM_WORLD, initialising MPI), or a group made by split() (which owns its handle).
+  MpiCommunicator() : MpiCommunicator(MPI_COMM_NULL, false) {}
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    if (comm_ == MPI_COMM_NULL) {
+      int ready = 0;
+      MPI_Initialized(&ready);
+      if (!ready) {
+        int provided = 0;
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      }
+      comm_ = MPI_COMM_WORLD;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_);
     MPI_Comm_rank(local_, &local_rank_);
     MPI_Comm_size(local_, &local_size_);
     MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
+  }
+  ~MpiCommunicator() override {
+    // The world's handles live until MPI_Finalize (finalize()); a group frees its own while MPI is still up.
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!owned_ || done) return;
+    MPI_Op_free(&bf16_sum_);
+    MPI_Comm_free(&local_);
+    MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm group = MPI_COMM_NULL;
+    MPI_Comm_split(comm_, color, key, &group);
+    return std::make_unique<MpiCommunicator>(group, true);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -72,23 +93,23 @@ class MpiCommunicator final : public Communicator {
     const size_t es = dtype_size(dtype);
     for (int64_t at = 0; at < n; at += kChunk) {
       const int count = static_cast<int>(std::min(kChunk, n - at));
-      MPI_Allreduce(MPI_IN_PLACE, p + static_cast<size_t>(at) * es, count, mpi_type(dtype), mop, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, p + static_cast<size_t>(at) * es, count, mpi_type(dtype), mop, comm_);
     }
   }
   void all_gather(const void* send, void* recv, int64_t n, DType dtype) override {
     if (n > kChunk) fail("all_gather: {} elements per rank is more than {}", n, kChunk);
-    MPI_Allgather(send == recv ? MPI_IN_PLACE : send, static_cast<int>(n), mpi_type(dtype), recv, static_cast<int>(n), mpi_type(dtype), MPI_COMM_WORLD);
+    MPI_Allgather(send == recv ? MPI_IN_PLACE : send, static_cast<int>(n), mpi_type(dtype), recv, static_cast<int>(n), mpi_type(dtype), comm_);
   }
   void reduce_scatter(const void* send, void* recv, int64_t n, DType dtype) override {
     if (n > kChunk) fail("reduce_scatter: {} elements per rank is more than {}", n, kChunk);
     if (dtype != DType::F32 && dtype != DType::BF16) fail("reduce_scatter: {} is not supported (f32 or bf16)", dtype_name(dtype));
-    MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), mpi_type(dtype), dtype == DType::BF16 ? bf16_sum_ : MPI_SUM, MPI_COMM_WORLD);
+    MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), mpi_type(dtype), dtype == DType::BF16 ? bf16_sum_ : MPI_SUM, comm_);
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     char* p = static_cast<char*>(data);
-    for (int64_t at = 0; at < bytes; at += kChunk) MPI_Bcast(p + at, static_cast<int>(std::min(kChunk, bytes - at)), MPI_BYTE, root, MPI_COMM_WORLD);
+    for (int64_t at = 0; at < bytes; at += kChunk) MPI_Bcast(p + at, static_cast<int>(std::min(kChunk, bytes - at)), MPI_BYTE, root, comm_);
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void barrier() override { MPI_Barrier(comm_); }
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -98,6 +119,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   static const char* op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Max ? "max" : "min"; }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;

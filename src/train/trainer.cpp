@@ -26,6 +26,7 @@
 #include "trl/io/safetensors.h"
 #include "trl/models/init.h"
 #include "trl/runtime/shapes.h"
+#include "dist/fsdp.h"
 #include "train/optim/adamw.h"
 #include "train/report.h"
 
@@ -200,13 +201,14 @@ void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads) {
   flush();
 }
 
-// A cheap fingerprint of the master weights (every 61st element's bits of every tensor): data-parallel ranks apply
-// the same update to the same weights, so their fingerprints must agree.
-uint64_t weights_fingerprint(const TensorMap& master) {
+// A cheap fingerprint of weights (every 61st 16-bit word of every tensor): data-parallel ranks apply the same update
+// to the same weights, so their fingerprints must agree.
+uint64_t weights_fingerprint(const TensorMap& weights) {
   uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, w] : master) {
-    const uint32_t* x = static_cast<const uint32_t*>(w.data());
-    for (int64_t i = 0; i < w.numel(); i += 61) h = (h ^ x[i]) * 1099511628211ull;
+  for (const auto& [name, w] : weights) {
+    const uint16_t* x = static_cast<const uint16_t*>(w.data());
+    const int64_t words = static_cast<int64_t>(w.nbytes() / 2);
+    for (int64_t i = 0; i < words; i += 61) h = (h ^ x[i]) * 1099511628211ull;
   }
   return h;
 }
@@ -256,10 +258,8 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
     bad("tp_size", fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
                                "tp_size): start a multiple of {} processes, or change tp_size / fsdp_size",
                                c.distributed.tp_size, c.distributed.fsdp_size, model, W, model));
-  if (c.distributed.tp_size > 1 || c.distributed.fsdp_size > 1)
-    bad(c.distributed.tp_size > 1 ? "tp_size" : "fsdp_size",
-        "> 1: tensor parallel and FSDP are not built yet; data parallel over every process is (leave tp_size and fsdp_size at 1; "
-        "docs/DISTRIBUTED.md)");
+  if (c.distributed.tp_size > 1)
+    bad("tp_size", "> 1: tensor parallel is not built yet; data parallel and FSDP (fsdp_size) are (leave tp_size at 1; docs/DISTRIBUTED.md)");
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "constant" &&
       c.lr_scheduler_type != "constant_with_warmup")
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
@@ -306,7 +306,17 @@ struct Trainer::State {
   CausalLM model;  // the architecture (weights in the compute dtype; the graph inputs are bound explicitly)
   DType save_dtype;
   std::string source_dir;  // the model folder: tokenizer and generation files are copied from it
+  // master: the f32 masters of the trained parameters, whole; under FSDP this rank's pieces of them (1-D, by
+  // name; in an f32 run views of the compute weights). compute: every parameter whole, in the compute dtype.
   TensorMap master, compute;
+  std::map<std::string, Shape> trained;  // every trained parameter's whole shape
+  // FSDP (fsdp_size > 1): the flat shard layout, the group of ranks that shard the state between them, the ranks
+  // that hold the same shard in the other groups, this rank's shard of the step's gradient sum ([S] f32), and the
+  // pieces of the bf16 compute weights that AdamW writes.
+  std::unique_ptr<dist::FlatShards> shards;
+  std::unique_ptr<dist::Communicator> shard_group, replicas;
+  Tensor shard_grad;
+  TensorMap compute_pieces;
   // The step's gradients: the program's own outputs when a step is one micro-batch (views into its arena, used
   // before the next program runs), else sums in `accumulated` (allocated at the first accumulating step).
   TensorMap grads, accumulated;
@@ -326,6 +336,7 @@ struct Trainer::State {
 
   MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), comm}; }
   bool is_main() const { return comm.rank() == 0; }
+  bool fsdp() const { return shards != nullptr; }
   // Rows of a micro-batch over all ranks: each rank takes per_device_train_batch_size of them.
   int64_t micro_rows() const { return cfg.per_device_train_batch_size * comm.size(); }
   int64_t micro_batches() const {
@@ -367,6 +378,11 @@ struct Trainer::State {
   StepItems step_items(const std::vector<size_t>& order, int64_t within) const;
   ojson global_means(const MetricWindow& metrics) const;
   void check_ranks_agree() const;
+  void shard_state();
+  void reduce_gradients_to_shard();
+  uint64_t optimizer_state_bytes() const;
+  TensorMap whole(const TensorMap& pieces) const;
+  bool saving_needs_masters() const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
   StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
@@ -375,9 +391,15 @@ struct Trainer::State {
   void start_log() const;
   void log(ojson entry);
   // Saving.
-  void write_model_files(const std::string& dir) const;
+  // whole_master: the whole f32 masters (State::whole), read only where a compute weight is not in the save dtype.
+  void write_model_files(const std::string& dir, const TensorMap& whole_master) const;
   ojson trainer_state() const;
-  void write_checkpoint_files(const std::string& dir) const;
+  // The whole f32 masters and AdamW moments (State::whole, called by every rank), as a checkpoint holds them.
+  struct WholeState {
+    TensorMap master, exp_avg, exp_avg_sq;
+  };
+  WholeState whole_state() const { return {whole(master), whole(opt.exp_avg()), whole(opt.exp_avg_sq())}; }
+  void write_checkpoint_files(const std::string& dir, const WholeState& state) const;
   std::string resume_advice(bool disk_full) const;
   std::string save_checkpoint();
   void rotate_checkpoints() const;
@@ -417,6 +439,8 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
     s.compute[name] = s.cfg.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
   }
   for (const std::string& name : method_->frozen_parameters()) s.master.erase(name);
+  for (const auto& [name, w] : s.master) s.trained[name] = w.shape();
+  if (s.cfg.distributed.fsdp_size > 1) s.shard_state();
   s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
   s.backend = backend_.get();
 }
@@ -433,24 +457,25 @@ ojson Trainer::evaluate() {
 
 void Trainer::save_model(const std::string& dir) const {
   const State& s = *s_;
+  const TensorMap whole_master = s.saving_needs_masters() ? s.whole(s.master) : TensorMap{};  // every rank: a collective under FSDP
   if (!s.is_main()) return;  // rank 0 writes
   std::error_code ec;
   stdfs::create_directories(dir, ec);
   if (ec) fail("save_model: cannot create the folder {}: {}", dir, ec.message());
-  publish_files(dir, "the model to " + dir, [&](const std::string& tmp) { s.write_model_files(tmp); },
+  publish_files(dir, "the model to " + dir, [&](const std::string& tmp) { s.write_model_files(tmp, whole_master); },
                 [&](bool) { return fmt::format("the files already in {} are unchanged", dir); });
 }
 // Weights in the dtype the model was loaded with, config, and the tokenizer and generation files (copied from the
 // source model folder, else the bundled tokenizer).
-void Trainer::State::write_model_files(const std::string& dir) const {
-  // The bf16 compute copies are the masters rounded to bf16 (AdamW writes them so), so a bf16 model saves them
-  // as they are instead of converting a second copy of every weight (1.19 GB for Qwen3-0.6B at the peak of a run).
+void Trainer::State::write_model_files(const std::string& dir, const TensorMap& whole_master) const {
+  // A compute weight in the save dtype is the master itself (an f32 run) or the master rounded to bf16 (AdamW
+  // writes the bf16 copies so): saved as it is instead of converting a second copy of every weight (1.19 GB for
+  // Qwen3-0.6B at the peak of a run). Otherwise the master is converted.
   TensorMap out;
-  for (const auto& [name, w] : master) {
+  for (const auto& [name, shape] : trained) {
     const auto c = compute.find(name);
-    if (save_dtype == DType::F32) out[name] = w;
-    else if (c != compute.end() && c->second.dtype() == save_dtype) out[name] = c->second;
-    else out[name] = w.to(save_dtype);
+    if (c != compute.end() && c->second.dtype() == save_dtype) out[name] = c->second;
+    else out[name] = whole_master.at(name).to(save_dtype);
   }
   if (!method->write_model(dir, out, save_dtype)) CausalLM::from_weights(model.config(), out, "trainer").save_pretrained(dir);
   const std::string& src = source_dir;
@@ -487,13 +512,13 @@ ojson Trainer::State::trainer_state() const {
   return st;
 }
 
-void Trainer::State::write_checkpoint_files(const std::string& dir) const {
-  write_model_files(dir);
+void Trainer::State::write_checkpoint_files(const std::string& dir, const WholeState& state) const {
+  write_model_files(dir, state.master);
   TensorMap moments;
-  for (const auto& [name, w] : master) {
+  for (const auto& [name, w] : state.master) {
     moments["master/" + name] = w;
-    moments["exp_avg/" + name] = opt.exp_avg().at(name);
-    moments["exp_avg_sq/" + name] = opt.exp_avg_sq().at(name);
+    moments["exp_avg/" + name] = state.exp_avg.at(name);
+    moments["exp_avg_sq/" + name] = state.exp_avg_sq.at(name);
   }
   save_safetensors((stdfs::path(dir) / "optimizer.safetensors").string(), moments);
   method->save_state(dir);
@@ -518,11 +543,12 @@ std::string Trainer::State::save_checkpoint() {
   const std::string name = fmt::format("checkpoint-{}", global_step);
   const stdfs::path dir = stdfs::path(cfg.output_dir) / name, tmp = stdfs::path(cfg.output_dir) / (name + ".tmp");
   check_ranks_agree();
+  const WholeState state = whole_state();  // under FSDP: gathered onto rank 0 (every rank takes part)
   if (!is_main()) return dir.string();  // rank 0 writes the checkpoint
   write_folder_or_clean_up(
       name, tmp,
       [&](const std::string& t) {
-        write_checkpoint_files(t);
+        write_checkpoint_files(t, state);
         std::error_code ec;
         stdfs::remove_all(dir, ec);  // an earlier save of this step (a run resumed from an older checkpoint)
         stdfs::rename(tmp, dir);
@@ -542,11 +568,12 @@ void Trainer::State::rotate_checkpoints() const {
 
 // The final model, trainer_state.json and the report, all or nothing; checkpoints stay whatever happens.
 void Trainer::State::save_final(const RunSummary* summary) const {
+  const TensorMap whole_master = saving_needs_masters() ? whole(master) : TensorMap{};  // every rank: a collective under FSDP
   if (!is_main()) return;
   publish_files(
       cfg.output_dir, "the final model to " + cfg.output_dir,
       [&](const std::string& tmp) {
-        write_model_files(tmp);
+        write_model_files(tmp, whole_master);
         write_text_file_atomic((stdfs::path(tmp) / "trainer_state.json").string(), trainer_state().dump(2) + "\n");
         if (summary) write_text_file_atomic((stdfs::path(tmp) / "training_report.html").string(), training_report_html(log_history, *summary));
       },
@@ -602,12 +629,19 @@ std::optional<Trainer::State::MemoryPlan> Trainer::State::plan_memory(int64_t ba
   // compile plans and lowers but allocates nothing.
   const uint64_t arena = backend->compile(*g)->arena_bytes();
   const FrozenMemory frozen = method->frozen_memory(batch);
-  uint64_t masters = 0, compute_bytes = 0;
-  for (const auto& [name, w] : master) masters += static_cast<uint64_t>(w.nbytes());
+  // f32 elements: of this rank's masters (a shard of them under FSDP), of every trained parameter.
+  uint64_t own = 0, whole_f32 = 0;
+  for (const auto& [name, w] : master) own += static_cast<uint64_t>(w.numel()) * 4;
+  for (const auto& [name, shape] : trained) whole_f32 += static_cast<uint64_t>(shape_numel(shape)) * 4;
+  // In an f32 run the masters are the compute weights (or, under FSDP, views of them): counted once.
+  const bool shared = compute.empty() || compute.begin()->second.dtype() == DType::F32;
+  uint64_t compute_bytes = 0;
   for (const auto& [name, w] : compute)
-    if (!master.count(name) || compute.at(name).data() != master.at(name).data()) compute_bytes += static_cast<uint64_t>(w.nbytes());
-  const uint64_t moments = opt.exp_avg().empty() ? 2 * masters : 0;
-  const uint64_t accumulation = cfg.gradient_accumulation_steps > 1 ? masters : 0;
+    if (!(shared && trained.count(name)) || fsdp()) compute_bytes += static_cast<uint64_t>(w.nbytes());
+  const uint64_t masters = shared && fsdp() ? 0 : own;
+  const uint64_t moments = opt.exp_avg().empty() ? 2 * own : 0;
+  // The micro-batches' gradients are summed whole on each rank, also under FSDP (reduce-scattered once per step).
+  const uint64_t accumulation = cfg.gradient_accumulation_steps > 1 ? whole_f32 : 0;
   MemoryPlan p;
   p.more = moments + accumulation + arena + frozen.arena;
   p.budget = memory_budget();
@@ -688,15 +722,35 @@ void Trainer::State::resume(const std::string& spec) {
     cfg.per_device_train_batch_size = st["trl_cpp"]["per_device_train_batch_size"].get<int64_t>();
   check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
+  // The checkpoint holds the whole state, whatever the world size and fsdp_size of the run that wrote it.
   TensorMap m, v;
-  for (auto& [name, w] : master) {
-    for (const char* part : {"master/", "exp_avg/", "exp_avg_sq/"})
+  for (const auto& [name, shape] : trained) {
+    for (const char* part : {"master/", "exp_avg/", "exp_avg_sq/"}) {
       if (!f.contains(part + name)) fail("resume_from_checkpoint {}: {} has no '{}{}'", dir, opt_file, part, name);
+      if (f.get(part + name).shape() != shape)
+        fail("resume_from_checkpoint {}: {}'s '{}{}' is {}, the model's {} is {}: a checkpoint of another model", dir, opt_file, part, name,
+             shape_str(f.get(part + name).shape()), name, shape_str(shape));
+    }
+    if (fsdp()) {  // the whole compute weight (in an f32 run the storage of this rank's master pieces); pieces below
+      compute[name].copy_from(f.get("master/" + name));
+      continue;
+    }
+    Tensor& w = master.at(name);
     w.copy_from(f.get("master/" + name));
     m[name] = f.get("exp_avg/" + name).clone();
     v[name] = f.get("exp_avg_sq/" + name).clone();
     if (cfg.bf16) compute[name].copy_from(w.to(DType::BF16));
   }
+  if (fsdp())
+    for (const dist::FlatShards::Piece& piece : shards->pieces()) {
+      auto part_of = [&](const std::string& part) {
+        const Tensor t = f.get(part + piece.name);
+        return t.reshape({t.numel()}).slice_flat(piece.offset, {piece.length});
+      };
+      if (cfg.bf16) master.at(piece.name).copy_from(part_of("master/"));
+      m[piece.name] = part_of("exp_avg/").clone();
+      v[piece.name] = part_of("exp_avg_sq/").clone();
+    }
   global_step = st.at("global_step").get<int64_t>();
   method->load_state(dir);
   opt.set_state(std::move(m), std::move(v), st.at("trl_cpp").at("optimizer_steps").get<int64_t>());
@@ -764,22 +818,80 @@ ojson Trainer::State::global_means(const MetricWindow& metrics) const {
 // Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update).
 void Trainer::State::check_ranks_agree() const {
   if (comm.size() == 1) return;
-  const int64_t h = static_cast<int64_t>(weights_fingerprint(master) >> 1);
+  TensorMap trained_compute;  // under FSDP the whole weights are the compute copies
+  for (const auto& [name, shape] : trained) trained_compute[name] = compute.at(name);
+  const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? trained_compute : master) >> 1);
   if (comm.min(h) != comm.max(h))
-    fail("{}after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
-         "model or options?)", dist::rank_prefix(), global_step);
+    fail("after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
+         "model or options?)", global_step);
+}
+
+// FSDP: the flat shard layout over the trained parameters, the groups, and this rank's pieces of the masters (in
+// an f32 run views of the compute weights; in a bf16 one owned f32 copies, the whole masters then freed).
+void Trainer::State::shard_state() {
+  const int F = static_cast<int>(cfg.distributed.fsdp_size), r = comm.rank();
+  shard_group = comm.split(r / F, r);  // ranks [g·F, (g+1)·F) shard the state between them
+  replicas = comm.split(r % F, r);     // the ranks holding the same shard in each group
+  std::vector<std::pair<std::string, int64_t>> params;
+  for (const auto& [name, shape] : trained) params.emplace_back(name, shape_numel(shape));
+  shards = std::make_unique<dist::FlatShards>(std::move(params), F, shard_group->rank());
+  TensorMap pieces;
+  for (const dist::FlatShards::Piece& p : shards->pieces()) {
+    const Tensor& w = master.at(p.name);
+    const Tensor piece = w.reshape({w.numel()}).slice_flat(p.offset, {p.length});
+    pieces[p.name] = cfg.bf16 ? piece.clone() : piece;
+    if (cfg.bf16) {
+      const Tensor& c = compute.at(p.name);
+      compute_pieces[p.name] = c.reshape({c.numel()}).slice_flat(p.offset, {p.length});
+    }
+  }
+  master = std::move(pieces);
+  shard_grad = Tensor::zeros(DType::F32, {shards->shard_size()});
+}
+
+// FSDP: the step's whole gradients on this rank -> `grads` = this rank's pieces of their sum over every rank
+// (reduce-scattered in the shard group, then summed over the replicas).
+void Trainer::State::reduce_gradients_to_shard() {
+  float* g = shard_grad.mutable_data_as<float>();
+  dist::reduce_scatter_flat(*shard_group, *shards, grads, g);
+  if (replicas->size() > 1) replicas->all_reduce(g, shards->shard_size(), DType::F32, dist::ReduceOp::Sum);
+  grads.clear();
+  for (const dist::FlatShards::Piece& p : shards->pieces()) grads[p.name] = shard_grad.slice_flat(p.at, {p.length});
+}
+
+// The bytes of this rank's f32 masters and AdamW moments.
+uint64_t Trainer::State::optimizer_state_bytes() const {
+  uint64_t bytes = 0;
+  for (const TensorMap* m : {&master, &opt.exp_avg(), &opt.exp_avg_sq()})
+    for (const auto& [name, t] : *m) bytes += t.nbytes();
+  return bytes;
+}
+
+// `pieces` (f32 masters or moments of the trained parameters) whole: themselves, or under FSDP gathered onto rank
+// 0 (a collective of rank 0's shard group; the other ranks get an empty map).
+TensorMap Trainer::State::whole(const TensorMap& pieces) const {
+  if (!fsdp()) return pieces;  // shallow: the same storage
+  if (comm.rank() >= shards->shards()) return {};
+  return dist::gather_whole(*shard_group, *shards, pieces, trained);
+}
+
+// Whether saving the model converts a master (a compute weight not in the save dtype).
+bool Trainer::State::saving_needs_masters() const {
+  for (const auto& [name, shape] : trained)
+    if (compute.at(name).dtype() != save_dtype) return true;
+  return false;
 }
 
 // Micro-batch k of n: a single micro-batch's gradients are used where they are (views into the arena, consumed by
 // the optimizer before the next program runs); several are summed into `accumulated`.
 void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n) {
-  for (const auto& [name, w] : master) {
+  for (const auto& [name, shape] : trained) {
     const auto it = out.find("grad." + name);
     if (it == out.end()) fail("{}: micro-batch {} has no gradient for {}", method->name(), k, name);
     const Tensor& grad = it->second;
-    if (grad.dtype() != DType::F32 || grad.shape() != w.shape())
-      fail("{}: the gradient of {} is {} {}, the parameter {} {}", method->name(), name, dtype_name(grad.dtype()), shape_str(grad.shape()),
-           dtype_name(w.dtype()), shape_str(w.shape()));
+    if (grad.dtype() != DType::F32 || grad.shape() != shape)
+      fail("{}: the gradient of {} is {} {}, the parameter f32 {}", method->name(), name, dtype_name(grad.dtype()), shape_str(grad.shape()),
+           shape_str(shape));
     if (n == 1) {
       grads[name] = grad;
       continue;
@@ -808,6 +920,7 @@ double Trainer::State::clip_gradients(double step_loss) {
     for (int64_t i = 0; i < g.numel(); ++i) part += static_cast<double>(x[i]) * x[i];
     sq += part;
   }
+  if (fsdp()) sq = shard_group->sum(sq);  // the shards' parts (the replicas hold the same)
   const double norm = std::sqrt(sq);
   if (!std::isfinite(norm)) fail("training step {}: the gradient norm is {} (the loss was {})", global_step + 1, norm, step_loss);
   if (cfg.max_grad_norm > 0 && norm > cfg.max_grad_norm) {
@@ -839,11 +952,12 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
     // The ranks' shares of the loss and their gradients sum to the step's; Ctrl-C on one rank stops them all.
     const auto t_comm = Clock::now();
     if (filled == 0)  // this rank had no rows in this (last, short) step: it adds nothing
-      for (const auto& [name, w] : master) grads[name] = Tensor::zeros(DType::F32, w.shape());
+      for (const auto& [name, shape] : trained) grads[name] = Tensor::zeros(DType::F32, shape);
     double totals[3] = {r.loss, static_cast<double>(tokens), g_interrupted ? 1.0 : 0.0};
     comm.all_reduce(totals, 3, DType::F64, dist::ReduceOp::Sum);
     r.loss = totals[0], tokens = static_cast<int64_t>(totals[1]), r.interrupted = totals[2] > 0;
-    all_reduce_gradients(comm, grads);
+    if (fsdp()) reduce_gradients_to_shard();
+    else all_reduce_gradients(comm, grads);
     r.comm_seconds = std::chrono::duration<double>(Clock::now() - t_comm).count();
   } else {
     r.interrupted = g_interrupted;
@@ -852,10 +966,17 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   r.grad_norm = clip_gradients(r.loss);
   if (pre_optimizer) pre_optimizer(global_step + 1, grads);
   r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
-  opt.step(master, grads, r.lr, cfg.bf16 ? &compute : nullptr);
+  opt.step(master, grads, r.lr, cfg.bf16 ? (fsdp() ? &compute_pieces : &compute) : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
+  if (fsdp()) {  // every rank's updated shard into every rank's compute weights
+    const auto t_gather = Clock::now();
+    dist::all_gather_flat(*shard_group, *shards, compute);
+    r.comm_seconds += std::chrono::duration<double>(Clock::now() - t_gather).count();
+  }
   ++global_step;
-  method->after_step(global_step, master);
+  // Under FSDP no rank holds the whole masters: the method sees the whole compute weights (the masters themselves in
+  // an f32 run, rounded to bf16 in a bf16 one).
+  method->after_step(global_step, fsdp() ? compute : master);
   r.step_seconds = std::chrono::duration<double>(Clock::now() - t_step).count();
   return r;
 }
@@ -889,6 +1010,13 @@ TrainOutput Trainer::train() {
     while (s.global_step < total) {
       if (s.global_step / spe != order_epoch) order_epoch = s.global_step / spe, order = s.order(order_epoch);
       const StepResult r = s.train_step(order, metrics, on_pre_optimizer_step);
+      if (s.fsdp() && s.global_step == start_step + 1) {  // AdamW allocated its moments in this step
+        uint64_t whole = 0;
+        for (const auto& [name, shape] : s.trained) whole += 12 * static_cast<uint64_t>(shape_numel(shape));
+        std::fprintf(stderr, "[trl] %sFSDP shard %d of %d: f32 masters and AdamW moments %llu bytes on this rank (%s), %llu unsharded\n",
+                     dist::rank_prefix().c_str(), s.shards->index(), s.shards->shards(), static_cast<unsigned long long>(s.optimizer_state_bytes()),
+                     format_bytes(s.optimizer_state_bytes()).c_str(), static_cast<unsigned long long>(whole));
+      }
       window_loss += r.loss, ++window_steps;
       if (on_step)
         on_step(ojson{{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}, {"num_tokens", s.tokens_seen},

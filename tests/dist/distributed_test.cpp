@@ -1,10 +1,12 @@
 // Data parallel under Open MPI (docs/DISTRIBUTED.md): a run of 2 ranks × per_device_train_batch_size 2 is the run
 // of one process with batch 4 (losses, token counts, final weights), also with accumulation and a short last
 // micro-batch that leaves one rank without rows; a 2-rank checkpoint resumes in 1 and in 2 ranks; ranks over TCP
-// only (as on two hosts); a rank that fails ends the job with its error; the core split between local ranks.
+// only (as on two hosts); a rank that fails ends the job with its error; the core split between local ranks. FSDP:
+// the same equalities, half the optimizer state per rank, consolidated checkpoints that resume in any layout.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -165,6 +167,68 @@ TEST_F(Distributed, AFailingRankEndsTheJobWithItsError) {
       &out);
   EXPECT_NE(killed, 0) << out;
   EXPECT_NE(killed, 124) << "the job hung after a rank was killed: " << out;
+}
+
+// FSDP over 2 ranks is the run of one process with their batch (losses, tokens, final weights), and each rank holds
+// half of the f32 masters and AdamW moments (the bytes of its own tensors, printed by every rank).
+TEST_F(Distributed, FsdpTwoRanksEqualOneProcessWithHalfTheOptimizerStateEach) {
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {}", kTrl, common("sft.jsonl"), dir_.file("one")));
+  std::string out;
+  const std::string cmd = fmt::format("{} {} sft {} --per_device_train_batch_size 2 --fsdp_size 2 --output_dir {} 2>&1", kMpirun, kTrl,
+                                      common("sft.jsonl"), dir_.file("fsdp"));
+  ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
+  expect_same_run("one", "fsdp");
+  uint64_t held[2] = {0, 0}, unsharded = 0;
+  for (int shard = 0; shard < 2; ++shard) {
+    const std::string key = fmt::format("FSDP shard {} of 2: f32 masters and AdamW moments ", shard);
+    const size_t at = out.find(key);
+    ASSERT_NE(at, std::string::npos) << out;
+    unsigned long long bytes = 0, whole = 0;
+    ASSERT_EQ(std::sscanf(out.c_str() + at + key.size(), "%llu bytes on this rank (%*[^)]), %llu unsharded", &bytes, &whole), 2) << out;
+    held[shard] = bytes, unsharded = whole;
+  }
+  EXPECT_GT(unsharded, 0u);
+  EXPECT_EQ(held[0] + held[1], unsharded);  // every element in exactly one shard
+  for (uint64_t h : held) EXPECT_LE(h, unsharded / 2 + 12) << "a shard holds more than half (one element of padding)";
+}
+
+TEST_F(Distributed, FsdpPreferenceTrainersEqualOneProcess) {
+  for (const char* trainer : {"dpo", "reward"}) {
+    SCOPED_TRACE(trainer);
+    const std::string one = std::string(trainer) + "-one", fsdp = std::string(trainer) + "-fsdp";
+    run(fmt::format("{} {} {} --per_device_train_batch_size 4 --output_dir {}", kTrl, trainer, common("dpo.jsonl"), dir_.file(one)));
+    run(fmt::format("{} {} {} {} --per_device_train_batch_size 2 --fsdp_size 2 --output_dir {}", kMpirun, kTrl, trainer, common("dpo.jsonl"),
+                    dir_.file(fsdp)));
+    expect_same_run(one, fsdp);
+  }
+}
+
+// bf16 compute weights: the all-gathered bf16 shards equal the bf16 copies data parallel keeps whole (with two ranks
+// both sum the same two gradients).
+TEST_F(Distributed, FsdpInBf16EqualsDataParallel) {
+  const std::string bf16 = common("sft.jsonl") + " --bf16 true --per_device_train_batch_size 2";
+  run(fmt::format("{} {} sft {} --output_dir {}", kMpirun, kTrl, bf16, dir_.file("dp")));
+  run(fmt::format("{} {} sft {} --fsdp_size 2 --output_dir {}", kMpirun, kTrl, bf16, dir_.file("fsdp")));
+  expect_same_run("dp", "fsdp");
+}
+
+// An FSDP checkpoint is consolidated (one model and one optimizer file): it resumes in one process, as plain data
+// parallel and as FSDP, with the losses of the uninterrupted run.
+TEST_F(Distributed, FsdpCheckpointResumesInAnyLayout) {
+  const std::string sft = common("sft.jsonl");
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --fsdp_size 2 --output_dir {}", kMpirun, kTrl, sft, dir_.file("fsdp")));
+  const SafeTensorsFile opt = SafeTensorsFile::open(dir_.file("fsdp/checkpoint-2/optimizer.safetensors"));
+  const SafeTensorsFile model = SafeTensorsFile::open(dir_.file("fsdp/checkpoint-2/model.safetensors"));
+  for (const std::string& name : model.names()) EXPECT_EQ(opt.get("exp_avg/" + name).shape(), model.get(name).shape()) << name;
+  for (const char* layout : {"one", "dp", "fsdp2"}) {
+    const std::string out = std::string("again-") + layout;
+    run(fmt::format("cp -r {} {}", dir_.file("fsdp"), dir_.file(out)));
+    const std::string resume = fmt::format("--output_dir {} --resume_from_checkpoint {}/checkpoint-2", dir_.file(out), dir_.file(out));
+    if (std::string(layout) == "one") run(fmt::format("{} sft {} --per_device_train_batch_size 4 {}", kTrl, sft, resume));
+    else run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 {} {}", kMpirun, kTrl, sft, std::string(layout) == "dp" ? "" : "--fsdp_size 2", resume));
+    SCOPED_TRACE(layout);
+    expect_same_run("fsdp", out);
+  }
 }
 
 TEST_F(Distributed, ModelParallelSizesAreCheckedAgainstTheWorld) {

@@ -42,6 +42,9 @@ class Communicator {
   // data:[bytes] of rank `root` -> every rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // The ranks that pass the same `color` as a communicator of their own, ranked by `key` (MPI_Comm_split): FSDP's
+  // shard groups and their replicas. Collective: every rank calls it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job with exit code `code` (after this rank has printed why); does not return.
   [[noreturn]] virtual void abort(int code) = 0;
 
