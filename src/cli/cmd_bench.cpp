@@ -83,7 +83,7 @@ void register_bench_generate(CLI::App* bench) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
   opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
   opts.add("dtype", a->dtype, "bf16 | f32").choices({"bf16", "f32"});
   opts.add("batch", a->batch, "The larger decode batch (batch 1 is always measured)").min(1);
@@ -165,7 +165,7 @@ void register_bench(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
   opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
   opts.add("batch", a->batch, "Sequences per step").min(1);
   opts.add("seq", a->seq, "Tokens per sequence").min(2).max(1 << 20);

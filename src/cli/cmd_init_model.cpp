@@ -18,16 +18,18 @@ void register_init_model(CLI::App& app) {
     uint64_t seed = 0;
     double initializer_range = 0;
     bool randomize_norms = false;
+    int64_t layers = 0;
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b").choices({"tiny", "small", "qwen3-0.6b"});
+  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
   opts.add("dtype", a->dtype, "f32 | bf16").choices({"f32", "bf16", "float32", "bfloat16"});
   opts.add("seed", a->seed, "Random seed");
   opts.add("out,output_dir", a->out, "Output folder").required();
   opts.add("initializer_range", a->initializer_range, "Std of the normal init").min(0).default_text("the config's, 0.02");
   opts.add("randomize_norms", a->randomize_norms, "Norm weights 1 + N(0, std) instead of 1 (for port tests)");
   opts.add("max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB");
+  opts.add("layers,num_hidden_layers", a->layers, "Override the number of layers (same widths), 0 = the preset's").min(0);
   cmd->callback([a] {
     InitOptions o;
     o.preset = a->preset;
@@ -36,6 +38,7 @@ void register_init_model(CLI::App& app) {
     o.initializer_range = a->initializer_range;
     o.randomize_norms = a->randomize_norms;
     o.max_shard_bytes = parse_byte_size(a->max_shard_size);
+    o.num_hidden_layers = a->layers;
     CausalLM m = init_model(o, a->out);
     std::printf("wrote %s: %s preset, %s, %lld parameters, seed %llu\n", a->out.c_str(), a->preset.c_str(),
                 std::string(dtype_name(m.dtype())).c_str(), static_cast<long long>(m.num_parameters()),

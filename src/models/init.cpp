@@ -15,7 +15,7 @@ namespace trl {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> model_presets() { return {"tiny", "small", "qwen3-0.6b"}; }
+std::vector<std::string> model_presets() { return {"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"}; }
 
 ModelConfig preset_config(const std::string& preset, DType dtype) {
   ModelConfig c;
@@ -39,8 +39,10 @@ ModelConfig preset_config(const std::string& preset, DType dtype) {
     c.hidden_size = 256, c.intermediate_size = 768, c.num_hidden_layers = 4, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
   } else if (preset == "qwen3-0.6b") {
     c.hidden_size = 1024, c.intermediate_size = 3072, c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8, c.head_dim = 128;
+  } else if (preset == "qwen3-1.7b") {  // Qwen/Qwen3-1.7B's config.json (tied embeddings, as the 0.6B)
+    c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8, c.head_dim = 128;
   } else {
-    fail("unknown preset '{}' (choose one of: tiny, small, qwen3-0.6b)", preset);
+    fail("unknown preset '{}' (choose one of: tiny, small, qwen3-0.6b, qwen3-1.7b)", preset);
   }
   c.max_window_layers = c.num_hidden_layers;
   return c;
@@ -114,6 +116,7 @@ void write_tokenizer_files(const std::string& dir) {
 
 CausalLM init_model(const InitOptions& options, const std::string& out_dir) {
   ModelConfig config = preset_config(options.preset, options.dtype);
+  if (options.num_hidden_layers > 0) config.num_hidden_layers = config.max_window_layers = options.num_hidden_layers;
   const double std = options.initializer_range > 0 ? options.initializer_range : config.initializer_range;
   config.initializer_range = std;
   CausalLM model = CausalLM::from_weights(config, init_weights(config, options.dtype, options.seed, std, options.randomize_norms),

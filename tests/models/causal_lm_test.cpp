@@ -268,3 +268,24 @@ TEST(CausalLM, Qwen3_06B_PresetLooksLikeTheRealModel) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+// The qwen3-1.7b preset (the model the seed shards with tp_size=2, fsdp_size=2) has Qwen/Qwen3-1.7B's widths: 1.72 B
+// parameters, 1.41 B of them outside the tied embedding.
+TEST(CausalLM, Qwen3_17B_PresetHasTheRealModelsShapes) {
+  const ModelConfig c = preset_config("qwen3-1.7b", DType::BF16);
+  int64_t total = 0;
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, shape] : parameter_shapes(c)) total += shape_numel(shape), shapes[name] = shape;
+  EXPECT_EQ(total, 1720574976);
+  EXPECT_EQ(total - shape_numel(shapes.at("model.embed_tokens.weight")), 1409410048);
+  EXPECT_EQ(shapes.size(), 310u);
+  EXPECT_EQ(shapes.at("model.layers.27.mlp.gate_proj.weight"), (Shape{6144, 2048}));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.k_proj.weight"), (Shape{1024, 2048}));
+  EXPECT_TRUE(c.tie_word_embeddings);
+}
+
+}  // namespace
+}  // namespace trl

@@ -23,6 +23,7 @@ struct InitOptions {
   double initializer_range = 0;   // <= 0: the config's (0.02)
   bool randomize_norms = false;   // norm weights 1 + N(0, std) instead of 1 (exercises the norm scales in tests)
   uint64_t max_shard_bytes = 5'000'000'000ull;
+  int64_t num_hidden_layers = 0;  // > 0: this many layers of the preset's widths (benchmarks at reduced depth)
 };
 
 // Transformers' initialisation: every Linear and the embedding ~ N(0, initializer_range), norms = 1. Each

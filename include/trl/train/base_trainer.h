@@ -35,14 +35,15 @@ class BaseTrainer {
   // an error (a full disk) the temp folder is removed, `dir`'s files are left as they were, and the trl::Error says
   // what failed.
   void save_model(const std::string& dir) const;
-  // The trained parameters' f32 master weights, by name.
+  // The trained parameters' f32 master weights, by name (under FSDP this rank's pieces of them: 1-D runs of their
+  // elements, docs/DISTRIBUTED.md).
   const TensorMap& master_weights() const;
   const ProgramCacheStats& program_stats() const;
   // Called after every optimizer step with the log entry of that step (tests, progress displays).
   std::function<void(const nlohmann::ordered_json&)> on_step;
   // Called at every optimizer step (1, 2, ...) after clipping and before AdamW, with the step's f32 gradient of each
   // trained parameter by name, as Transformers' TrainerCallback.on_pre_optimizer_step (the views are valid only
-  // during the call).
+  // during the call; under FSDP this rank's pieces).
   std::function<void(int64_t step, const TensorMap& grads)> on_pre_optimizer_step;
 
  protected:
