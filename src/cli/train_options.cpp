@@ -88,7 +88,7 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
   o.add("report", c.report, "Write training_report.html");
   o.add("tp_size", c.distributed.tp_size, "Tensor-parallel ranks per model replica (docs/DISTRIBUTED.md)").min(1);
-  o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the weights, gradients and optimizer state (docs/DISTRIBUTED.md)").min(1);
+  o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the f32 masters, gradient sums and AdamW moments between them (docs/DISTRIBUTED.md)").min(1);
   add_compat_options(o, a.compat);
 }
 
