@@ -320,6 +320,12 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   (void)backend;
 
   SplitMix64 rng(pick(user.seed, d.seed, uint64_t{0}));
+  std::vector<SplitMix64> row_rng;
+  if (!user.row_seeds.empty()) {
+    if (static_cast<int64_t>(user.row_seeds.size()) != B)
+      fail("generate: {} row_seeds for {} rows (prompts × num_return_sequences)", user.row_seeds.size(), B);
+    for (uint64_t s : user.row_seeds) row_rng.emplace_back(s);
+  }
   std::vector<char> unfinished(static_cast<size_t>(B), 1);
   std::vector<std::string> text(static_cast<size_t>(B));
   for (int64_t step = 0; step < N; ++step) {
@@ -333,7 +339,9 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     for (int64_t b = 0; b < B; ++b) {
       std::vector<float>& s = logits[static_cast<size_t>(b)];
       process_logits(s, out.sequences[static_cast<size_t>(b)], sp);
-      const double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;  // drawn for every row: rows stay independent of each other's state
+      // Drawn for every row at every step: a row's draws do not depend on when the others finish.
+      const uint64_t bits = row_rng.empty() ? rng.next() : row_rng[static_cast<size_t>(b)].next();
+      const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
       int32_t tok = pick_token(s, sp.do_sample, u);
       if (!unfinished[static_cast<size_t>(b)]) tok = pad;
       next.mutable_data_as<int32_t>()[b] = tok;

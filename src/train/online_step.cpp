@@ -45,12 +45,11 @@ SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_
   return b;
 }
 
-std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, int32_t pad, const std::function<Tensor(const SFTBatch&)>& run) {
-  const size_t N = r.size();
-  std::vector<std::vector<float>> out(N);
-  for (size_t s = 0; s < N; s += static_cast<size_t>(batch)) {
-    std::vector<size_t> rows;
-    for (size_t i = s; i < std::min(N, s + static_cast<size_t>(batch)); ++i) rows.push_back(i);
+std::vector<std::vector<float>> rollout_logps(const Rollout& r, const std::vector<size_t>& which, int64_t batch, int32_t pad,
+                                              const std::function<Tensor(const SFTBatch&)>& run) {
+  std::vector<std::vector<float>> out(r.size());
+  for (size_t s = 0; s < which.size(); s += static_cast<size_t>(batch)) {
+    const std::vector<size_t> rows(which.begin() + static_cast<int64_t>(s), which.begin() + static_cast<int64_t>(std::min(which.size(), s + static_cast<size_t>(batch))));
     const Tensor lp = run(rollout_batch(r, rows, pad));  // [rows, C]: logits_to_keep = C
     if (lp.shape() != Shape{static_cast<int64_t>(rows.size()), r.C}) fail("rollout_logps: {} log-probs for {} rows of {} completion positions", shape_str(lp.shape()), rows.size(), r.C);
     const float* x = lp.data_as<float>();
@@ -92,8 +91,8 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
     }
     float* s = seed.mutable_data_as<float>();
     for (int64_t k = 0; k < B; ++k)
-      for (int64_t c = 0; c < r.C; ++c) s[k * r.C + c] = static_cast<float>(out.metrics.d_logp[static_cast<size_t>(k * r.C + c)]);
-    return out.metrics.loss;
+      for (int64_t c = 0; c < r.C; ++c) s[k * r.C + c] = static_cast<float>(L.share * out.metrics.d_logp[static_cast<size_t>(k * r.C + c)]);
+    return L.share * out.metrics.loss;
   };
   TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature, r.C);
   out.loss = step.loss;

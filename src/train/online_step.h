@@ -41,9 +41,9 @@ struct Rollout {
 // token, labels = the next token).
 SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_t pad_token_id);
 
-// Per-token log-probs [N][C] of every row's completion positions, from `run` on batches of `batch` rows (`run`
-// returns [rows, C]: a logprobs program with logits_to_keep = C).
-std::vector<std::vector<float>> rollout_logps(const Rollout& r, int64_t batch, int32_t pad_token_id,
+// Per-token log-probs [N][C] of the completion positions of `rows` (the others left empty), from `run` on batches
+// of `batch` of them (`run` returns [rows, C]: a logprobs program with logits_to_keep = C).
+std::vector<std::vector<float>> rollout_logps(const Rollout& r, const std::vector<size_t>& rows, int64_t batch, int32_t pad_token_id,
                                               const std::function<Tensor(const SFTBatch&)>& run);
 
 struct OnlineLoss {
@@ -52,6 +52,9 @@ struct OnlineLoss {
   double epsilon_low = 0.2, epsilon_high = 0.2;  // RLOO
   double temperature = 1.0;
   bool gradient_checkpointing = false;
+  // Data parallel: the factor of this rank's share in a micro-batch whose loss is a mean over its rows (1 / world
+  // size; 1 with one process, and for dapo, whose normaliser already counts every rank's tokens).
+  double share = 1.0;
 };
 
 struct OnlineStepResult {

@@ -270,7 +270,10 @@ TEST(GrpoTrainer, TinyModelLearnsAFormatAndALength) {
     const double r0 = o.log_history.front()["reward"].get<double>(), r1 = mean_of(o, "reward", 4, 6);
     const double l0 = o.log_history.front()["completions/mean_length"].get<double>(), l1 = mean_of(o, "completions/mean_length", 4, 6);
     std::printf("[ learning ] grpo length:40: reward %.3f -> %.3f, mean length %.2f -> %.2f tokens\n", r0, r1, l0, l1);
-    EXPECT_GT(r1, r0 + 0.15);  // measured: -0.343 -> -0.108
+    // The reward is -|40 - characters| / 100 (best 0): the gap to the best at least halves. Measured: -0.088 ->
+    // -0.015 with each row sampling from its own stream (-0.343 -> -0.108 with one stream for the round).
+    EXPECT_GT(r1, r0);
+    EXPECT_LT(-r1, 0.5 * -r0);
     EXPECT_LT(std::fabs(l1 - 9.0), std::fabs(l0 - 9.0));  // " one two ... eight" + EOS is 9 tokens
   }
   // The same run's first two rounds with the Python script: the same rewards.

@@ -30,6 +30,10 @@ struct GenerationConfig {
   std::optional<float> min_p;                      // default off
   std::optional<float> repetition_penalty;         // default 1.0 = off
   std::optional<uint64_t> seed;                    // sampling seed (default 0): same seed, same output
+  // One sampling stream per row (rows after the num_return_sequences expansion), instead of one for the batch
+  // seeded by `seed`: a row's draws then do not depend on the rows beside it, so its tokens are the same in any
+  // batch (data-parallel GRPO generates each rank's rows of a round with the seeds of their places in the round).
+  std::vector<uint64_t> row_seeds;
   std::optional<std::vector<int32_t>> eos_token_id;
   std::optional<int32_t> pad_token_id;             // default: the first eos id
   std::vector<std::string> stop_strings;           // needs a tokenizer

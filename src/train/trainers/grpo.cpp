@@ -2,10 +2,17 @@
 //
 // Batch layout (TRL's RepeatSampler): a generation round takes U = generation_batch_size / G prompts of the epoch's
 // seeded permutation and generates G completions of each (N = U·G rows, a group's rows consecutive). The round is
-// shuffled and split into steps_per_generation chunks of per_device_train_batch_size rows; each micro-batch trains
-// on one chunk, and the round serves steps_per_generation × num_iterations micro-batches before the next round.
-// A Trainer item is one slot of a round: items are handed out in order (sequential_items) and item i of an epoch
-// belongs to micro-batch i / bs, round (i / bs) / (steps_per_generation · num_iterations).
+// shuffled and split into steps_per_generation chunks of W·bs rows (W ranks, bs = per_device_train_batch_size);
+// each micro-batch trains on one chunk, rank r on its r-th run of bs rows, and the round serves
+// steps_per_generation × num_iterations micro-batches before the next round. A Trainer item is one slot of a round:
+// items are handed out in order (sequential_items) and item i of an epoch belongs to micro-batch i / (W·bs), round
+// (i / (W·bs)) / (steps_per_generation · num_iterations).
+//
+// Data parallel: each rank generates, scores and computes the old and reference log-probs of the rows it trains on
+// (a group may span ranks), then every rank gathers the whole round (completions, rewards, log-probs), so the
+// group statistics, advantages and metrics are those of the whole round and a checkpoint holds it whole. Each row
+// samples from its own stream, seeded by its place in the round, so a round is the same whichever rank generates a
+// row: W ranks × bs give the rounds of one process with W·bs.
 //
 // Shapes: prompts are left-padded to the round's bucket P (a multiple of pad_to_multiple_of), completions
 // right-padded to the round's bucket C, so a training row is [P + C] and a run compiles one training program per
@@ -55,24 +62,27 @@ struct Layout {
   int64_t G = 0, bs = 0, spg = 0, iterations = 1, per_round = 0;  // per_round: completions per round
 };
 
-Layout resolve_layout(const OnlineRLConfig& c, const char* name) {
+// W: the data-parallel ranks. generation_batch_size is global, as in TRL (per_device_train_batch_size × W ×
+// steps_per_generation).
+Layout resolve_layout(const OnlineRLConfig& c, const char* name, int64_t W) {
   Layout l;
   l.G = c.num_generations, l.bs = c.per_device_train_batch_size, l.iterations = c.num_iterations;
   if (c.generation_batch_size && c.steps_per_generation)
     fail("{}: set generation_batch_size or steps_per_generation, not both", name);
   if (c.generation_batch_size) {
-    if (*c.generation_batch_size < 1 || *c.generation_batch_size % l.bs != 0)
-      fail("{}: generation_batch_size ({}) must be a positive multiple of per_device_train_batch_size ({})", name, *c.generation_batch_size, l.bs);
-    l.spg = *c.generation_batch_size / l.bs;
+    if (*c.generation_batch_size < 1 || *c.generation_batch_size % (l.bs * W) != 0)
+      fail("{}: generation_batch_size ({}) must be a positive multiple of per_device_train_batch_size ({}){}", name, *c.generation_batch_size, l.bs,
+           W > 1 ? fmt::format(" × the {} processes", W) : std::string());
+    l.spg = *c.generation_batch_size / (l.bs * W);
   } else {
     l.spg = c.steps_per_generation.value_or(c.gradient_accumulation_steps);
     if (l.spg < 1) fail("{}: steps_per_generation must be >= 1, got {}", name, l.spg);
   }
-  l.per_round = l.bs * l.spg;
+  l.per_round = l.bs * W * l.spg;
   if (l.per_round % l.G != 0)
-    fail("{}: the generation batch ({} = per_device_train_batch_size {} × steps_per_generation {}) must be a multiple of num_generations ({}); "
+    fail("{}: the generation batch ({} = per_device_train_batch_size {}{} × steps_per_generation {}) must be a multiple of num_generations ({}); "
          "change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
-         name, l.per_round, l.bs, l.spg, l.G);
+         name, l.per_round, l.bs, W > 1 ? fmt::format(" × {} processes", W) : std::string(), l.spg, l.G);
   return l;
 }
 
@@ -108,7 +118,7 @@ void check_online_config(const OnlineRLConfig& c, const char* name, int64_t rewa
   } catch (const Error& e) {
     bad("pad_to_multiple_of", e.what());
   }
-  resolve_layout(c, name);
+  resolve_layout(c, name, dist::world().size());
 }
 
 class OnlineMethod final : public TrainingMethod {
@@ -120,10 +130,8 @@ class OnlineMethod final : public TrainingMethod {
     if (grpo) cfg_ = *grpo, grpo_ = *grpo;
     else cfg_ = *rloo, rloo_cfg_ = *rloo;
     name_ = rloo_ ? "RLOO" : "GRPO";
-    if (dist::world().size() > 1)
-      fail("{}: data-parallel generation (each rank its share of a round, groups gathered across ranks) is not built yet; run {} as one "
-           "process for now (docs/DISTRIBUTED.md, \"What runs distributed\")", name_, rloo_ ? "trl rloo" : "trl grpo");
-    layout_ = resolve_layout(cfg_, config_name());
+    world_ = dist::world().size(), rank_ = dist::world().rank();
+    layout_ = resolve_layout(cfg_, config_name(), world_);
     multiple_ = parse_pad_to_multiple_of(cfg_.pad_to_multiple_of, trainer.auto_pad_multiple());
     const auto eos = tok.eos_token_id();
     const auto pad = tok.pad_token_id();
@@ -159,7 +167,7 @@ class OnlineMethod final : public TrainingMethod {
 
   const char* name() const override { return name_.c_str(); }
   size_t num_items() const override {
-    return static_cast<size_t>(rounds_per_epoch_ * layout_.spg * layout_.iterations * layout_.bs);
+    return static_cast<size_t>(rounds_per_epoch_ * layout_.per_round * layout_.iterations);
   }
   bool sequential_items() const override { return true; }
   size_t programs_to_keep() const override {
@@ -183,14 +191,13 @@ class OnlineMethod final : public TrainingMethod {
     MethodStep out;
     double gen_s = 0, reward_s = 0;
     const int64_t per_round_micro = layout_.spg * layout_.iterations;
-    for (const auto& items : micro) {
-      const int64_t j = static_cast<int64_t>(items.at(0)) / layout_.bs, round = j / per_round_micro, within = j % per_round_micro;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const int64_t j = static_cast<int64_t>(micro[k].at(0)) / (layout_.bs * world_), round = j / per_round_micro, within = j % per_round_micro;
       if (!rollout_ || rollout_->epoch != ctx.epoch || rollout_->round != round) {
         generate_round(ctx, ctx.epoch, round, metrics, gen_s, reward_s, out.tokens);
       }
-      const int64_t chunk = within % layout_.spg;
-      std::vector<size_t> rows(rollout_->order.begin() + chunk * layout_.bs, rollout_->order.begin() + (chunk + 1) * layout_.bs);
-      out.loss += train_micro(ctx, rows, static_cast<int64_t>(micro.size()), metrics, add);
+      const std::vector<size_t> rows = chunk_rows(*rollout_, within % layout_.spg, rank_);
+      out.loss += train_micro(ctx, rows, static_cast<int64_t>(micro.size()), ctx.share(k, rows.size()), metrics, add);
     }
     const double total = seconds_since(t0);
     metrics.add("step_time", total);
@@ -289,20 +296,69 @@ class OnlineMethod final : public TrainingMethod {
     return o;
   }
 
+  // Rank `rank`'s rows of chunk `chunk` of the round: its run of bs rows of the chunk's W·bs.
+  std::vector<size_t> chunk_rows(const Rollout& r, int64_t chunk, int64_t rank) const {
+    const int64_t at = (chunk * world_ + rank) * layout_.bs;
+    return std::vector<size_t>(r.order.begin() + at, r.order.begin() + at + layout_.bs);
+  }
+  // Every row rank `rank` trains on in the round, chunk by chunk.
+  std::vector<size_t> rank_rows(const Rollout& r, int64_t rank) const {
+    std::vector<size_t> rows;
+    for (int64_t c = 0; c < layout_.spg; ++c) {
+      const std::vector<size_t> part = chunk_rows(r, c, rank);
+      rows.insert(rows.end(), part.begin(), part.end());
+    }
+    return rows;
+  }
+  // Each rank's values for its rows (`per_row` numbers a row, rank_rows order) -> every row's, in round order.
+  template <typename T>
+  std::vector<T> gather_rows(dist::Communicator& dp, const Rollout& r, const std::vector<T>& mine, size_t per_row, DType dtype) const {
+    const size_t n = mine.size();
+    // out: one row per row of the round (r.size() counts the completions, which may not be there yet)
+    std::vector<T> all(n * static_cast<size_t>(world_)), out(r.prompt_of.size() * per_row);
+    dp.all_gather(mine.data(), all.data(), static_cast<int64_t>(n), dtype);
+    for (int64_t q = 0; q < world_; ++q) {
+      const std::vector<size_t> rows = rank_rows(r, q);
+      for (size_t k = 0; k < rows.size(); ++k)
+        std::copy_n(all.begin() + static_cast<int64_t>(static_cast<size_t>(q) * n + k * per_row), per_row, out.begin() + static_cast<int64_t>(rows[k] * per_row));
+    }
+    return out;
+  }
+  std::vector<std::vector<float>> gather_logps(dist::Communicator& dp, const Rollout& r, const std::vector<size_t>& mine,
+                                               const std::vector<std::vector<float>>& logps) const {
+    const size_t C = static_cast<size_t>(r.C);
+    std::vector<float> flat;
+    for (size_t i : mine) flat.insert(flat.end(), logps[i].begin(), logps[i].end());
+    const std::vector<float> all = gather_rows(dp, r, flat, C, DType::F32);
+    std::vector<std::vector<float>> out(r.size());
+    for (size_t i = 0; i < r.size(); ++i) out[i].assign(all.begin() + static_cast<int64_t>(i * C), all.begin() + static_cast<int64_t>((i + 1) * C));
+    return out;
+  }
+
   void generate_round(MethodContext& ctx, int64_t epoch, int64_t round, MetricWindow& metrics, double& gen_s, double& reward_s, int64_t& tokens) {
     auto t = Clock::now();
+    dist::Communicator& dp = ctx.dp;
     const int64_t U = layout_.per_round / layout_.G;
     const std::vector<size_t> order = prompt_order(epoch);
     auto r = std::make_unique<Rollout>();
     r->epoch = epoch, r->round = round;
     r->mask_truncated = cfg_.mask_truncated_completions;
-    std::vector<std::vector<int32_t>> prompt_ids;
+    int64_t longest_prompt = 0;
     for (int64_t u = 0; u < U; ++u) {
       const size_t p = order[static_cast<size_t>(round * U + u)];
-      prompt_ids.push_back(prompts_[p].ids);
       for (int64_t g = 0; g < layout_.G; ++g) r->prompt_of.push_back(p), r->prompt_ids.push_back(prompts_[p].ids);
+      longest_prompt = std::max<int64_t>(longest_prompt, static_cast<int64_t>(prompts_[p].ids.size()));
     }
-    // Generation with the current weights.
+    const size_t N = r->prompt_of.size();
+    const int64_t batch_no = epoch * rounds_per_epoch_ + round + 1;
+    // The round's rows shuffled (TRL's shuffle_sequence_dict), seeded by the round; chunk c is order[c·W·bs, ...).
+    r->order.resize(N);
+    std::iota(r->order.begin(), r->order.end(), 0);
+    SplitMix64 shuffle(cfg_.seed * 0xA24BAED4963EE407ull + static_cast<uint64_t>(batch_no));
+    for (size_t i = N; i > 1; --i) std::swap(r->order[i - 1], r->order[shuffle.next() % i]);
+    const std::vector<size_t> mine = rank_rows(*r, rank_);
+
+    // This rank's rows, generated with the current weights, each from the stream of its place in the round.
     GenerationConfig gc;
     gc.max_new_tokens = cfg_.max_completion_length;
     gc.do_sample = true;
@@ -313,54 +369,77 @@ class OnlineMethod final : public TrainingMethod {
     gc.repetition_penalty = static_cast<float>(cfg_.repetition_penalty);
     gc.eos_token_id = std::vector<int32_t>{eos_};
     gc.pad_token_id = pad_;
-    gc.num_return_sequences = layout_.G;
-    gc.seed = cfg_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) * 1000003ull + static_cast<uint64_t>(round) + 1;
+    const uint64_t round_seed = cfg_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) * 1000003ull + static_cast<uint64_t>(round) + 1;
+    std::vector<std::vector<int32_t>> prompt_ids;
+    for (size_t i : mine) {
+      prompt_ids.push_back(r->prompt_ids[i]);
+      gc.row_seeds.push_back(SplitMix64(round_seed ^ (0xD6E8FEB86659FD93ull * (i + 1))).next());
+    }
     gc.pad_to_multiple_of = multiple_;
     gc.disable_compile = !ctx.args.torch_compile;
     const GenerationOutput g = generator_->generate(prompt_ids, gc, &tok_);
-    const size_t N = g.generated.size();
-    r->P = g.prompt_length;
-    int64_t longest = 1;
-    for (size_t i = 0; i < N; ++i) {
-      std::vector<int32_t> c = g.generated[i];
-      const auto at = std::find(c.begin(), c.end(), eos_);  // cut after the first EOS (kept)
+    // Completions cut after the first EOS (kept), gathered from every rank as rows of max_completion_length + 1
+    // numbers: the length, then the tokens.
+    const size_t width = static_cast<size_t>(cfg_.max_completion_length) + 1;
+    std::vector<int32_t> packed(mine.size() * width, 0);
+    for (size_t k = 0; k < mine.size(); ++k) {
+      std::vector<int32_t> c = g.generated[k];
+      const auto at = std::find(c.begin(), c.end(), eos_);
       if (at != c.end()) c.erase(at + 1, c.end());
       if (c.empty()) c.push_back(eos_);  // max_completion_length >= 1 always yields a token
+      packed[k * width] = static_cast<int32_t>(c.size());
+      std::copy(c.begin(), c.end(), packed.begin() + static_cast<int64_t>(k * width + 1));
+    }
+    const std::vector<int32_t> every = gather_rows(dp, *r, packed, width, DType::I32);
+    r->completions.resize(N);
+    for (size_t i = 0; i < N; ++i) {
+      const int32_t* row = every.data() + i * width;
+      r->completions[i].assign(row + 1, row + 1 + row[0]);
+    }
+    int64_t longest = 1;
+    for (const auto& c : r->completions) {
       r->truncated.push_back(c.back() != eos_ && c.back() != pad_);
       longest = std::max<int64_t>(longest, static_cast<int64_t>(c.size()));
-      r->completions.push_back(std::move(c));
     }
+    r->P = padded_length(longest_prompt, multiple_);
     r->C = padded_length(longest, multiple_);
     rollout_ = std::move(r);
     Rollout& ro = *rollout_;
-    if (need_old_)
-      ro.old_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature, ro.C); });
-    if (reference_) ro.ref_logp = rollout_logps(ro, layout_.bs, pad_, [&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature, ro.C); });
+    auto logps_of = [&](const std::function<Tensor(const SFTBatch&)>& run) {
+      return gather_logps(dp, ro, mine, rollout_logps(ro, mine, layout_.bs, pad_, run));
+    };
+    if (need_old_) ro.old_logp = logps_of([&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature, ro.C); });
+    if (reference_) ro.ref_logp = logps_of([&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature, ro.C); });
     gen_s += seconds_since(t);
 
-    // Rewards.
+    // Rewards of this rank's rows, then every row's.
     t = Clock::now();
     RewardInputs in;
-    in.batch = epoch * rounds_per_epoch_ + round + 1;
-    std::vector<std::string> texts;
+    in.batch = batch_no;
+    std::vector<std::string> texts(N);
+    std::vector<ojson> prompts(N);
     for (size_t i = 0; i < N; ++i) {
+      prompts[i] = prompts_[ro.prompt_of[i]].prompt;
+      texts[i] = tok_.decode(ro.completions[i], /*skip_special_tokens=*/true);
+    }
+    for (size_t i : mine) {
       const Prompt& p = prompts_[ro.prompt_of[i]];
       in.prompts.push_back(p.prompt);
-      texts.push_back(tok_.decode(ro.completions[i], /*skip_special_tokens=*/true));
-      in.completions.push_back(p.prompt.is_array() ? ojson::array({ojson{{"role", "assistant"}, {"content", texts.back()}}}) : ojson(texts.back()));
+      in.completions.push_back(p.prompt.is_array() ? ojson::array({ojson{{"role", "assistant"}, {"content", texts[i]}}}) : ojson(texts[i]));
       in.completion_ids.push_back(ro.completions[i]);
       tokens += static_cast<int64_t>(p.ids.size() + ro.completions[i].size());
     }
     for (const std::string& col : columns_) {
       std::vector<ojson> values;
-      for (size_t i = 0; i < N; ++i) {
+      for (size_t i : mine) {
         const ojson& row = train_row(ro.prompt_of[i]);
         values.push_back(row.contains(col) ? row[col] : ojson());
       }
       in.columns.emplace_back(col, std::move(values));
     }
     const int64_t F = static_cast<int64_t>(rewards_.size());
-    std::vector<double> table(N * static_cast<size_t>(F), kNaN);
+    const size_t n = mine.size();
+    std::vector<double> local(n * static_cast<size_t>(F), kNaN);
     for (int64_t f = 0; f < F; ++f) {
       std::vector<std::optional<double>> v;
       try {
@@ -368,15 +447,16 @@ class OnlineMethod final : public TrainingMethod {
       } catch (const Error& e) {
         fail("{}: reward function '{}' failed on batch {}: {}", name_, rewards_[static_cast<size_t>(f)].name, in.batch, e.what());
       }
-      if (v.size() != N)
-        fail("{}: reward function '{}' returned {} rewards for the {} completions of batch {}", name_, rewards_[static_cast<size_t>(f)].name, v.size(), N,
+      if (v.size() != n)
+        fail("{}: reward function '{}' returned {} rewards for the {} completions of batch {}", name_, rewards_[static_cast<size_t>(f)].name, v.size(), n,
              in.batch);
-      for (size_t i = 0; i < N; ++i) {
-        if (v[i] && !std::isfinite(*v[i]))
-          fail("{}: reward function '{}' returned {} for completion {} of batch {}", name_, rewards_[static_cast<size_t>(f)].name, *v[i], i, in.batch);
-        table[i * static_cast<size_t>(F) + static_cast<size_t>(f)] = v[i] ? *v[i] : kNaN;
+      for (size_t k = 0; k < n; ++k) {
+        if (v[k] && !std::isfinite(*v[k]))
+          fail("{}: reward function '{}' returned {} for completion {} of batch {}", name_, rewards_[static_cast<size_t>(f)].name, *v[k], mine[k], in.batch);
+        local[k * static_cast<size_t>(F) + static_cast<size_t>(f)] = v[k] ? *v[k] : kNaN;
       }
     }
+    const std::vector<double> table = gather_rows(dp, ro, local, static_cast<size_t>(F), DType::F64);
     reward_s += seconds_since(t);
 
     // Advantages and the round's metrics.
@@ -396,17 +476,12 @@ class OnlineMethod final : public TrainingMethod {
                                : grpo_advantages(table, F, weights_, layout_.G, grpo_.scale_rewards, grpo_.multi_objective_aggregation);
     ro.advantages = a.advantages;
     ro.count_items();
-    // Shuffle the round's rows (TRL's shuffle_sequence_dict), seeded by the round.
-    ro.order.resize(N);
-    std::iota(ro.order.begin(), ro.order.end(), 0);
-    SplitMix64 rng(cfg_.seed * 0xA24BAED4963EE407ull + static_cast<uint64_t>(in.batch));
-    for (size_t i = N; i > 1; --i) std::swap(ro.order[i - 1], ro.order[rng.next() % i]);
     add_round_metrics(metrics, a, kl_count > 0 ? kl_sum / kl_count : kNaN);
-    if (cfg_.log_completions) log_completions(ctx, in, texts, table, a);
+    if (cfg_.log_completions) log_completions(ctx, prompts, texts, table, a);
     if (on_rollout_ && *on_rollout_) {
       RolloutRecord rec;
       for (size_t i = 0; i < N; ++i) {
-        const ojson& p = in.prompts[i];
+        const ojson& p = prompts[i];
         rec.prompts.push_back(p.is_string() ? p.get<std::string>() : p.dump());
         rec.completions.push_back(texts[i]);
         rec.rewards.emplace_back(table.begin() + static_cast<int64_t>(i) * F, table.begin() + static_cast<int64_t>(i + 1) * F);
@@ -452,7 +527,8 @@ class OnlineMethod final : public TrainingMethod {
   // log_completions: a sample of the round in the log (stderr) and every row in output_dir/completions.jsonl.
   std::vector<ojson> report_samples() const override { return {samples_.begin(), samples_.end()}; }
 
-  void log_completions(MethodContext& ctx, const RewardInputs& in, const std::vector<std::string>& texts, const std::vector<double>& table,
+  // Rank 0 prints and writes (every rank holds the whole round).
+  void log_completions(MethodContext& ctx, const std::vector<ojson>& prompts, const std::vector<std::string>& texts, const std::vector<double>& table,
                        const Advantages& a) {
     const size_t F = rewards_.size(), show = static_cast<size_t>(cfg_.num_completions_to_print.value_or(4));
     std::string lines;
@@ -462,23 +538,30 @@ class OnlineMethod final : public TrainingMethod {
         const double v = table[i * F + f];
         rw[rewards_[f].name] = std::isnan(v) ? ojson() : ojson(v);
       }
-      const ojson row{{"step", ctx.global_step + 1}, {"prompt", in.prompts[i]}, {"completion", texts[i]}, {"rewards", rw}, {"advantage", a.advantages[i]}};
+      const ojson row{{"step", ctx.global_step + 1}, {"prompt", prompts[i]}, {"completion", texts[i]}, {"rewards", rw}, {"advantage", a.advantages[i]}};
       lines += row.dump() + "\n";
       if (i < std::max<size_t>(show, 1)) {  // the report keeps the first rows of the last rounds
         samples_.push_back(row);
         while (samples_.size() > 20) samples_.pop_front();
       }
-      if (i < show) {
-        const std::string p = in.prompts[i].is_string() ? in.prompts[i].get<std::string>() : in.prompts[i].dump();
+      if (i < show && rank_ == 0) {
+        const std::string p = prompts[i].is_string() ? prompts[i].get<std::string>() : prompts[i].dump();
         std::fprintf(stderr, "[trl] %s step %lld | prompt: %.80s | completion: %.120s | rewards: %s | advantage: %.3f\n", name_.c_str(),
                      static_cast<long long>(ctx.global_step + 1), p.c_str(), texts[i].c_str(), rw.dump().c_str(), a.advantages[i]);
       }
     }
-    append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
+    if (rank_ == 0) append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
   }
 
-  double train_micro(MethodContext& ctx, const std::vector<size_t>& rows, int64_t micro_batches, MetricWindow& metrics, const GradientSink& add) {
-    const OnlineStepResult r = online_train_step(ctx.model, ctx.weights, ctx.programs, *rollout_, rows, loss_, micro_batches, pad_);
+  // share: this rank's part of the micro-batch's rows (1 with one process).
+  double train_micro(MethodContext& ctx, const std::vector<size_t>& rows, int64_t micro_batches, double share, MetricWindow& metrics,
+                     const GradientSink& add) {
+    OnlineLoss loss = loss_;
+    // dapo divides by the loss tokens of the whole round (every rank's): its per-rank losses already sum to the
+    // round's. The others average over the micro-batch's rows (grpo, dr_grpo, RLOO: exactly the one-process
+    // loss) or over this rank's tokens (bnpo: as TRL's DDP average of the ranks' losses).
+    loss.share = !rloo_ && grpo_.loss_type == "dapo" ? 1.0 : share;
+    const OnlineStepResult r = online_train_step(ctx.model, ctx.weights, ctx.programs, *rollout_, rows, loss, micro_batches, pad_);
     auto put = [&](const char* k, double v) {
       if (std::isfinite(v)) metrics.add(k, v);  // NaN: no value (TRL leaves it out of the mean)
     };
@@ -504,6 +587,7 @@ class OnlineMethod final : public TrainingMethod {
   std::vector<double> weights_;
   std::function<void(const RolloutRecord&)>* on_rollout_;
   Layout layout_;
+  int64_t world_ = 1, rank_ = 0;  // the data-parallel ranks and this one
   int64_t multiple_ = 0, rounds_per_epoch_ = 0, longest_prompt_ = 0;
   int32_t eos_ = 0, pad_ = 0;
   bool need_old_ = false;
