@@ -87,7 +87,8 @@ class GRPOTrainer : public BaseTrainer {
   GRPOTrainer(const CausalLM& model, const Tokenizer& tokenizer, std::vector<NamedRewardFunction> reward_funcs, Dataset train,
               GRPOConfig config, const CausalLM* ref_model = nullptr);
   ~GRPOTrainer() override;
-  // Called after each generation round with what it produced (tests, demos).
+  // Called after each generation round with what it produced (tests, demos); under data parallel, on every rank
+  // with the whole round.
   std::function<void(const RolloutRecord&)> on_rollout;
   // The generator's program counters (prefill and decode programs compiled and reused).
   const ProgramCacheStats& generation_program_stats() const { return *generation_stats_; }
@@ -101,7 +102,8 @@ class RLOOTrainer : public BaseTrainer {
   RLOOTrainer(const CausalLM& model, const Tokenizer& tokenizer, std::vector<NamedRewardFunction> reward_funcs, Dataset train,
               RLOOConfig config, const CausalLM* ref_model = nullptr);
   ~RLOOTrainer() override;
-  // Called after each generation round with what it produced (tests, demos).
+  // Called after each generation round with what it produced (tests, demos); under data parallel, on every rank
+  // with the whole round.
   std::function<void(const RolloutRecord&)> on_rollout;
   // The generator's program counters (prefill and decode programs compiled and reused).
   const ProgramCacheStats& generation_program_stats() const { return *generation_stats_; }
