@@ -19,18 +19,6 @@ namespace trl::cli {
 
 namespace {
 
-std::string cores_str(const std::vector<int>& cores) {
-  std::string out;
-  for (size_t i = 0; i < cores.size();) {
-    size_t j = i;
-    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += j == i ? std::to_string(cores[i]) : std::to_string(cores[i]) + "-" + std::to_string(cores[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 nlohmann::ordered_json env_info() {
   const CpuFeatures& f = cpu_features();
   const dnnl_version_t* dv = dnnl_version();
@@ -55,7 +43,7 @@ nlohmann::ordered_json env_info() {
   j["local_rank"] = world.local_rank();
   j["local_world_size"] = world.local_size();
   const auto cores = visible_cores();  // this rank's, under mpirun
-  j["visible_cores"] = cores_str(cores);
+  j["visible_cores"] = format_core_list(cores);
   j["num_visible_cores"] = cores.size();
   j["threads"] = num_threads();
   j["onednn"] = fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch);

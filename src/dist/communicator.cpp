@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -42,18 +43,6 @@ class SingleCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleCommunicator>(); }
 };
 
-std::string cores_text(const std::vector<int>& cores) {
-  std::string out;
-  for (size_t i = 0; i < cores.size();) {
-    size_t j = i;
-    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
-    if (!out.empty()) out.push_back(',');
-    out += j == i ? fmt::format("{}", cores[i]) : fmt::format("{}-{}", cores[i], cores[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 std::vector<int> affinity_mask() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -66,22 +55,19 @@ std::vector<int> affinity_mask() {
 
 }  // namespace
 
-double Communicator::sum(double x) {
-  all_reduce(&x, 1, DType::F64, ReduceOp::Sum);
+namespace {
+// One number reduced over the ranks.
+template <typename T>
+T reduced(Communicator& comm, T x, ReduceOp op) {
+  comm.all_reduce(&x, 1, std::is_same_v<T, double> ? DType::F64 : DType::I64, op);
   return x;
 }
-int64_t Communicator::sum(int64_t x) {
-  all_reduce(&x, 1, DType::I64, ReduceOp::Sum);
-  return x;
-}
-int64_t Communicator::max(int64_t x) {
-  all_reduce(&x, 1, DType::I64, ReduceOp::Max);
-  return x;
-}
-int64_t Communicator::min(int64_t x) {
-  all_reduce(&x, 1, DType::I64, ReduceOp::Min);
-  return x;
-}
+}  // namespace
+
+double Communicator::sum(double x) { return reduced(*this, x, ReduceOp::Sum); }
+int64_t Communicator::sum(int64_t x) { return reduced(*this, x, ReduceOp::Sum); }
+int64_t Communicator::max(int64_t x) { return reduced(*this, x, ReduceOp::Max); }
+int64_t Communicator::min(int64_t x) { return reduced(*this, x, ReduceOp::Min); }
 bool Communicator::any(bool x) { return max(static_cast<int64_t>(x)) != 0; }
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
@@ -139,14 +125,14 @@ CoreAssignment assign_cores(const std::vector<int>& visible, const std::vector<s
   if (from_env && n % L != 0)
     fail("TRL_VISIBLE_CORES={}: {} cores cannot be split evenly between the {} ranks on this machine; list a multiple of {} cores "
          "(such as {}), or start {} ranks",
-         cores_text(all), n, L, L, cores_text(std::vector<int>(all.begin(), all.begin() + std::max(L, n / L * L))), n);
+         format_core_list(all), n, L, L, format_core_list(std::vector<int>(all.begin(), all.begin() + std::max(L, n / L * L))), n);
   if (n < L) {
     // More ranks than cores (mpirun --oversubscribe): the ranks share cores round-robin, one thread each.
     return {{all[static_cast<size_t>(local_rank % n)]}, fmt::format("{} local ranks share {} cores (oversubscribed)", L, n)};
   }
   const int per = n / L;
   std::vector<int> mine(all.begin() + local_rank * per, all.begin() + (local_rank + 1) * per);
-  return {mine, fmt::format("{} split between {} local ranks{}", cores_text(all), L,
+  return {mine, fmt::format("{} split between {} local ranks{}", format_core_list(all), L,
                             n % L ? fmt::format(" ({} left unused)", n % L) : std::string())};
 }
 
@@ -168,7 +154,7 @@ CoreAssignment pin_local_cores(Communicator& comm) {
   CPU_ZERO(&set);
   for (int c : a.cores) CPU_SET(c, &set);
   if (sched_setaffinity(0, sizeof(set), &set) != 0)
-    fail("{}cannot pin this process to cores {}: {}", rank_prefix(), cores_text(a.cores), std::strerror(errno));
+    fail("{}cannot pin this process to cores {}: {}", rank_prefix(), format_core_list(a.cores), std::strerror(errno));
   set_rank_cores(a.cores);
   return a;
 }

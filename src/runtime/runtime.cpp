@@ -37,6 +37,19 @@ static int machine_cores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+std::string format_core_list(const std::vector<int>& cores) {
+  std::string out;
+  for (size_t i = 0; i < cores.size();) {
+    size_t j = i;
+    while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+    if (!out.empty()) out.push_back(',');
+    out += std::to_string(cores[i]);
+    if (j > i) out.push_back('-'), out += std::to_string(cores[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 std::vector<int> parse_core_list(const std::string& text, int num_cores) {
   auto bad = [&](const std::string& why) -> void {
     fail("TRL_VISIBLE_CORES='{}': {} (expected a list such as 0-3 or 0,1; this machine has cores 0-{})", text, why, num_cores - 1);

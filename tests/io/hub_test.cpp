@@ -85,6 +85,11 @@ TEST(Runtime, CoreLists) {
   EXPECT_EQ(parse_core_list("0-3", 8), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(parse_core_list("0,1", 8), (std::vector<int>{0, 1}));
   EXPECT_EQ(parse_core_list("2,4-5", 8), (std::vector<int>{2, 4, 5}));
+  // format_core_list writes the shortest list, which parses back to the same cores.
+  EXPECT_EQ(format_core_list({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(format_core_list({3}), "3");
+  EXPECT_EQ(format_core_list({}), "");
+  EXPECT_EQ(parse_core_list(format_core_list({0, 2, 3, 4, 6}), 8), (std::vector<int>{0, 2, 3, 4, 6}));
   for (const char* bad : {"", "a", "3-1", "0,,1", "0-", "9", "1,1", "-1"}) {
     EXPECT_THROW(parse_core_list(bad, 8), Error) << bad;
   }

@@ -14,6 +14,8 @@ std::string resolve_device(const std::string& requested);
 // Parses a core list such as "0-3", "0,1" or "2,4-5" (like NEURON_RT_VISIBLE_CORES). Throws on a malformed list,
 // a duplicate, or a core that this machine does not have (`num_cores`).
 std::vector<int> parse_core_list(const std::string& text, int num_cores);
+// The inverse: sorted cores as the shortest such list ({0, 1, 2, 5} -> "0-2,5").
+std::string format_core_list(const std::vector<int>& cores);
 // This rank's cores in a distributed run (set_rank_cores), else TRL_VISIBLE_CORES, else every core of the machine.
 std::vector<int> visible_cores();
 // The cores a distributed run gave this rank (dist::pin_local_cores): visible_cores() and num_threads() follow them.
