@@ -82,4 +82,11 @@ int run_command(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+std::string self_executable() {
+  std::error_code ec;
+  const std::string path = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
+  return path;
+}
+
 }  // namespace trl::test

@@ -63,5 +63,7 @@ std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
 // Runs a shell command, returns its exit status; stdout+stderr go to *output when given.
 int run_command(const std::string& command, std::string* output = nullptr);
+// The path of the running test binary (to run some of its tests again under mpirun).
+std::string self_executable();
 
 }  // namespace trl::test

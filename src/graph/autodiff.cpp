@@ -105,6 +105,12 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         if (need(1)) fail("autodiff: scale_by {} has a scale that depends on a parameter: only a constant scale is differentiated", nm);
         accumulate(in(0), b.scale_by(g, in(1), gd, "d." + nm));
         break;
+      case Op::AllReduce:  // y = Σ_ranks x: every rank's x gets the (same) gradient of y
+        accumulate(in(0), g);
+        break;
+      case Op::AllReduceGrad:  // y = x on every rank, used by each rank's own columns: dx = Σ_ranks dy
+        accumulate(in(0), b.all_reduce(g, nd.attrs.group, "d." + nm));
+        break;
       case Op::VocabStats:
         fail("autodiff: {} ({}) is made by graph::fuse_vocabulary_ops after autodiff: differentiate token_logprobs and entropy",
              op_name(nd.op), nm);

@@ -40,6 +40,8 @@ const char* op_name(Op op) {
     case Op::EntropyBackward: return "entropy_backward";
     case Op::TokenArgmaxMatch: return "token_argmax_match";
     case Op::VocabStats: return "vocab_stats";
+    case Op::AllReduce: return "all_reduce";
+    case Op::AllReduceGrad: return "all_reduce_grad";
     case Op::View: return "view";
   }
   return "?";
@@ -112,6 +114,7 @@ std::string Graph::key() const {
     k.pod(n.attrs.value);
     k.pod(n.attrs.entropy);
     k.pod(n.attrs.keep_logits);
+    k.pod(n.attrs.group);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -456,6 +459,23 @@ ValueId Builder::matmul_tn(ValueId a, ValueId b, DType out, const std::string& n
 ValueId Builder::sum_rows(ValueId x, DType out, const std::string& name) {
   check(x, "sum_rows x");
   return push(make_node(Op::SumRows, {x}, {shape(x).back()}, out, name));
+}
+
+ValueId Builder::all_reduce(ValueId x, int32_t group, const std::string& name) {
+  check(x, "all_reduce x");
+  if (node(x).dtype != DType::F32 && node(x).dtype != DType::BF16) fail("all_reduce {}: x must be f32 or bf16, got {}", name, dtype_name(node(x).dtype));
+  Node n = make_node(Op::AllReduce, {x}, shape(x), node(x).dtype, name);
+  n.attrs.group = group;
+  return push(std::move(n));
+}
+
+ValueId Builder::all_reduce_grad(ValueId x, int32_t group, const std::string& name) {
+  check(x, "all_reduce_grad x");
+  if (node(x).dtype != DType::F32 && node(x).dtype != DType::BF16)
+    fail("all_reduce_grad {}: x must be f32 or bf16, got {}", name, dtype_name(node(x).dtype));
+  Node n = make_node(Op::AllReduceGrad, {x}, shape(x), node(x).dtype, name);
+  n.attrs.group = group;
+  return push(std::move(n));
 }
 
 ValueId Builder::scale_by(ValueId w, ValueId s, DType out, const std::string& name) {

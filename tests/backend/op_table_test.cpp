@@ -31,6 +31,7 @@
 #include "graph/autodiff.h"
 #include "graph/passes.h"
 #include "trl/backend/backend.h"
+#include "trl/core/collectives.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
@@ -530,6 +531,23 @@ void elementwise_cases(std::vector<OpCase>& t) {
                [=](Ctx& c) { c.out(c.b.weighted_sum(c.rand("x", s, xd), c.rand("weights", s, F32))); });
 }
 
+// all_reduce and all_reduce_grad in one process: group kFakeGroup stands for two ranks holding the same x, so its
+// sum is 2x (the kernels must call the group, not copy). Their VJPs are tested across 2 ranks
+// (tests/dist/tensor_parallel_test.cpp).
+constexpr int32_t kFakeGroup = 91;
+void collective_cases(std::vector<OpCase>& t) {
+  set_collective_group(kFakeGroup, [](void* data, int64_t n, DType dtype) {
+    for (int64_t i = 0; i < n; ++i) store_element(data, dtype, i, 2 * load_element(data, dtype, i));
+  });
+  for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}})
+    for (DType dt : {F32, BF16}) {
+      add_case(t, Op::AllReduce, fmt::format("{} {} over 2 equal ranks", dn(dt), dims(s)), kExact,
+               [=](Ctx& c) { c.out(c.b.all_reduce(c.rand("x", s, dt), kFakeGroup)); });
+      add_case(t, Op::AllReduceGrad, fmt::format("{} {}", dn(dt), dims(s)), kExact,
+               [=](Ctx& c) { c.out(c.b.all_reduce_grad(c.rand("x", s, dt), kFakeGroup)); });
+    }
+}
+
 void data_movement_cases(std::vector<OpCase>& t) {
   // Cast: random values, then the special ones (signed zero, bf16 rounding ties, overflow past the largest f16, a
   // denormal, ±Inf, NaN), which must come out as the same values (NaN as NaN, each infinity with its sign).
@@ -860,6 +878,7 @@ const std::vector<OpCase>& op_table() {
     norm_backward_cases(t);
     attention_backward_cases(t);
     head_cases(t);
+    collective_cases(t);
     make_names_unique(t);
     return t;
   }();

@@ -59,6 +59,12 @@ enum class Op : uint8_t {
                           //   The fused vocabulary pass: fuse_vocabulary_ops (graph/passes.h) puts one in place of the
                           //   forward ops above on the same (h, w), and hands it to their backward nodes as `stats`
                           //   (they then skip recomputing lse, entropy and, kept, the logits). No VJP.
+  // Tensor parallel (docs/DISTRIBUTED.md): collectives over the ranks of group attrs.group (core/collectives.h), the
+  // pair of Megatron-LM's f and g operators.
+  AllReduce,              // x:[...] f32|bf16 -> Σ of x over the group's ranks (a row-parallel layer's partial outputs);
+                          //   VJP: the identity (the gradient of the sum is the same on every rank)
+  AllReduceGrad,          // x -> x (the input of column-parallel layers, the same on every rank); VJP: the gradient
+                          //   all-reduced over the group (each rank holds the part of it that its columns give)
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -81,6 +87,7 @@ struct Attrs {
   double value = 0;              // Fill
   bool entropy = false;          // VocabStats: compute the entropy row
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
+  int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
@@ -151,6 +158,9 @@ class Builder {
   ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
+  // Tensor parallel's collectives over collective group `group` (see Op::AllReduce, Op::AllReduceGrad).
+  ValueId all_reduce(ValueId x, int32_t group, const std::string& name = "");
+  ValueId all_reduce_grad(ValueId x, int32_t group, const std::string& name = "");
   // Backward-pass ops (used by autodiff; see Op for shapes).
   ValueId matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name = "");
   ValueId matmul_tn(ValueId a, ValueId b, DType out, const std::string& name = "");

@@ -10,6 +10,7 @@
 //   ops_rope.cpp        rope
 //   ops_attention.cpp   attention (blocked, at cache positions), attention_backward
 //   ops_vocab.cpp       vocab_stats (the fused pass over V), token_logprobs, entropy, token_argmax_match, backward
+//   ops_collective.cpp  all_reduce, all_reduce_grad (tensor parallel)
 #pragma once
 
 #include <cstddef>
@@ -100,5 +101,7 @@ Kernel lower_attention_backward(ProgramContext* c, graph::ValueId id);
 Kernel lower_vocab_stats(ProgramContext* c, graph::ValueId id);
 Kernel lower_vocab_forward(ProgramContext* c, graph::ValueId id);   // TokenLogprobs, Entropy, TokenArgmaxMatch
 Kernel lower_vocab_backward(ProgramContext* c, graph::ValueId id);  // TokenLogprobsBackward, EntropyBackward
+// ops_collective.cpp
+Kernel lower_collective(ProgramContext* c, graph::ValueId id);  // AllReduce, AllReduceGrad
 
 }  // namespace trl::cpu

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "trl/backend/backend.h"
+#include "trl/core/collectives.h"
 #include "trl/core/error.h"
 #include "graph/passes.h"
 
@@ -596,6 +597,11 @@ class ReferenceProgram final : public Program {
           case Op::AttentionBackward: attention_backward(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), in(n, 4), n.attrs, out); break;
           case Op::TokenLogprobsBackward: token_logprobs_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), out); break;
           case Op::EntropyBackward: entropy_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::AllReduce:
+            out.copy_from(in(n, 0));
+            all_reduce_in_group(n.attrs.group, out.mutable_data(), out.numel(), out.dtype());
+            break;
+          case Op::AllReduceGrad: out.copy_from(in(n, 0)); break;
           default: fail("reference backend: op {} is not implemented", graph::op_name(n.op));
         }
       } catch (const Error& e) {

@@ -1,0 +1,142 @@
+// Tensor parallel's collectives as graph ops (graph::Op::AllReduce, Op::AllReduceGrad; docs/DISTRIBUTED.md): a
+// SwiGLU MLP split over 2 ranks as Megatron-LM splits it (gate and up by rows of their weights, down by columns,
+// all_reduce_grad before and all_reduce after) computes, on every rank, the output, the loss and the input's
+// gradient of the whole MLP, and each rank's weight gradients are its slices of the whole ones, on the reference and
+// the CPU backends. The ranks run under `mpirun -np 2` (TensorParallel.TwoRanks... starts them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/rng.h"
+#include "graph/autodiff.h"
+#include "test_util.h"
+#include "trl/backend/backend.h"
+#include "trl/backend/registry.h"
+#include "trl/core/collectives.h"
+#include "trl/dist/communicator.h"
+
+namespace trl {
+namespace {
+
+using graph::Builder;
+using graph::ValueId;
+
+constexpr int64_t B = 2, T = 3, C = 8, F = 12;  // F splits into 2 × 6 rows
+constexpr int32_t kTpGroup = 1;
+
+Tensor random(SplitMix64& rng, const Shape& shape) {
+  Tensor t = Tensor::zeros(DType::F32, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = static_cast<float>(rng.normal() * 0.5);
+  return t;
+}
+
+// Rows [r0, r0 + n) of a [R, K] tensor; columns [c0, c0 + n) of an [R, K] tensor.
+Tensor rows_of(const Tensor& w, int64_t r0, int64_t n) { return w.slice_flat(r0 * w.size(1), {n, w.size(1)}).clone(); }
+Tensor cols_of(const Tensor& w, int64_t c0, int64_t n) {
+  Tensor out = Tensor::zeros(DType::F32, {w.size(0), n});
+  for (int64_t r = 0; r < w.size(0); ++r)
+    for (int64_t c = 0; c < n; ++c) out.mutable_data_as<float>()[r * n + c] = w.data_as<float>()[r * w.size(1) + c0 + c];
+  return out;
+}
+
+// y = down · swiglu(gate · x, up · x), loss = Σ y·r; outputs y, loss, dx, dgate, dup, ddown. With `tp`, the weights
+// are one rank's slices and the collectives of group kTpGroup join the ranks.
+graph::Graph mlp(int64_t f, bool tp) {
+  Builder b;
+  ValueId x = b.input("x", {B, T, C}, DType::F32);
+  const ValueId gate = b.input("gate", {f, C}, DType::F32), up = b.input("up", {f, C}, DType::F32), down = b.input("down", {C, f}, DType::F32);
+  const ValueId r = b.input("r", {B, T, C}, DType::F32);
+  if (tp) x = b.all_reduce_grad(x, kTpGroup, "tp_in");
+  const ValueId h = b.swiglu(b.matmul(x, gate, graph::kNone, DType::F32), b.matmul(x, up, graph::kNone, DType::F32));
+  ValueId y = b.matmul(h, down, graph::kNone, DType::F32);
+  if (tp) y = b.all_reduce(y, kTpGroup, "tp_out");
+  const ValueId loss = b.weighted_sum(y, r);
+  const auto d = graph::add_backward(b, loss, {"x", "gate", "up", "down"}, DType::F32);
+  b.output(y, "y");
+  b.output(loss, "loss");
+  for (const char* n : {"x", "gate", "up", "down"}) b.output(d.at(n), std::string("d") + n);
+  return b.finish();
+}
+
+// Largest |a − b| relative to the largest |b| (NaN propagates into a failure).
+double rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double worst = 0, scale = 1e-30;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    worst = test::nan_max(worst, std::fabs(static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b.data_as<float>()[i])));
+  }
+  return worst / scale;
+}
+
+TEST(TensorParallelRanks, ColumnThenRowParallelMlpEqualsTheWholeMlp) {
+  if (!dist::launched_by_mpi() || dist::world().size() != 2) GTEST_SKIP() << "runs as 2 ranks under mpirun (TensorParallel.TwoRanks...)";
+  dist::Communicator& w = dist::world();
+  set_collective_group(kTpGroup, [&w](void* data, int64_t n, DType dtype) { w.all_reduce(data, n, dtype, dist::ReduceOp::Sum); });
+  SplitMix64 rng(7);  // the same whole weights and inputs on both ranks
+  TensorMap whole{{"x", random(rng, {B, T, C})}, {"gate", random(rng, {F, C})}, {"up", random(rng, {F, C})}, {"down", random(rng, {C, F})},
+                  {"r", random(rng, {B, T, C})}};
+  const int64_t f = F / 2, r0 = w.rank() * f;
+  TensorMap mine = whole;
+  mine["gate"] = rows_of(whole.at("gate"), r0, f), mine["up"] = rows_of(whole.at("up"), r0, f), mine["down"] = cols_of(whole.at("down"), r0, f);
+  for (const char* backend : {"reference", "cpu"}) {
+    SCOPED_TRACE(backend);
+    const graph::Graph gw = mlp(F, false), gt = mlp(f, true);
+    const std::vector<Tensor> want = make_backend(backend)->compile(gw)->run(whole);
+    const std::vector<Tensor> got = make_backend(backend)->compile(gt)->run(mine);
+    auto at = [](const graph::Graph& g, const std::vector<Tensor>& v, const char* name) { return v.at(g.output_index(name)); };
+    for (const char* name : {"y", "loss", "dx"}) EXPECT_LE(rel_error(at(gt, got, name), at(gw, want, name)), 1e-5) << name;
+    EXPECT_LE(rel_error(at(gt, got, "dgate"), rows_of(at(gw, want, "dgate"), r0, f)), 1e-5);
+    EXPECT_LE(rel_error(at(gt, got, "dup"), rows_of(at(gw, want, "dup"), r0, f)), 1e-5);
+    EXPECT_LE(rel_error(at(gt, got, "ddown"), cols_of(at(gw, want, "ddown"), r0, f)), 1e-5);
+    // Without the collectives a rank has only its part: the test would see it.
+    EXPECT_GT(rel_error(at(gt, got, "dx"), Tensor::zeros(DType::F32, {B, T, C})), 0.0);
+  }
+  set_collective_group(kTpGroup, nullptr);
+  dist::finalize();
+}
+
+TEST(TensorParallel, TwoRanksComputeTheWholeMlpWithCollectiveOps) {
+  if (test::kSanitized) GTEST_SKIP() << "the multi-process tests run in the Release build";
+  if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  std::string out;
+  const std::string cmd = fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 mpirun -np 2 --bind-to none "
+      "{} --gtest_filter=TensorParallelRanks.* --gtest_color=no 2>&1",
+      test::self_executable());
+  ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
+  // Both ranks ran the test (not skipped).
+  size_t passed = 0;
+  for (size_t at = out.find("[  PASSED  ] 1 test."); at != std::string::npos; at = out.find("[  PASSED  ] 1 test.", at + 1)) ++passed;
+  EXPECT_EQ(passed, 2u) << out;
+  EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
+}
+
+// One process: the ops call the registered group (a stand-in that doubles: two ranks holding the same x) on both
+// backends, and a program that names a group nobody registered fails with what to do.
+TEST(TensorParallel, AllReduceCallsItsGroupAndAnUnknownGroupIsAnError) {
+  set_collective_group(77, [](void* data, int64_t n, DType) {
+    for (int64_t i = 0; i < n; ++i) static_cast<float*>(data)[i] *= 2;
+  });
+  Builder b;
+  const ValueId x = b.input("x", {5}, DType::F32);
+  b.output(b.all_reduce(x, 77), "sum");
+  b.output(b.all_reduce_grad(x, 77), "same");
+  const graph::Graph g = b.finish();
+  const Tensor in = Tensor::from_f32(std::vector<float>{1, -2, 3, 0.5f, 7}, {5});
+  for (const char* backend : {"reference", "cpu"}) {
+    const std::vector<Tensor> r = make_backend(backend)->compile(g)->run({{"x", in}});
+    EXPECT_EQ(r.at(0).to_f32_vector(), (std::vector<float>{2, -4, 6, 1, 14})) << backend;
+    EXPECT_EQ(r.at(1).to_f32_vector(), in.to_f32_vector()) << backend;
+  }
+  set_collective_group(77, nullptr);
+  const std::string e = test::error_of([&] { make_backend("cpu")->compile(g)->run({{"x", in}}); });
+  EXPECT_NE(e.find("collective group 77 is not registered"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace trl
