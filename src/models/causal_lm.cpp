@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <filesystem>
@@ -122,6 +123,57 @@ CausalLM CausalLM::from_weights(ModelConfig config, TensorMap weights, const std
   return m;
 }
 
+int tensor_parallel_axis(const std::string& name) {
+  auto ends_with = [&](const char* s) {
+    const size_t n = std::char_traits<char>::length(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  for (const char* rows : {".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".gate_proj.weight", ".up_proj.weight", ".q_proj.bias",
+                           ".k_proj.bias", ".v_proj.bias"})
+    if (ends_with(rows)) return 0;
+  for (const char* cols : {".o_proj.weight", ".down_proj.weight"})
+    if (ends_with(cols)) return 1;
+  return -1;
+}
+
+Tensor tensor_parallel_slice(const std::string& name, const Tensor& whole, const TensorParallel& tp) {
+  const int axis = tensor_parallel_axis(name);
+  if (axis < 0 || tp.size == 1) return whole;
+  const int64_t n = whole.size(axis);
+  if (n % tp.size != 0) fail("tensor parallel: {} {} does not split into {} equal parts along axis {}", name, shape_str(whole.shape()), tp.size, axis);
+  const int64_t part = n / tp.size;
+  if (axis == 0) {
+    const int64_t row = whole.numel() / n;
+    Shape s = whole.shape();
+    s[0] = part;
+    return whole.slice_flat(tp.rank * part * row, s).clone();
+  }
+  // Columns of a [R, K] matrix: each row's run of K / size elements.
+  const int64_t R = whole.size(0), K = whole.size(1);
+  Tensor out = Tensor::uninitialized(whole.dtype(), {R, part});
+  const size_t es = dtype_size(whole.dtype());
+  const char* src = static_cast<const char*>(whole.data());
+  char* dst = static_cast<char*>(out.mutable_data());
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(dst + static_cast<size_t>(r * part) * es, src + static_cast<size_t>(r * K + tp.rank * part) * es, static_cast<size_t>(part) * es);
+  return out;
+}
+
+CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
+  if (tp_.size != 1) fail("tensor_parallel_shard: this model is already rank {} of {}", tp_.rank, tp_.size);
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) fail("tensor_parallel_shard: rank {} of {} does not exist", tp.rank, tp.size);
+  const ModelConfig& c = config_;
+  for (const auto& [what, n] : std::vector<std::pair<const char*, int64_t>>{
+           {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}, {"intermediate_size", c.intermediate_size}})
+    if (n % tp.size != 0)
+      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads and an equal part of the MLP); choose a tp_size "
+           "that divides num_attention_heads, num_key_value_heads and intermediate_size", tp.size, what, n);
+  CausalLM m = *this;
+  for (auto& [name, w] : m.weights_) w = tensor_parallel_slice(name, w, tp);
+  m.tp_ = tp;
+  return m;
+}
+
 CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOptions& options) {
   const std::string device = resolve_device(options.device);
   const std::string dir = resolve_model_dir(name_or_path, options.revision);
@@ -198,7 +250,8 @@ class DecoderBuilder {
     ValueId positions = kNone, mask = kNone, cache_position = kNone, query_positions = kNone;
   };
 
-  DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt) : b_(b), c_(c), weights_(weights), dt_(dt) {}
+  DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt, const TensorParallel& tp)
+      : b_(b), c_(c), weights_(weights), dt_(dt), tp_(tp) {}
 
   ValueId weight(const std::string& name) {
     const Tensor& t = weights_.at(name);
@@ -211,12 +264,19 @@ class DecoderBuilder {
     return b_.matmul(x, weight(module + ".weight"), optional_weight(module + ".bias"), dt_, tag);
   }
   ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
+  // Tensor parallel: the input of this rank's column-parallel projections (its gradient summed over the ranks),
+  // and the sum of the ranks' row-parallel outputs. Identities on a whole model.
+  ValueId tp_in(ValueId x, const std::string& tag) { return tp_.size > 1 ? b_.all_reduce_grad(x, tp_.group, tag + ".tp_in") : x; }
+  ValueId tp_out(ValueId y, const std::string& tag) { return tp_.size > 1 ? b_.all_reduce(y, tp_.group, tag + ".tp_out") : y; }
 
   // Self-attention of decoder layer `i` on x:[B,T,C] -> [B,T,C]: q/k/v projections, q/k norms (Qwen3), RoPE, the
   // static KV cache when `cache` is set (its updated tensors appended to cache_out), attention, o_proj.
   ValueId attention(ValueId x, int64_t i, const Inputs& in, const CausalLM::CacheSpec* cache, std::vector<ValueId>* cache_out) {
     const std::string l = "model.layers." + std::to_string(i) + ".self_attn.", tag = "blk." + std::to_string(i) + ".";
-    const int64_t B = b_.shape(x)[0], T = b_.shape(x)[1], H = c_.num_attention_heads, Hkv = c_.num_key_value_heads, D = c_.head_dim;
+    // This rank's heads (all of them on a whole model).
+    const int64_t B = b_.shape(x)[0], T = b_.shape(x)[1], H = c_.num_attention_heads / tp_.size, Hkv = c_.num_key_value_heads / tp_.size;
+    const int64_t D = c_.head_dim;
+    x = tp_in(x, tag + "attn");
     ValueId q = b_.reshape(linear(x, l + "q_proj", tag + "attn_q"), {B, T, H, D});
     ValueId k = b_.reshape(linear(x, l + "k_proj", tag + "attn_k"), {B, T, Hkv, D});
     ValueId v = b_.reshape(linear(x, l + "v_proj", tag + "attn_v"), {B, T, Hkv, D});
@@ -240,15 +300,16 @@ class DecoderBuilder {
     } else {
       a = b_.attention(q, k, v, in.mask, scale, /*causal=*/true, tag + "attn");
     }
-    return linear(b_.reshape(a, {B, T, H * D}), l + "o_proj", tag + "attn_out");
+    return tp_out(linear(b_.reshape(a, {B, T, H * D}), l + "o_proj", tag + "attn_out"), tag + "attn_out");
   }
 
   // The SwiGLU MLP of decoder layer `i`: down(silu(gate(x))·up(x)).
   ValueId mlp(ValueId x, int64_t i) {
     const std::string l = "model.layers." + std::to_string(i) + ".mlp.", tag = "blk." + std::to_string(i) + ".";
+    x = tp_in(x, tag + "ffn");
     const ValueId g = linear(x, l + "gate_proj", tag + "ffn_gate");
     const ValueId u = linear(x, l + "up_proj", tag + "ffn_up");
-    return linear(b_.swiglu(g, u, tag + "ffn_swiglu"), l + "down_proj", tag + "ffn_down");
+    return tp_out(linear(b_.swiglu(g, u, tag + "ffn_swiglu"), l + "down_proj", tag + "ffn_down"), tag + "ffn_down");
   }
 
  private:
@@ -256,6 +317,7 @@ class DecoderBuilder {
   const ModelConfig& c_;
   const TensorMap& weights_;
   DType dt_;
+  TensorParallel tp_;
   std::vector<float> inv_freq_ = rope_inv_freq(c_);
 };
 
@@ -263,7 +325,7 @@ class DecoderBuilder {
 
 ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
   const ModelConfig& c = config_;
-  DecoderBuilder d(b, c, weights_, dtype_);
+  DecoderBuilder d(b, c, weights_, dtype_, tp_);
   const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
   DecoderBuilder::Inputs in;
   in.positions = b.input("position_ids", {B, T}, DType::I32);

@@ -18,6 +18,8 @@
 #include "trl/backend/registry.h"
 #include "trl/core/collectives.h"
 #include "trl/dist/communicator.h"
+#include "trl/models/causal_lm.h"
+#include "trl/models/init.h"
 
 namespace trl {
 namespace {
@@ -27,6 +29,13 @@ using graph::ValueId;
 
 constexpr int64_t B = 2, T = 3, C = 8, F = 12;  // F splits into 2 × 6 rows
 constexpr int32_t kTpGroup = 1;
+
+// Under mpirun the ranks end MPI after their tests (mpirun reports a rank that exits without it as failed).
+class FinalizeMpi : public ::testing::Environment {
+ public:
+  void TearDown() override { dist::finalize(); }
+};
+[[maybe_unused]] const auto* const kFinalizeMpi = ::testing::AddGlobalTestEnvironment(new FinalizeMpi);
 
 Tensor random(SplitMix64& rng, const Shape& shape) {
   Tensor t = Tensor::zeros(DType::F32, shape);
@@ -97,7 +106,55 @@ TEST(TensorParallelRanks, ColumnThenRowParallelMlpEqualsTheWholeMlp) {
     EXPECT_GT(rel_error(at(gt, got, "dx"), Tensor::zeros(DType::F32, {B, T, C})), 0.0);
   }
   set_collective_group(kTpGroup, nullptr);
-  dist::finalize();
+}
+
+// The tiny Qwen3 (4 heads, 2 kv heads, ffn 128) split over 2 ranks: its training step gives the whole model's loss
+// and per-token log-probs on every rank, the whole gradient of every parameter held whole, and each split
+// parameter's gradient slice. q_norm and k_norm act on each rank's own heads, so their gradients are the ranks'
+// partial sums (a tensor-parallel trainer sums them over the ranks).
+TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
+  if (!dist::launched_by_mpi() || dist::world().size() != 2) GTEST_SKIP() << "runs as 2 ranks under mpirun (TensorParallel.TwoRanks...)";
+  dist::Communicator& w = dist::world();
+  set_collective_group(kTpGroup, [&w](void* data, int64_t n, DType dtype) { w.all_reduce(data, n, dtype, dist::ReduceOp::Sum); });
+  const ModelConfig config = preset_config("tiny", DType::F32);
+  const CausalLM whole = CausalLM::from_weights(config, init_weights(config, DType::F32, 5, 0.05, /*randomize_norms=*/true));
+  const TensorParallel tp{2, w.rank(), kTpGroup};
+  const CausalLM shard = whole.tensor_parallel_shard(tp);
+  constexpr int64_t Bt = 2, Tt = 8;
+  SplitMix64 rng(11);
+  Tensor ids = Tensor::zeros(DType::I32, {Bt, Tt}), labels = Tensor::zeros(DType::I32, {Bt, Tt}), mask = Tensor::zeros(DType::I32, {Bt, Tt});
+  Tensor weights = Tensor::zeros(DType::F32, {Bt, Tt});
+  for (int64_t i = 0; i < Bt * Tt; ++i) {
+    ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 1000);
+    labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 1000);
+    mask.mutable_data_as<int32_t>()[i] = i % Tt < 6 || i < Tt ? 1 : 0;  // the second row ends in padding
+    weights.mutable_data_as<float>()[i] = -static_cast<float>(mask.data_as<int32_t>()[i]) / 14.0f;
+  }
+  auto inputs = [&](const CausalLM& m) {
+    TensorMap in = m.weights();
+    in["input_ids"] = ids, in["labels"] = labels, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask);
+    in["loss_weights"] = weights;
+    return in;
+  };
+  const graph::Graph gw = whole.training_graph(Bt, Tt), gs = shard.training_graph(Bt, Tt);
+  EXPECT_NE(gs.dump().find("all_reduce_grad"), std::string::npos);
+  const std::vector<Tensor> want = make_backend("cpu")->compile(gw)->run(inputs(whole));
+  const std::vector<Tensor> got = make_backend("cpu")->compile(gs)->run(inputs(shard));
+  auto at = [](const graph::Graph& g, const std::vector<Tensor>& v, const std::string& name) { return v.at(g.output_index(name)); };
+  EXPECT_LE(rel_error(at(gs, got, "loss"), at(gw, want, "loss")), 1e-5);
+  EXPECT_LE(rel_error(at(gs, got, "token_logprobs"), at(gw, want, "token_logprobs")), 1e-5);
+  int split = 0;
+  for (const auto& [name, wt] : whole.weights()) {
+    Tensor g = at(gs, got, "grad." + name).clone();
+    const bool per_head_norm = name.find("q_norm") != std::string::npos || name.find("k_norm") != std::string::npos;
+    if (per_head_norm) w.all_reduce(g);
+    const Tensor expect = tensor_parallel_slice(name, at(gw, want, "grad." + name), tp);
+    EXPECT_EQ(g.shape(), expect.shape()) << name;
+    EXPECT_LE(rel_error(g, expect), 1e-4) << name;
+    split += tensor_parallel_axis(name) >= 0;
+  }
+  EXPECT_EQ(split, 2 * 7);  // 2 layers × q, k, v, o, gate, up, down
+  set_collective_group(kTpGroup, nullptr);
 }
 
 TEST(TensorParallel, TwoRanksComputeTheWholeMlpWithCollectiveOps) {
@@ -109,9 +166,9 @@ TEST(TensorParallel, TwoRanksComputeTheWholeMlpWithCollectiveOps) {
       "{} --gtest_filter=TensorParallelRanks.* --gtest_color=no 2>&1",
       test::self_executable());
   ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
-  // Both ranks ran the test (not skipped).
+  // Both ranks ran both tests (none skipped).
   size_t passed = 0;
-  for (size_t at = out.find("[  PASSED  ] 1 test."); at != std::string::npos; at = out.find("[  PASSED  ] 1 test.", at + 1)) ++passed;
+  for (size_t at = out.find("[  PASSED  ] 2 tests."); at != std::string::npos; at = out.find("[  PASSED  ] 2 tests.", at + 1)) ++passed;
   EXPECT_EQ(passed, 2u) << out;
   EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
 }
@@ -136,6 +193,23 @@ TEST(TensorParallel, AllReduceCallsItsGroupAndAnUnknownGroupIsAnError) {
   set_collective_group(77, nullptr);
   const std::string e = test::error_of([&] { make_backend("cpu")->compile(g)->run({{"x", in}}); });
   EXPECT_NE(e.find("collective group 77 is not registered"), std::string::npos) << e;
+}
+
+// The split of each parameter, and a tp_size the model's heads do not divide by.
+TEST(TensorParallel, ParametersSplitByRowsOrColumnsAndBadSizesAreErrors) {
+  EXPECT_EQ(tensor_parallel_axis("model.layers.3.self_attn.k_proj.weight"), 0);
+  EXPECT_EQ(tensor_parallel_axis("model.layers.3.mlp.up_proj.weight"), 0);
+  EXPECT_EQ(tensor_parallel_axis("model.layers.3.self_attn.o_proj.weight"), 1);
+  EXPECT_EQ(tensor_parallel_axis("model.layers.3.mlp.down_proj.weight"), 1);
+  for (const char* whole : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight", "model.norm.weight", "lm_head.weight"})
+    EXPECT_EQ(tensor_parallel_axis(whole), -1) << whole;
+  const Tensor w = Tensor::from_f32(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}, {2, 4});
+  EXPECT_EQ(tensor_parallel_slice("x.o_proj.weight", w, {2, 1, 0}).to_f32_vector(), (std::vector<float>{2, 3, 6, 7}));
+  EXPECT_EQ(tensor_parallel_slice("x.q_proj.weight", w, {2, 1, 0}).to_f32_vector(), (std::vector<float>{4, 5, 6, 7}));
+  const ModelConfig config = preset_config("tiny", DType::F32);
+  const CausalLM whole = CausalLM::from_weights(config, init_weights(config, DType::F32, 5, 0.02, false));
+  const std::string e = test::error_of([&] { whole.tensor_parallel_shard({3, 0, 0}); });
+  EXPECT_NE(e.find("num_attention_heads (4) does not divide by it"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -40,6 +40,19 @@ std::vector<float> rope_inv_freq(const ModelConfig& config);
 // generate() does).
 Tensor default_position_ids(const Tensor& attention_mask);
 
+// Tensor parallel (docs/DISTRIBUTED.md): rank `rank` of `size` ranks holds whole attention heads and a slice of the
+// MLP. q_proj, k_proj, v_proj, gate_proj and up_proj are split by rows (their outputs: heads H/size and kv heads
+// Hkv/size, F/size), o_proj and down_proj by columns (their inputs); everything else is whole on every rank. The
+// layers' inputs pass through all_reduce_grad and their outputs through all_reduce over collective `group`.
+struct TensorParallel {
+  int64_t size = 1, rank = 0;
+  int32_t group = 0;  // the collective group of the ranks (core/collectives.h)
+};
+// The axis `name` is split on under tensor parallel: 0 (rows), 1 (columns), or -1 (whole on every rank).
+int tensor_parallel_axis(const std::string& parameter_name);
+// Rank tp.rank's slice of a whole parameter (a copy; the tensor itself when it is whole on every rank).
+Tensor tensor_parallel_slice(const std::string& parameter_name, const Tensor& whole, const TensorParallel& tp);
+
 class CausalLM {
  public:
   // From a folder or a Hugging Face id in the local cache. Every expected tensor must be present with its exact
@@ -53,6 +66,11 @@ class CausalLM {
   DType dtype() const { return dtype_; }
   const std::string& path() const { return path_; }  // empty when built in memory
   const std::string& device() const { return device_; }
+  // This rank's part of the model under tensor parallel (tp.size ranks; heads, kv heads and intermediate_size must
+  // divide by it): its graphs compute, with the other ranks, what the whole model computes. tensor_parallel() is
+  // {1, 0} for a whole model.
+  CausalLM tensor_parallel_shard(const TensorParallel& tp) const;
+  const TensorParallel& tensor_parallel() const { return tp_; }
   // Checkpoint tensors that this architecture does not use (from_pretrained warns about them, as Transformers does).
   const std::vector<std::string>& unused_weights() const { return unused_weights_; }
   int64_t num_parameters() const;
@@ -129,6 +147,7 @@ class CausalLM {
   std::string path_;
   std::vector<std::string> unused_weights_;
   std::string device_ = "cpu";
+  TensorParallel tp_;
 };
 
 }  // namespace trl
