@@ -535,10 +535,14 @@ void elementwise_cases(std::vector<OpCase>& t) {
 // sum is 2x (the kernels must call the group, not copy). Their VJPs are tested across 2 ranks
 // (tests/dist/tensor_parallel_test.cpp).
 constexpr int32_t kFakeGroup = 91;
-void collective_cases(std::vector<OpCase>& t) {
+int32_t fake_group() {
   set_collective_group(kFakeGroup, [](void* data, int64_t n, DType dtype) {
     for (int64_t i = 0; i < n; ++i) store_element(data, dtype, i, 2 * load_element(data, dtype, i));
   });
+  return kFakeGroup;
+}
+void collective_cases(std::vector<OpCase>& t) {
+  fake_group();
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}})
     for (DType dt : {F32, BF16}) {
       add_case(t, Op::AllReduce, fmt::format("{} {} over 2 equal ranks", dn(dt), dims(s)), kExact,
@@ -1221,6 +1225,9 @@ std::vector<PerfCase> perf_table() {
       {Op::MatMulTN, "bf16 a 512x1024 b 512x1024 -> f32", [](Ctx& c) { c.out(c.b.matmul_tn(c.rand("a", {R, C}, BF16), c.rand("b", {R, C}, BF16), F32)); }, 2 * n * C},
       {Op::SumRows, "f32 512x1024", [](Ctx& c) { c.out(c.b.sum_rows(c.rand("x", {R, C}, F32), F32)); }, 0, 4 * n},
       {Op::ScaleBy, "f32 512x1024", [](Ctx& c) { c.out(c.b.scale_by(c.rand("w", {R, C}, F32), c.rand("s", {}, F32), F32)); }, 0, 8 * n},
+      // One process: the copy and the stand-in group's pass (a real group's time is its communicator's).
+      {Op::AllReduce, "f32 512x1024, stand-in group", [](Ctx& c) { c.out(c.b.all_reduce(c.rand("x", {R, C}, F32), fake_group())); }, 0, 16 * n},
+      {Op::AllReduceGrad, "f32 512x1024", [](Ctx& c) { c.out(c.b.all_reduce_grad(c.rand("x", {R, C}, F32), fake_group())); }, 0, 8 * n},
       {Op::EmbeddingBackward, "ids 1x512 dy f32 512x1024 V8192",
        [](Ctx& c) { c.out(c.b.embedding_backward(c.ids("ids", {1, R}, V), c.rand("dy", {1, R, C}, F32), V, F32)); }, 0, 4.0 * V * C + 8 * n},
       {Op::RmsNormBackX, "x bf16 512x1024 dy f32", [](Ctx& c) { c.out(c.b.rms_norm_back_x(c.rand("x", {R, C}, BF16), c.rand("w", {C}, BF16), c.rand("dy", {R, C}, F32), 1e-6)); },
