@@ -380,7 +380,7 @@ struct Trainer::State {
   void check_ranks_agree() const;
   void shard_state();
   void reduce_gradients_to_shard();
-  uint64_t optimizer_state_bytes() const;
+  void report_shard() const;
   TensorMap whole(const TensorMap& pieces) const;
   bool saving_needs_masters() const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
@@ -633,11 +633,12 @@ std::optional<Trainer::State::MemoryPlan> Trainer::State::plan_memory(int64_t ba
   uint64_t own = 0, whole_f32 = 0;
   for (const auto& [name, w] : master) own += static_cast<uint64_t>(w.numel()) * 4;
   for (const auto& [name, shape] : trained) whole_f32 += static_cast<uint64_t>(shape_numel(shape)) * 4;
-  // In an f32 run the masters are the compute weights (or, under FSDP, views of them): counted once.
-  const bool shared = compute.empty() || compute.begin()->second.dtype() == DType::F32;
+  // Without bf16 the masters share the compute weights' storage, counted once: as masters (whole), or under FSDP as
+  // compute weights (the masters are views of them).
+  const bool shared = !cfg.bf16;
   uint64_t compute_bytes = 0;
   for (const auto& [name, w] : compute)
-    if (!(shared && trained.count(name)) || fsdp()) compute_bytes += static_cast<uint64_t>(w.nbytes());
+    if (!shared || fsdp() || !trained.count(name)) compute_bytes += static_cast<uint64_t>(w.nbytes());
   const uint64_t masters = shared && fsdp() ? 0 : own;
   const uint64_t moments = opt.exp_avg().empty() ? 2 * own : 0;
   // The micro-batches' gradients are summed whole on each rank, also under FSDP (reduce-scattered once per step).
@@ -727,9 +728,9 @@ void Trainer::State::resume(const std::string& spec) {
   for (const auto& [name, shape] : trained) {
     for (const char* part : {"master/", "exp_avg/", "exp_avg_sq/"}) {
       if (!f.contains(part + name)) fail("resume_from_checkpoint {}: {} has no '{}{}'", dir, opt_file, part, name);
-      if (f.get(part + name).shape() != shape)
+      if (const Shape saved = f.get(part + name).shape(); saved != shape)
         fail("resume_from_checkpoint {}: {}'s '{}{}' is {}, the model's {} is {}: a checkpoint of another model", dir, opt_file, part, name,
-             shape_str(f.get(part + name).shape()), name, shape_str(shape));
+             shape_str(saved), name, shape_str(shape));
     }
     if (fsdp()) {  // the whole compute weight (in an f32 run the storage of this rank's master pieces); pieces below
       compute[name].copy_from(f.get("master/" + name));
@@ -818,9 +819,10 @@ ojson Trainer::State::global_means(const MetricWindow& metrics) const {
 // Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update).
 void Trainer::State::check_ranks_agree() const {
   if (comm.size() == 1) return;
-  TensorMap trained_compute;  // under FSDP the whole weights are the compute copies
-  for (const auto& [name, shape] : trained) trained_compute[name] = compute.at(name);
-  const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? trained_compute : master) >> 1);
+  TensorMap whole_weights;  // under FSDP the whole weights are the compute copies (the masters are pieces)
+  if (fsdp())
+    for (const auto& [name, shape] : trained) whole_weights[name] = compute.at(name);
+  const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? whole_weights : master) >> 1);
   if (comm.min(h) != comm.max(h))
     fail("after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
          "model or options?)", global_step);
@@ -859,12 +861,16 @@ void Trainer::State::reduce_gradients_to_shard() {
   for (const dist::FlatShards::Piece& p : shards->pieces()) grads[p.name] = shard_grad.slice_flat(p.at, {p.length});
 }
 
-// The bytes of this rank's f32 masters and AdamW moments.
-uint64_t Trainer::State::optimizer_state_bytes() const {
-  uint64_t bytes = 0;
+// FSDP: every rank prints the bytes of its f32 masters and AdamW moments beside the unsharded figure (tests and
+// bench/run_dp.sh read this line).
+void Trainer::State::report_shard() const {
+  uint64_t held = 0, unsharded = 0;
   for (const TensorMap* m : {&master, &opt.exp_avg(), &opt.exp_avg_sq()})
-    for (const auto& [name, t] : *m) bytes += t.nbytes();
-  return bytes;
+    for (const auto& [name, t] : *m) held += t.nbytes();
+  for (const auto& [name, shape] : trained) unsharded += 12 * static_cast<uint64_t>(shape_numel(shape));
+  std::fprintf(stderr, "[trl] %sFSDP shard %d of %d: f32 masters and AdamW moments %llu bytes on this rank (%s), %llu unsharded\n",
+               dist::rank_prefix().c_str(), shards->index(), shards->shards(), static_cast<unsigned long long>(held), format_bytes(held).c_str(),
+               static_cast<unsigned long long>(unsharded));
 }
 
 // `pieces` (f32 masters or moments of the trained parameters) whole: themselves, or under FSDP gathered onto rank
@@ -1010,13 +1016,7 @@ TrainOutput Trainer::train() {
     while (s.global_step < total) {
       if (s.global_step / spe != order_epoch) order_epoch = s.global_step / spe, order = s.order(order_epoch);
       const StepResult r = s.train_step(order, metrics, on_pre_optimizer_step);
-      if (s.fsdp() && s.global_step == start_step + 1) {  // AdamW allocated its moments in this step
-        uint64_t whole = 0;
-        for (const auto& [name, shape] : s.trained) whole += 12 * static_cast<uint64_t>(shape_numel(shape));
-        std::fprintf(stderr, "[trl] %sFSDP shard %d of %d: f32 masters and AdamW moments %llu bytes on this rank (%s), %llu unsharded\n",
-                     dist::rank_prefix().c_str(), s.shards->index(), s.shards->shards(), static_cast<unsigned long long>(s.optimizer_state_bytes()),
-                     format_bytes(s.optimizer_state_bytes()).c_str(), static_cast<unsigned long long>(whole));
-      }
+      if (s.fsdp() && s.global_step == start_step + 1) s.report_shard();  // AdamW allocated its moments in this step
       window_loss += r.loss, ++window_steps;
       if (on_step)
         on_step(ojson{{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}, {"num_tokens", s.tokens_seen},
