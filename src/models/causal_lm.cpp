@@ -174,6 +174,23 @@ CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   return m;
 }
 
+CausalLM CausalLM::with_weights(TensorMap weights, const std::string& source) const {
+  CausalLM m = *this;
+  std::optional<DType> dtype;
+  for (auto& [name, w] : m.weights_) {
+    const auto it = weights.find(name);
+    if (it == weights.end()) fail("{}: missing tensor '{}' (expected shape {})", source, name, shape_str(w.shape()));
+    if (it->second.shape() != w.shape())
+      fail("{}: tensor '{}' has shape {}, the model's is {}", source, name, shape_str(it->second.shape()), shape_str(w.shape()));
+    if (dtype && *dtype != it->second.dtype())
+      fail("{}: tensor '{}' is {} but the other weights are {}", source, name, dtype_name(it->second.dtype()), dtype_name(*dtype));
+    dtype = it->second.dtype();
+    w = it->second;
+  }
+  if (dtype) m.dtype_ = *dtype;
+  return m;
+}
+
 CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOptions& options) {
   const std::string device = resolve_device(options.device);
   const std::string dir = resolve_model_dir(name_or_path, options.revision);
@@ -264,6 +281,14 @@ class DecoderBuilder {
     return b_.matmul(x, weight(module + ".weight"), optional_weight(module + ".bias"), dt_, tag);
   }
   ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
+  // Qwen3's q_norm / k_norm over each head of x:[B,T,H,D]. Under tensor parallel each rank normalises only its own
+  // heads, so the weight's gradient is a partial sum: the weight passes through all_reduce_grad, and every rank
+  // gets the whole gradient, as for the other weights that are whole on every rank.
+  ValueId head_norm(ValueId x, const std::string& weight_name, const std::string& tag) {
+    ValueId w = weight(weight_name);
+    if (tp_.size > 1) w = b_.all_reduce_grad(w, tp_.group, tag + ".tp_weight");
+    return b_.rms_norm(x, w, c_.rms_norm_eps, tag);
+  }
   // Tensor parallel: the input of this rank's column-parallel projections (its gradient summed over the ranks),
   // and the sum of the ranks' row-parallel outputs. Identities on a whole model.
   ValueId tp_in(ValueId x, const std::string& tag) { return tp_.size > 1 ? b_.all_reduce_grad(x, tp_.group, tag + ".tp_in") : x; }
@@ -281,8 +306,8 @@ class DecoderBuilder {
     ValueId k = b_.reshape(linear(x, l + "k_proj", tag + "attn_k"), {B, T, Hkv, D});
     ValueId v = b_.reshape(linear(x, l + "v_proj", tag + "attn_v"), {B, T, Hkv, D});
     if (c_.qk_norm) {
-      q = norm(q, l + "q_norm.weight", tag + "attn_q_norm");
-      k = norm(k, l + "k_norm.weight", tag + "attn_k_norm");
+      q = head_norm(q, l + "q_norm.weight", tag + "attn_q_norm");
+      k = head_norm(k, l + "k_norm.weight", tag + "attn_k_norm");
     }
     q = b_.rope(q, in.positions, inv_freq_, 1.0f, tag + "attn_q_rope");
     k = b_.rope(k, in.positions, inv_freq_, 1.0f, tag + "attn_k_rope");

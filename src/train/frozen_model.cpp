@@ -10,11 +10,13 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
     if (given->config().vocab_size != trainer.model().config().vocab_size)
       fail("the reference model's vocabulary ({} tokens) differs from the policy's ({}): their log-probs cannot be compared",
            given->config().vocab_size, trainer.model().config().vocab_size);
-    model_ = std::make_unique<CausalLM>(*given);
+    // Under tensor parallel the reference is sharded as the policy is, and runs with it.
+    const TensorParallel& tp = trainer.model().tensor_parallel();
+    model_ = std::make_unique<CausalLM>(tp.size > 1 ? given->tensor_parallel_shard(tp) : *given);
   } else {
     TensorMap frozen;
     for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
-    model_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), frozen, "reference"));
+    model_ = std::make_unique<CausalLM>(trainer.model().with_weights(std::move(frozen), "reference"));
   }
   backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
@@ -60,7 +62,7 @@ void FrozenModel::mix_in(const TensorMap& policy, double alpha) {
     for (size_t i = 0; i < out.size(); ++i) out[i] = a * p[i] + (1.0f - a) * r[i];
     mixed[name] = Tensor::from_f32(out, w.shape(), w.dtype());
   }
-  model_ = std::make_unique<CausalLM>(CausalLM::from_weights(m.config(), std::move(mixed), "reference"));
+  model_ = std::make_unique<CausalLM>(m.with_weights(std::move(mixed), "reference"));
 }
 
 void FrozenModel::release() {

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "trl/backend/registry.h"
+#include "trl/core/collectives.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/memory.h"
@@ -72,6 +73,10 @@ std::vector<std::pair<int64_t, stdfs::path>> list_checkpoints(const std::string&
   std::sort(all.begin(), all.end());
   return all;
 }
+
+// The collective group of a trainer's tensor-parallel ranks (core/collectives.h): its programs' all_reduce nodes
+// name it.
+constexpr int32_t kTensorParallelGroup = 100;
 
 std::string jsonl(const std::vector<ojson>& entries) {
   std::string out;
@@ -258,8 +263,6 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
     bad("tp_size", fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
                                "tp_size): start a multiple of {} processes, or change tp_size / fsdp_size",
                                c.distributed.tp_size, c.distributed.fsdp_size, model, W, model));
-  if (c.distributed.tp_size > 1)
-    bad("tp_size", "> 1: tensor parallel is not built yet; data parallel and FSDP (fsdp_size) are (leave tp_size at 1; docs/DISTRIBUTED.md)");
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "constant" &&
       c.lr_scheduler_type != "constant_with_warmup")
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
@@ -327,18 +330,29 @@ struct Trainer::State {
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<ojson> log_history;
   std::string model_name;  // for the report
-  dist::Communicator& comm;  // data parallel over every rank of the job
+  dist::Communicator& comm;  // every rank of the job
+  // Tensor parallel (tp_size > 1): the ranks [g·tp, (g+1)·tp) each hold a slice of the model
+  // (CausalLM::tensor_parallel_shard) and run every program together (collective group kTensorParallelGroup);
+  // `dp` are the ranks that hold the same slice, between which data parallel and FSDP work as without tensor
+  // parallel. Without it, dp is the world.
+  std::unique_ptr<dist::Communicator> tp_group, dp_group;
+  dist::Communicator* dp = nullptr;
 
-  State(const CausalLM& m, const TrainingArguments& c, const char* name)
-      : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
-        opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
-        model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path), comm(dist::world()) {}
+  State(const CausalLM& m, const TrainingArguments& c, const char* name);
+  ~State();
 
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), comm}; }
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp}; }
   bool is_main() const { return comm.rank() == 0; }
   bool fsdp() const { return shards != nullptr; }
-  // Rows of a micro-batch over all ranks: each rank takes per_device_train_batch_size of them.
-  int64_t micro_rows() const { return cfg.per_device_train_batch_size * comm.size(); }
+  int64_t tp() const { return cfg.distributed.tp_size; }
+  // The whole shape of trained parameter `name` (`trained` holds this rank's: a slice under tensor parallel).
+  Shape whole_shape(const std::string& name) const {
+    Shape s = trained.at(name);
+    if (const int axis = tensor_parallel_axis(name); tp() > 1 && axis >= 0) s[static_cast<size_t>(axis)] *= tp();
+    return s;
+  }
+  // Rows of a micro-batch over all data-parallel ranks: each takes per_device_train_batch_size of them.
+  int64_t micro_rows() const { return cfg.per_device_train_batch_size * dp->size(); }
   int64_t micro_batches() const {
     const int64_t n = static_cast<int64_t>(method->num_items()), b = micro_rows();
     return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
@@ -382,6 +396,9 @@ struct Trainer::State {
   void reduce_gradients_to_shard();
   void report_shard() const;
   TensorMap whole(const TensorMap& pieces) const;
+  TensorMap join_slices(const TensorMap& local) const;
+  TensorMap whole_masters_for_saving() const;
+  TensorMap weights_to_save(const TensorMap& whole_master) const;
   bool saving_needs_masters() const;
   void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
   double clip_gradients(double step_loss);
@@ -391,20 +408,43 @@ struct Trainer::State {
   void start_log() const;
   void log(ojson entry);
   // Saving.
-  // whole_master: the whole f32 masters (State::whole), read only where a compute weight is not in the save dtype.
-  void write_model_files(const std::string& dir, const TensorMap& whole_master) const;
+  // weights: the trained weights, whole, in the save dtype (State::weights_to_save).
+  void write_model_files(const std::string& dir, const TensorMap& weights) const;
   ojson trainer_state() const;
-  // The whole f32 masters and AdamW moments (State::whole, called by every rank), as a checkpoint holds them.
+  // The whole f32 masters and AdamW moments, and the weights to save, as a checkpoint holds them: on rank 0 (every
+  // rank calls: a collective under FSDP and tensor parallel).
   struct WholeState {
-    TensorMap master, exp_avg, exp_avg_sq;
+    TensorMap master, exp_avg, exp_avg_sq, weights;
   };
-  WholeState whole_state() const { return {whole(master), whole(opt.exp_avg()), whole(opt.exp_avg_sq())}; }
+  WholeState whole_state() const {
+    WholeState w{join_slices(whole(master)), join_slices(whole(opt.exp_avg())), join_slices(whole(opt.exp_avg_sq())), {}};
+    w.weights = weights_to_save(w.master);
+    return w;
+  }
   void write_checkpoint_files(const std::string& dir, const WholeState& state) const;
   std::string resume_advice(bool disk_full) const;
   std::string save_checkpoint();
   void rotate_checkpoints() const;
   void save_final(const RunSummary* summary) const;
 };
+
+Trainer::State::State(const CausalLM& m, const TrainingArguments& c, const char* name)
+    : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
+      opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
+      model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path), comm(dist::world()), dp(&comm) {
+  if (tp() == 1) return;
+  const int r = comm.rank(), T = static_cast<int>(tp());
+  tp_group = comm.split(r / T, r);  // consecutive ranks: on one machine where they can be
+  dp_group = comm.split(r % T, r);
+  dp = dp_group.get();
+  dist::Communicator* g = tp_group.get();
+  set_collective_group(kTensorParallelGroup, [g](void* data, int64_t n, DType dtype) { g->all_reduce(data, n, dtype, dist::ReduceOp::Sum); });
+  model = m.tensor_parallel_shard(TensorParallel{tp(), tp_group->rank(), kTensorParallelGroup});
+}
+
+Trainer::State::~State() {
+  if (tp_group) set_collective_group(kTensorParallelGroup, nullptr);
+}
 
 Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const char* config_name) {
   check_training_arguments(args, config_name);
@@ -414,15 +454,18 @@ Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const cha
   backend_ = make_backend(device_, BackendOptions{.share_arena = true});
   s_ = std::make_unique<State>(model, args, config_name);
   State& s = *s_;
-  // f32 master weights; bf16 compute copies refreshed by AdamW in the same pass.
-  for (const auto& [name, w] : model.weights()) {
+  // f32 master weights (this rank's slices under tensor parallel); bf16 compute copies refreshed by AdamW in the
+  // same pass.
+  for (const auto& [name, w] : s.model.weights()) {
     s.master[name] = w.to(DType::F32).clone();
     s.compute[name] = args.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
   }
-  if (args.bf16 || s.model.dtype() != DType::F32) s.model = CausalLM::from_weights(model.config(), s.compute, "trainer");
+  if (args.bf16 || s.model.dtype() != DType::F32) s.model = s.model.with_weights(s.compute, "trainer");
 }
 
 Trainer::~Trainer() = default;
+
+int64_t Trainer::data_parallel_size() const { return s_->dp->size(); }
 
 void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   State& s = *s_;
@@ -457,27 +500,18 @@ ojson Trainer::evaluate() {
 
 void Trainer::save_model(const std::string& dir) const {
   const State& s = *s_;
-  const TensorMap whole_master = s.saving_needs_masters() ? s.whole(s.master) : TensorMap{};  // every rank: a collective under FSDP
+  const TensorMap weights = s.weights_to_save(s.whole_masters_for_saving());  // every rank: collectives under FSDP and TP
   if (!s.is_main()) return;  // rank 0 writes
   std::error_code ec;
   stdfs::create_directories(dir, ec);
   if (ec) fail("save_model: cannot create the folder {}: {}", dir, ec.message());
-  publish_files(dir, "the model to " + dir, [&](const std::string& tmp) { s.write_model_files(tmp, whole_master); },
+  publish_files(dir, "the model to " + dir, [&](const std::string& tmp) { s.write_model_files(tmp, weights); },
                 [&](bool) { return fmt::format("the files already in {} are unchanged", dir); });
 }
 // Weights in the dtype the model was loaded with, config, and the tokenizer and generation files (copied from the
 // source model folder, else the bundled tokenizer).
-void Trainer::State::write_model_files(const std::string& dir, const TensorMap& whole_master) const {
-  // A compute weight in the save dtype is the master itself (an f32 run) or the master rounded to bf16 (AdamW
-  // writes the bf16 copies so): saved as it is instead of converting a second copy of every weight (1.19 GB for
-  // Qwen3-0.6B at the peak of a run). Otherwise the master is converted.
-  TensorMap out;
-  for (const auto& [name, shape] : trained) {
-    const auto c = compute.find(name);
-    if (c != compute.end() && c->second.dtype() == save_dtype) out[name] = c->second;
-    else out[name] = whole_master.at(name).to(save_dtype);
-  }
-  if (!method->write_model(dir, out, save_dtype)) CausalLM::from_weights(model.config(), out, "trainer").save_pretrained(dir);
+void Trainer::State::write_model_files(const std::string& dir, const TensorMap& weights) const {
+  if (!method->write_model(dir, weights, save_dtype)) CausalLM::from_weights(model.config(), weights, "trainer").save_pretrained(dir);
   const std::string& src = source_dir;
   bool tokenizer_copied = false;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
@@ -508,12 +542,12 @@ ojson Trainer::State::trainer_state() const {
                         {"train_sampling_strategy", cfg.train_sampling_strategy},
                         {"per_device_train_batch_size", cfg.per_device_train_batch_size},
                         {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}, {"dataloader_drop_last", cfg.dataloader_drop_last},
-                        {"world_size", comm.size()}};
+                        {"world_size", comm.size()}, {"data_parallel_size", dp->size()}, {"tp_size", tp()}};
   return st;
 }
 
 void Trainer::State::write_checkpoint_files(const std::string& dir, const WholeState& state) const {
-  write_model_files(dir, state.master);
+  write_model_files(dir, state.weights);
   TensorMap moments;
   for (const auto& [name, w] : state.master) {
     moments["master/" + name] = w;
@@ -543,7 +577,7 @@ std::string Trainer::State::save_checkpoint() {
   const std::string name = fmt::format("checkpoint-{}", global_step);
   const stdfs::path dir = stdfs::path(cfg.output_dir) / name, tmp = stdfs::path(cfg.output_dir) / (name + ".tmp");
   check_ranks_agree();
-  const WholeState state = whole_state();  // under FSDP: gathered onto rank 0 (every rank takes part)
+  const WholeState state = whole_state();  // under FSDP and TP: gathered onto rank 0 (every rank takes part)
   if (!is_main()) return dir.string();  // rank 0 writes the checkpoint
   write_folder_or_clean_up(
       name, tmp,
@@ -568,12 +602,12 @@ void Trainer::State::rotate_checkpoints() const {
 
 // The final model, trainer_state.json and the report, all or nothing; checkpoints stay whatever happens.
 void Trainer::State::save_final(const RunSummary* summary) const {
-  const TensorMap whole_master = saving_needs_masters() ? whole(master) : TensorMap{};  // every rank: a collective under FSDP
+  const TensorMap weights = weights_to_save(whole_masters_for_saving());  // every rank: collectives under FSDP and TP
   if (!is_main()) return;
   publish_files(
       cfg.output_dir, "the final model to " + cfg.output_dir,
       [&](const std::string& tmp) {
-        write_model_files(tmp, whole_master);
+        write_model_files(tmp, weights);
         write_text_file_atomic((stdfs::path(tmp) / "trainer_state.json").string(), trainer_state().dump(2) + "\n");
         if (summary) write_text_file_atomic((stdfs::path(tmp) / "training_report.html").string(), training_report_html(log_history, *summary));
       },
@@ -588,22 +622,25 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
   const ojson& saved = st["trl_cpp"];
   const ojson now = trainer_state()["trl_cpp"];
   // Any number of processes resumes a checkpoint, as long as a micro-batch has the same rows over all of them
-  // (world_size × per_device_train_batch_size): the data order and the position in it are the same.
+  // (data-parallel ranks × per_device_train_batch_size): the data order and the position in it are the same.
   if (saved.contains("per_device_train_batch_size")) {
-    const int64_t saved_world = saved.value("world_size", int64_t{1}), saved_b = saved["per_device_train_batch_size"].get<int64_t>();
-    const int64_t rows = saved_world * saved_b;
-    if (rows != micro_rows() && saved_world == comm.size())
+    const int64_t saved_world = saved.value("data_parallel_size", saved.value("world_size", int64_t{1}));
+    const int64_t saved_b = saved["per_device_train_batch_size"].get<int64_t>(), rows = saved_world * saved_b;
+    if (rows != micro_rows() && saved_world == dp->size())
       fail("resume_from_checkpoint {}: the checkpoint was written with per_device_train_batch_size = {}, this run has per_device_train_batch_size = {}; "
            "resume with --per_device_train_batch_size {} (the data order and the position in it depend on it), or start a new run",
            dir, saved_b, cfg.per_device_train_batch_size, saved_b);
     if (rows != micro_rows()) {
-      const int64_t W = comm.size();
-      fail("resume_from_checkpoint {}: the checkpoint was written by {} process{} × per_device_train_batch_size {} ({} rows per micro-batch), "
-           "this run is {} process{} × {} ({} rows); {}",
-           dir, saved_world, saved_world == 1 ? "" : "es", saved_b, rows, W, W == 1 ? "" : "es", cfg.per_device_train_batch_size, micro_rows(),
-           rows % W == 0 ? fmt::format("resume with --per_device_train_batch_size {} on {} process{} (the data order and the position in it depend on it), "
-                                       "or start a new run", rows / W, W, W == 1 ? "" : "es")
-                         : fmt::format("resume on a number of processes that divides {}, or start a new run", rows));
+      // Without tensor parallel the data-parallel ranks are the processes.
+      const int64_t W = dp->size();
+      auto ranks = [](int64_t n) { return fmt::format("{} {}", n, n == 1 ? "process" : "processes"); };
+      fail("resume_from_checkpoint {}: the checkpoint was written by {}{} × per_device_train_batch_size {} ({} rows per micro-batch), "
+           "this run is {}{} × {} ({} rows); {}",
+           dir, ranks(saved_world), saved.contains("data_parallel_size") ? " (data parallel)" : "", saved_b, rows, ranks(W),
+           tp() > 1 ? " (data parallel)" : "", cfg.per_device_train_batch_size, micro_rows(),
+           rows % W == 0 ? fmt::format("resume with --per_device_train_batch_size {} on {} (the data order and the position in it depend on it), "
+                                       "or start a new run", rows / W, ranks(W))
+                         : fmt::format("resume on a number of data-parallel processes that divides {}, or start a new run", rows));
     }
   }
   for (const char* field : {"seed", "method", "train_items", "train_sampling_strategy", "gradient_accumulation_steps", "dataloader_drop_last"}) {
@@ -723,29 +760,31 @@ void Trainer::State::resume(const std::string& spec) {
     cfg.per_device_train_batch_size = st["trl_cpp"]["per_device_train_batch_size"].get<int64_t>();
   check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
-  // The checkpoint holds the whole state, whatever the world size and fsdp_size of the run that wrote it.
+  // The checkpoint holds the whole state, whatever the world size, tp_size and fsdp_size of the run that wrote it.
+  // This rank's part of a tensor: its tensor-parallel slice (the tensor itself without tensor parallel).
+  auto local = [&](const std::string& part, const std::string& name) { return tensor_parallel_slice(name, f.get(part + name), model.tensor_parallel()); };
   TensorMap m, v;
   for (const auto& [name, shape] : trained) {
     for (const char* part : {"master/", "exp_avg/", "exp_avg_sq/"}) {
       if (!f.contains(part + name)) fail("resume_from_checkpoint {}: {} has no '{}{}'", dir, opt_file, part, name);
-      if (const Shape saved = f.get(part + name).shape(); saved != shape)
+      if (const Shape saved = f.get(part + name).shape(); saved != whole_shape(name))
         fail("resume_from_checkpoint {}: {}'s '{}{}' is {}, the model's {} is {}: a checkpoint of another model", dir, opt_file, part, name,
-             shape_str(saved), name, shape_str(shape));
+             shape_str(saved), name, shape_str(whole_shape(name)));
     }
-    if (fsdp()) {  // the whole compute weight (in an f32 run the storage of this rank's master pieces); pieces below
-      compute[name].copy_from(f.get("master/" + name));
+    if (fsdp()) {  // the compute weight (in an f32 run the storage of this rank's master pieces); pieces below
+      compute[name].copy_from(local("master/", name));
       continue;
     }
     Tensor& w = master.at(name);
-    w.copy_from(f.get("master/" + name));
-    m[name] = f.get("exp_avg/" + name).clone();
-    v[name] = f.get("exp_avg_sq/" + name).clone();
+    w.copy_from(local("master/", name));
+    m[name] = local("exp_avg/", name).clone();
+    v[name] = local("exp_avg_sq/", name).clone();
     if (cfg.bf16) compute[name].copy_from(w.to(DType::BF16));
   }
   if (fsdp())
     for (const dist::FlatShards::Piece& piece : shards->pieces()) {
       auto part_of = [&](const std::string& part) {
-        const Tensor t = f.get(part + piece.name);
+        const Tensor t = local(part, piece.name);
         return t.reshape({t.numel()}).slice_flat(piece.offset, {piece.length});
       };
       if (cfg.bf16) master.at(piece.name).copy_from(part_of("master/"));
@@ -787,7 +826,7 @@ void Trainer::State::log(ojson e) {
 // per_device_train_batch_size × world_size would.
 StepItems Trainer::State::step_items(const std::vector<size_t>& order, int64_t within) const {
   const int64_t ga = cfg.gradient_accumulation_steps, bsz = cfg.per_device_train_batch_size, rows = micro_rows();
-  const int64_t n = static_cast<int64_t>(order.size()), r = comm.rank();
+  const int64_t n = static_cast<int64_t>(order.size()), r = dp->rank();
   StepItems s;
   for (int64_t k = within * ga; k < std::min(micro_batches(), (within + 1) * ga); ++k) {
     const int64_t end = std::min(n, (k + 1) * rows);
@@ -798,13 +837,14 @@ StepItems Trainer::State::step_items(const std::vector<size_t>& order, int64_t w
   return s;
 }
 
-// The logging window's means over every rank's micro-batches (each rank's per-name sums and counts, summed).
+// The logging window's means over every data-parallel rank's micro-batches (each rank's per-name sums and counts,
+// summed; tensor-parallel ranks share their micro-batches and metrics).
 ojson Trainer::State::global_means(const MetricWindow& metrics) const {
-  if (comm.size() == 1) return metrics.means();
+  if (dp->size() == 1) return metrics.means();
   const ojson own = metrics.sums();
   ojson merged = ojson::object();
-  for (int root = 0; root < comm.size(); ++root) {
-    const ojson part = ojson::parse(comm.broadcast_string(own.dump(), root));
+  for (int root = 0; root < dp->size(); ++root) {
+    const ojson part = ojson::parse(dp->broadcast_string(own.dump(), root));
     for (const auto& [name, sc] : part.items()) {
       if (!merged.contains(name)) merged[name] = ojson::array({0.0, 0});
       merged[name][0] = merged[name][0].get<double>() + sc[0].get<double>();
@@ -816,14 +856,15 @@ ojson Trainer::State::global_means(const MetricWindow& metrics) const {
   return out;
 }
 
-// Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update).
+// Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update); under
+// tensor parallel, the ranks that hold the same slice.
 void Trainer::State::check_ranks_agree() const {
-  if (comm.size() == 1) return;
+  if (dp->size() == 1) return;
   TensorMap whole_weights;  // under FSDP the whole weights are the compute copies (the masters are pieces)
   if (fsdp())
     for (const auto& [name, shape] : trained) whole_weights[name] = compute.at(name);
   const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? whole_weights : master) >> 1);
-  if (comm.min(h) != comm.max(h))
+  if (dp->min(h) != dp->max(h))
     fail("after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
          "model or options?)", global_step);
 }
@@ -831,9 +872,9 @@ void Trainer::State::check_ranks_agree() const {
 // FSDP: the flat shard layout over the trained parameters, the groups, and this rank's pieces of the masters (in
 // an f32 run views of the compute weights; in a bf16 one owned f32 copies, the whole masters then freed).
 void Trainer::State::shard_state() {
-  const int F = static_cast<int>(cfg.distributed.fsdp_size), r = comm.rank();
-  shard_group = comm.split(r / F, r);  // ranks [g·F, (g+1)·F) shard the state between them
-  replicas = comm.split(r % F, r);     // the ranks holding the same shard in each group
+  const int F = static_cast<int>(cfg.distributed.fsdp_size), r = dp->rank();
+  shard_group = dp->split(r / F, r);  // data-parallel ranks [g·F, (g+1)·F) shard the state between them
+  replicas = dp->split(r % F, r);     // the ranks holding the same shard in each group
   std::vector<std::pair<std::string, int64_t>> params;
   for (const auto& [name, shape] : trained) params.emplace_back(name, shape_numel(shape));
   shards = std::make_unique<dist::FlatShards>(std::move(params), F, shard_group->rank());
@@ -873,12 +914,68 @@ void Trainer::State::report_shard() const {
                static_cast<unsigned long long>(unsharded));
 }
 
-// `pieces` (f32 masters or moments of the trained parameters) whole: themselves, or under FSDP gathered onto rank
-// 0 (a collective of rank 0's shard group; the other ranks get an empty map).
+// `pieces` (f32 masters or moments of the trained parameters) whole on this rank: themselves, or under FSDP
+// gathered onto the first rank of each data-parallel group (a collective of its shard group; the other ranks get an
+// empty map). Under tensor parallel, this rank's slices (join_slices makes them whole).
 TensorMap Trainer::State::whole(const TensorMap& pieces) const {
   if (!fsdp()) return pieces;  // shallow: the same storage
-  if (comm.rank() >= shards->shards()) return {};
+  if (dp->rank() >= shards->shards()) return {};
   return dist::gather_whole(*shard_group, *shards, pieces, trained);
+}
+
+// Tensor parallel: the slices of the first tensor-parallel group (ranks 0 .. tp_size − 1) joined into whole
+// tensors on rank 0, one tensor at a time (every rank of that group calls it with the same names; the others get an
+// empty map). The tensors whole on every rank are rank 0's. Without tensor parallel: `local` itself.
+TensorMap Trainer::State::join_slices(const TensorMap& local) const {
+  if (tp() == 1) return local;
+  if (comm.rank() >= tp()) return {};
+  TensorMap out;
+  for (const auto& [name, t] : local) {
+    const int axis = tensor_parallel_axis(name);
+    if (axis < 0) {
+      if (is_main()) out[name] = t;
+      continue;
+    }
+    // all_gather: the ranks' slices one after the other ([tp, ...slice]).
+    Tensor all = Tensor::uninitialized(t.dtype(), {tp() * t.numel()});
+    tp_group->all_gather(t.data(), all.mutable_data(), t.numel(), t.dtype());
+    if (!is_main()) continue;
+    Shape shape = t.shape();
+    shape[static_cast<size_t>(axis)] *= tp();
+    if (axis == 0) {
+      out[name] = all.reshape(shape);
+      continue;
+    }
+    // Columns: row i of the whole tensor is row i of every rank's slice, in rank order.
+    const int64_t R = t.size(0), part = t.size(1);
+    const size_t es = dtype_size(t.dtype()), row_bytes = static_cast<size_t>(part) * es;
+    Tensor joined = Tensor::uninitialized(t.dtype(), shape);
+    const char* from = static_cast<const char*>(all.data());
+    char* to = static_cast<char*>(joined.mutable_data());
+    for (int64_t k = 0; k < tp(); ++k)
+      for (int64_t i = 0; i < R; ++i)
+        std::memcpy(to + static_cast<size_t>(i * tp() + k) * row_bytes, from + static_cast<size_t>(k * R + i) * row_bytes, row_bytes);
+    out[name] = std::move(joined);
+  }
+  return out;
+}
+
+// The whole f32 masters on rank 0 where saving converts them (saving_needs_masters), else nothing (every rank calls).
+TensorMap Trainer::State::whole_masters_for_saving() const { return saving_needs_masters() ? join_slices(whole(master)) : TensorMap{}; }
+
+// The trained weights, whole, in the save dtype, on rank 0 (every rank calls: a collective under tensor parallel).
+// A compute weight in the save dtype is the master itself (an f32 run) or the master rounded to bf16 (AdamW writes
+// the bf16 copies so): saved as it is instead of converting a second copy of every weight (1.19 GB for Qwen3-0.6B
+// at the peak of a run). Otherwise the whole master (`whole_master`, on rank 0) is converted.
+TensorMap Trainer::State::weights_to_save(const TensorMap& whole_master) const {
+  TensorMap ready;
+  for (const auto& [name, shape] : trained)
+    if (const Tensor& c = compute.at(name); c.dtype() == save_dtype) ready[name] = c;
+  TensorMap out = join_slices(ready);
+  if (!is_main()) return {};
+  for (const auto& [name, shape] : trained)
+    if (!out.count(name)) out[name] = whole_master.at(name).to(save_dtype);
+  return out;
 }
 
 // Whether saving the model converts a master (a compute weight not in the save dtype).
@@ -916,18 +1013,20 @@ void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, siz
   }
 }
 
-// Global-norm clipping; returns the norm before clipping (the logged grad_norm, as in Transformers).
+// Global-norm clipping; returns the norm before clipping (the logged grad_norm, as in Transformers). Under tensor
+// parallel the squares of the split parameters are summed over the ranks, those whole on every rank counted once.
 double Trainer::State::clip_gradients(double step_loss) {
-  double sq = 0;
+  double sq[2] = {0, 0};  // whole, split
   for (const auto& [name, g] : grads) {
     const float* x = g.data_as<float>();
     double part = 0;
 #pragma omp parallel for reduction(+ : part) schedule(static)
     for (int64_t i = 0; i < g.numel(); ++i) part += static_cast<double>(x[i]) * x[i];
-    sq += part;
+    sq[tp() > 1 && tensor_parallel_axis(name) >= 0 ? 1 : 0] += part;
   }
-  if (fsdp()) sq = shard_group->sum(sq);  // the shards' parts (the replicas hold the same)
-  const double norm = std::sqrt(sq);
+  if (fsdp()) shard_group->all_reduce(sq, 2, DType::F64, dist::ReduceOp::Sum);  // the shards' parts (the replicas hold the same)
+  if (tp_group) sq[1] = tp_group->sum(sq[1]);
+  const double norm = std::sqrt(sq[0] + sq[1]);
   if (!std::isfinite(norm)) fail("training step {}: the gradient norm is {} (the loss was {})", global_step + 1, norm, step_loss);
   if (cfg.max_grad_norm > 0 && norm > cfg.max_grad_norm) {
     const float coef = static_cast<float>(cfg.max_grad_norm / (norm + 1e-6));
@@ -948,7 +1047,7 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   const size_t filled = static_cast<size_t>(std::count_if(items.local.begin(), items.local.end(), [](const auto& m) { return !m.empty(); }));
   size_t k = 0;
   MethodContext ctx = context();
-  if (comm.size() > 1) ctx.micro_rows = items.rows;
+  if (dp->size() > 1) ctx.micro_rows = items.rows;
   const MethodStep m = method->step(items.local, ctx, metrics, [&](const std::map<std::string, Tensor>& out) { add_gradients(out, k++, filled); });
   if (k != filled) fail("{}: the step handed gradients for {} of its {} micro-batches", method->name(), k, filled);
   r.data_seconds = m.data_seconds;
@@ -959,11 +1058,13 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
     const auto t_comm = Clock::now();
     if (filled == 0)  // this rank had no rows in this (last, short) step: it adds nothing
       for (const auto& [name, shape] : trained) grads[name] = Tensor::zeros(DType::F32, shape);
+    // Tensor-parallel ranks share their rows, loss and tokens: the sums run over the data-parallel ranks.
     double totals[3] = {r.loss, static_cast<double>(tokens), g_interrupted ? 1.0 : 0.0};
-    comm.all_reduce(totals, 3, DType::F64, dist::ReduceOp::Sum);
+    dp->all_reduce(totals, 3, DType::F64, dist::ReduceOp::Sum);
     r.loss = totals[0], tokens = static_cast<int64_t>(totals[1]), r.interrupted = totals[2] > 0;
+    if (tp_group) r.interrupted = tp_group->any(r.interrupted);
     if (fsdp()) reduce_gradients_to_shard();
-    else all_reduce_gradients(comm, grads);
+    else if (dp->size() > 1) all_reduce_gradients(*dp, grads);
     r.comm_seconds = std::chrono::duration<double>(Clock::now() - t_comm).count();
   } else {
     r.interrupted = g_interrupted;

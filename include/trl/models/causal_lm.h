@@ -71,6 +71,9 @@ class CausalLM {
   // {1, 0} for a whole model.
   CausalLM tensor_parallel_shard(const TensorParallel& tp) const;
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // The same architecture (a tensor-parallel rank's included) bound to other weights: the same names and shapes,
+  // one floating dtype (which becomes the model's). `source` names them in errors.
+  CausalLM with_weights(TensorMap weights, const std::string& source) const;
   // Checkpoint tensors that this architecture does not use (from_pretrained warns about them, as Transformers does).
   const std::vector<std::string>& unused_weights() const { return unused_weights_; }
   int64_t num_parameters() const;

@@ -113,6 +113,9 @@ void check_online_config(const OnlineRLConfig& c, const char* name, int64_t rewa
   if (c.auto_find_batch_size)
     bad("auto_find_batch_size", "is not supported: the generation batch layout depends on per_device_train_batch_size; set it explicitly");
   if (c.eval_strategy != "no") bad("eval_strategy", "must be no: evaluation with generation is not implemented for online methods yet");
+  if (c.distributed.tp_size > 1)
+    bad("tp_size", "> 1: generation does not run tensor parallel yet; train GRPO and RLOO with data parallel or FSDP (--fsdp_size), "
+                   "and leave tp_size at 1 (docs/DISTRIBUTED.md)");
   try {
     parse_pad_to_multiple_of(c.pad_to_multiple_of, 1);
   } catch (const Error& e) {

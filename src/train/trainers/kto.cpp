@@ -48,8 +48,8 @@ class KtoMethod final : public TrainingMethod {
     train_ = prepare_unpaired_dataset(train, tok, data_, &stats);
     report_preference_stats("kto", "training", stats);
     // The KL pairs are formed within the micro-batches of all ranks together (one process's batches of
-    // per_device_train_batch_size × world_size), so that a data-parallel run is the same as one such process.
-    train_kl_ = kl_sources(train_.size(), c.per_device_train_batch_size * dist::world().size());
+    // per_device_train_batch_size × data-parallel ranks), so that a data-parallel run is the same as one such process.
+    train_kl_ = kl_sources(train_.size(), c.per_device_train_batch_size * trainer.data_parallel_size());
     if (eval) {
       PreferenceDataStats es;
       eval_ = prepare_unpaired_dataset(*eval, tok, data_, &es);
