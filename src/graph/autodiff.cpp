@@ -43,7 +43,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::Embedding: {
         // A tied embedding already holds the lm_head's gradient: scatter into it instead of adding two [V, C]s.
         ValueId& slot = grad[static_cast<size_t>(in(1))];
-        if (needs[static_cast<size_t>(in(1))]) slot = b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm, slot);
+        if (needs[static_cast<size_t>(in(1))]) slot = b.embedding_backward(in(0), g, b.shape(in(1))[0], gd, "d." + nm, slot, nd.attrs.vocab);
         break;
       }
       case Op::MatMul: {
@@ -86,13 +86,13 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.reshape(g, b.shape(in(0)), "d." + nm));
         break;
       case Op::TokenLogprobs: {
-        const auto d = b.token_logprobs_backward(in(0), in(1), in(2), g, "d." + nm);
+        const auto d = b.token_logprobs_backward(in(0), in(1), in(2), g, "d." + nm, kNone, nd.attrs.vocab);
         accumulate(in(0), d[0]);
         accumulate(in(1), d[1]);
         break;
       }
       case Op::Entropy: {
-        const auto d = b.entropy_backward(in(0), in(1), g, "d." + nm);
+        const auto d = b.entropy_backward(in(0), in(1), g, "d." + nm, kNone, nd.attrs.vocab);
         accumulate(in(0), d[0]);
         accumulate(in(1), d[1]);
         break;

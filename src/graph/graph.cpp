@@ -115,6 +115,9 @@ std::string Graph::key() const {
     k.pod(n.attrs.entropy);
     k.pod(n.attrs.keep_logits);
     k.pod(n.attrs.group);
+    k.pod(n.attrs.vocab.group);
+    k.pod(n.attrs.vocab.offset);
+    k.pod(n.attrs.vocab.size);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -175,7 +178,17 @@ ValueId Builder::input(const std::string& name, Shape shape, DType dtype) {
   return id;
 }
 
-ValueId Builder::embedding(ValueId ids, ValueId table, DType out, const std::string& name) {
+namespace {
+// A split table of `rows` rows: one of equal parts of the vocabulary, in it; the vocabulary ops combine over a group.
+void check_split(const VocabSplit& s, int64_t rows, bool needs_group, const char* what, const std::string& name) {
+  if (!s.split()) return;
+  if (rows <= 0 || s.offset < 0 || s.offset % rows != 0 || s.size % rows != 0 || s.offset + rows > s.size)
+    fail("{} {}: rows [{}, {}) are not one of equal parts of a vocabulary of {}", what, name, s.offset, s.offset + rows, s.size);
+  if (needs_group && s.group == 0) fail("{} {}: a split vocabulary needs the collective group of its ranks", what, name);
+}
+}  // namespace
+
+ValueId Builder::embedding(ValueId ids, ValueId table, DType out, const std::string& name, const VocabSplit& split) {
   check(ids, "embedding ids");
   check(table, "embedding table");
   const Node& i = node(ids);
@@ -183,12 +196,14 @@ ValueId Builder::embedding(ValueId ids, ValueId table, DType out, const std::str
   if (i.dtype != DType::I32) fail("embedding {}: ids must be i32, got {}", name, dtype_name(i.dtype));
   if (t.shape.size() != 2) fail("embedding {}: table must be [V, C], got {}", name, shape_str(t.shape));
   Node n;
+  check_split(split, t.shape[0], false, "embedding", name);
   n.op = Op::Embedding;
   n.inputs = {ids, table};
   n.shape = i.shape;
   n.shape.push_back(t.shape[1]);
   n.dtype = out;
   n.name = name;
+  n.attrs.vocab = split;
   return push(std::move(n));
 }
 
@@ -393,7 +408,7 @@ ValueId Builder::kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std
 }
 
 // A per-token op on the logits h·wᵀ with one target per token: h:[...,C], w:[V,C], targets:[...] i32 -> [...].
-ValueId Builder::head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name) {
+ValueId Builder::head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name, const VocabSplit& split) {
   const std::string what = op_name(op);
   check(h, (what + " h").c_str());
   check(w, (what + " w").c_str());
@@ -403,24 +418,30 @@ ValueId Builder::head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DT
     fail("{} {}: h {} w {} targets {} do not fit (h:[...,C], w:[V,C], targets:[...] i32)", what, name, shape_str(hs), shape_str(shape(w)),
          shape_str(shape(targets)));
   }
-  return push(make_node(op, {h, w, targets}, leading(hs), out, name));
+  check_split(split, shape(w)[0], true, what.c_str(), name);
+  Node n = make_node(op, {h, w, targets}, leading(hs), out, name);
+  n.attrs.vocab = split;
+  return push(std::move(n));
 }
 
-ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name) {
-  return head_target_op(Op::TokenLogprobs, h, w, targets, node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name);
+ValueId Builder::token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name, const VocabSplit& split) {
+  return head_target_op(Op::TokenLogprobs, h, w, targets, node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name, split);
 }
 
-ValueId Builder::token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name) {
-  return head_target_op(Op::TokenArgmaxMatch, h, w, targets, DType::F32, name);
+ValueId Builder::token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name, const VocabSplit& split) {
+  return head_target_op(Op::TokenArgmaxMatch, h, w, targets, DType::F32, name, split);
 }
 
-ValueId Builder::entropy(ValueId h, ValueId w, const std::string& name) {
+ValueId Builder::entropy(ValueId h, ValueId w, const std::string& name, const VocabSplit& split) {
   check(h, "entropy h");
   check(w, "entropy w");
   const Shape& hs = shape(h);
   if (hs.empty() || shape(w).size() != 2 || shape(w)[1] != hs.back())
     fail("entropy {}: h {} w {} do not fit (h:[...,C], w:[V,C])", name, shape_str(hs), shape_str(shape(w)));
-  return push(make_node(Op::Entropy, {h, w}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+  check_split(split, shape(w)[0], true, "entropy", name);
+  Node n = make_node(Op::Entropy, {h, w}, leading(hs), node(h).dtype == DType::F64 ? DType::F64 : DType::F32, name);
+  n.attrs.vocab = split;
+  return push(std::move(n));
 }
 
 ValueId Builder::weighted_sum(ValueId x, ValueId weights, const std::string& name) {
@@ -485,12 +506,15 @@ ValueId Builder::scale_by(ValueId w, ValueId s, DType out, const std::string& na
   return push(make_node(Op::ScaleBy, {w, s}, shape(w), out, name));
 }
 
-ValueId Builder::embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name, ValueId base) {
+ValueId Builder::embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name, ValueId base,
+                                    const VocabSplit& split) {
   check(ids, "embedding_backward ids");
   check(dy, "embedding_backward dy");
   if (base != kNone && shape(base) != Shape{rows, shape(dy).back()}) fail("embedding_backward {}: base has the wrong shape", name);
+  check_split(split, rows, false, "embedding_backward", name);
   Node n = make_node(Op::EmbeddingBackward, {ids, dy, base}, {rows, shape(dy).back()}, out, name);
   n.attrs.rows = rows;
+  n.attrs.vocab = split;
   return push(std::move(n));
 }
 
@@ -538,7 +562,8 @@ int64_t vocab_stats_numel(int64_t R, int64_t V, bool keep_logits) {
   return kVocabStatRows * R + (keep_logits ? (R * V + 1) / 2 : 0);
 }
 
-ValueId Builder::vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name) {
+ValueId Builder::vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name,
+                             const VocabSplit& split) {
   check(h, "vocab_stats h");
   check(w, "vocab_stats w");
   const Shape& hs = shape(h);
@@ -553,9 +578,11 @@ ValueId Builder::vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy
     fail("vocab_stats {}: keep_logits keeps bf16 logits, so h and w must be bf16 (they are {} and {})", name, dtype_name(node(h).dtype),
          dtype_name(node(w).dtype));
   const int64_t R = shape_numel(leading(hs)), V = shape(w)[0];
+  check_split(split, V, true, "vocab_stats", name);
   Node n = make_node(Op::VocabStats, {h, w, targets}, {vocab_stats_numel(R, V, keep_logits)}, DType::F32, name);
   n.attrs.entropy = entropy;
   n.attrs.keep_logits = keep_logits;
+  n.attrs.vocab = split;
   return push(std::move(n));
 }
 
@@ -579,21 +606,28 @@ void check_stats(const Graph& g, ValueId stats, ValueId h, ValueId w, bool need_
 }  // namespace
 
 std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name,
-                                                      ValueId stats) {
+                                                      ValueId stats, const VocabSplit& split) {
   if (stats != kNone) check(stats, "token_logprobs_backward stats");
   check_stats(graph_, stats, h, w, false, "token_logprobs_backward", name);
+  check_split(split, shape(w)[0], true, "token_logprobs_backward", name);
   const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
   const DType dt = node(dlogp).dtype;
-  const ValueId packed = push(make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp, stats}, {nh + nw}, dt, name));
+  Node n = make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp, stats}, {nh + nw}, dt, name);
+  n.attrs.vocab = split;
+  const ValueId packed = push(std::move(n));
   return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
 }
 
-std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name, ValueId stats) {
+std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name, ValueId stats,
+                                                const VocabSplit& split) {
   if (stats != kNone) check(stats, "entropy_backward stats");
   check_stats(graph_, stats, h, w, true, "entropy_backward", name);
+  check_split(split, shape(w)[0], true, "entropy_backward", name);
   const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
   const DType dt = node(dent).dtype;
-  const ValueId packed = push(make_node(Op::EntropyBackward, {h, w, dent, stats}, {nh + nw}, dt, name));
+  Node n = make_node(Op::EntropyBackward, {h, w, dent, stats}, {nh + nw}, dt, name);
+  n.attrs.vocab = split;
+  const ValueId packed = push(std::move(n));
   return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
 }
 

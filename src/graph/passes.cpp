@@ -171,6 +171,7 @@ Graph fuse_vocabulary_ops(const Graph& g) {
       f.name = "vocab_stats." + nd.name;
       f.attrs.entropy = gr.entropy;
       f.attrs.keep_logits = gr.keep_logits;
+      f.attrs.vocab = nd.attrs.vocab;  // the members of a group share (h, w) and so its split
       f.segment = nd.segment;
       gr.fused = emit(std::move(f));
     }

@@ -133,6 +133,7 @@ int tensor_parallel_axis(const std::string& name) {
     if (ends_with(rows)) return 0;
   for (const char* cols : {".o_proj.weight", ".down_proj.weight"})
     if (ends_with(cols)) return 1;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0;  // vocabulary parallel
   return -1;
 }
 
@@ -164,10 +165,11 @@ CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) fail("tensor_parallel_shard: rank {} of {} does not exist", tp.rank, tp.size);
   const ModelConfig& c = config_;
   for (const auto& [what, n] : std::vector<std::pair<const char*, int64_t>>{
-           {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}, {"intermediate_size", c.intermediate_size}})
+           {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}, {"intermediate_size", c.intermediate_size},
+           {"vocab_size", c.vocab_size}})
     if (n % tp.size != 0)
-      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads and an equal part of the MLP); choose a tp_size "
-           "that divides num_attention_heads, num_key_value_heads and intermediate_size", tp.size, what, n);
+      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads and equal parts of the MLP and the vocabulary); "
+           "choose a tp_size that divides num_attention_heads, num_key_value_heads, intermediate_size and vocab_size", tp.size, what, n);
   CausalLM m = *this;
   for (auto& [name, w] : m.weights_) w = tensor_parallel_slice(name, w, tp);
   m.tp_ = tp;
@@ -251,6 +253,9 @@ int64_t CausalLM::num_parameters() const {
 }
 
 ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
+  if (tp_.size > 1)
+    fail("forward_graph: whole logits under tensor parallel (each rank holds {} of the {} vocabulary rows) are not built; the training and "
+         "log-prob programs run tensor parallel", config_.vocab_size / tp_.size, config_.vocab_size);
   ValueId head = kNone;
   const ValueId h = build_hidden(b, B, T, &head);
   return b.matmul(h, head, kNone, dtype_, "lm_head");
@@ -348,6 +353,17 @@ class DecoderBuilder {
 
 }  // namespace
 
+graph::VocabSplit CausalLM::vocab_split() const {
+  if (tp_.size == 1) return {};
+  const int64_t part = config_.vocab_size / tp_.size;
+  return graph::VocabSplit{tp_.group, tp_.rank * part, config_.vocab_size};
+}
+
+CausalLM::VocabHead CausalLM::vocab_head(Builder& b, ValueId h, ValueId head) const {
+  if (tp_.size == 1) return {h, head, {}};
+  return {b.all_reduce_grad(h, tp_.group, "head.tp_in"), head, vocab_split()};
+}
+
 ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
   const ModelConfig& c = config_;
   DecoderBuilder d(b, c, weights_, dtype_, tp_);
@@ -360,7 +376,9 @@ ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_o
   if (decode) in.query_positions = b.input("query_positions", {B, T}, DType::I32);
 
   const ValueId embed = d.weight("model.embed_tokens.weight");
-  ValueId h = b.embedding(ids, embed, dtype_, "embed");
+  // Vocabulary parallel: each rank looks up the ids of its rows (zeros for the others) and the ranks' rows are summed.
+  ValueId h = b.embedding(ids, embed, dtype_, "embed", vocab_split());
+  if (tp_.size > 1) h = b.all_reduce(h, tp_.group, "embed.tp_out");
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i) + ".", tag = "blk." + std::to_string(i) + ".";
     b.set_segment(static_cast<int32_t>(i));  // one checkpoint segment per decoder layer
@@ -401,7 +419,8 @@ graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature, 
   const ValueId h =
       kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
   const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
-  b.output(b.token_logprobs(h, head, labels, "token_logprobs"), "token_logprobs");
+  const VocabHead v = vocab_head(b, h, head);
+  b.output(b.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split), "token_logprobs");
   return b.finish();
 }
 
@@ -446,11 +465,12 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
   const ValueId weights = b.input("loss_weights", {B, Tk}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
-  const ValueId logp = b.token_logprobs(h, head, labels, "token_logprobs");
+  const VocabHead v = vocab_head(b, h, head);
+  const ValueId logp = b.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split);
   ValueId entropy = kNone, match = kNone;
   if (metrics) {  // in the loss's pass over the vocabulary (graph::fuse_vocabulary_ops)
-    entropy = b.entropy(h, head, "entropy");
-    match = b.token_argmax_match(h, head, labels, "token_accuracy");
+    entropy = b.entropy(v.h, v.w, "entropy", v.split);
+    match = b.token_argmax_match(v.h, v.w, labels, "token_accuracy", v.split);
   }
   // Σ_v logits[b, t, v] = h[b, t] · Σ_v head[v]: the logits' sum is linear in h, so one column sum of the head
   // and a [B·T, C] × [C] product give it without a pass over the vocabulary (TRL's logits/chosen, /rejected).
@@ -459,6 +479,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
     const ValueId column_sum = b.reshape(b.sum_rows(head, DType::F32, "head.column_sum"), {1, config_.hidden_size}, "head.column_sum.row");
     const ValueId h32 = dtype_ == DType::F32 ? h : b.cast(h, DType::F32, "h.f32");
     logit_sum = b.reshape(b.matmul(h32, column_sum, kNone, DType::F32, "logit_sum"), {B, Tk}, "logit_sum.squeeze");
+    if (tp_.size > 1) logit_sum = b.all_reduce(logit_sum, tp_.group, "logit_sum.tp_out");  // the ranks' vocabulary rows
   }
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
   const size_t forward_nodes = b.size();
@@ -477,6 +498,9 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
 namespace {
 graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode) {
   if (B <= 0 || T <= 0 || T > S) fail("generation graph: batch {} and {} new tokens do not fit a cache of {}", B, T, S);
+  if (m.tensor_parallel().size > 1)
+    fail("generation graph: generation does not run tensor parallel yet (rank {} of {}); generate with a whole model", m.tensor_parallel().rank,
+         m.tensor_parallel().size);
   Builder b;
   ValueId head = kNone;
   const CausalLM::CacheSpec spec{S, decode};

@@ -289,6 +289,12 @@ TEST_F(Distributed, TensorParallelTwoRanksEqualOneProcess) {
     for (size_t i = 0; i < a.size(); ++i) {  // the split parameters' squares summed over the ranks, the others counted once
       const double x = a[i]["grad_norm"], y = b[i]["grad_norm"];
       EXPECT_TRUE(std::fabs(x - y) <= 1e-6 * x) << "step " << i + 1 << ": " << x << " vs " << y;
+      // Metrics over the vocabulary, which each rank holds a part of.
+      for (const char* metric : {"entropy", "mean_token_accuracy", "logits/chosen", "logits/rejected", "logps/chosen"}) {
+        if (!a[i].contains(metric)) continue;
+        const double p = a[i][metric], q = b[i].value(metric, NAN);
+        EXPECT_TRUE(std::fabs(p - q) <= 1e-5 * std::fabs(p) + 1e-9) << metric << " at step " << i + 1 << ": " << p << " vs " << q;
+      }
     }
   }
 }

@@ -108,9 +108,10 @@ TEST(TensorParallelRanks, ColumnThenRowParallelMlpEqualsTheWholeMlp) {
   set_collective_group(kTpGroup, nullptr);
 }
 
-// The tiny Qwen3 (4 heads, 2 kv heads, ffn 128) split over 2 ranks: its training step gives the whole model's loss
-// and per-token log-probs on every rank, the whole gradient of every parameter held whole, and each split
-// parameter's gradient slice. q_norm and k_norm act on each rank's own heads; their weights pass through
+// The tiny Qwen3 (4 heads, 2 kv heads, ffn 128) split over 2 ranks: its training step gives the whole model's loss,
+// per-token log-probs, entropy and argmax match on every rank, the whole gradient of every parameter held whole,
+// and each split parameter's gradient slice (the tied embedding / lm_head by vocabulary rows: ids and labels fall
+// in both ranks' halves). q_norm and k_norm act on each rank's own heads; their weights pass through
 // all_reduce_grad, so their gradients too are whole on every rank.
 TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
   if (!dist::launched_by_mpi() || dist::world().size() != 2) GTEST_SKIP() << "runs as 2 ranks under mpirun (TensorParallel.TwoRanks...)";
@@ -125,8 +126,8 @@ TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
   Tensor ids = Tensor::zeros(DType::I32, {Bt, Tt}), labels = Tensor::zeros(DType::I32, {Bt, Tt}), mask = Tensor::zeros(DType::I32, {Bt, Tt});
   Tensor weights = Tensor::zeros(DType::F32, {Bt, Tt});
   for (int64_t i = 0; i < Bt * Tt; ++i) {
-    ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 1000);
-    labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 1000);
+    ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config.vocab_size));
+    labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config.vocab_size));
     mask.mutable_data_as<int32_t>()[i] = i % Tt < 6 || i < Tt ? 1 : 0;  // the second row ends in padding
     weights.mutable_data_as<float>()[i] = -static_cast<float>(mask.data_as<int32_t>()[i]) / 14.0f;
   }
@@ -136,13 +137,30 @@ TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
     in["loss_weights"] = weights;
     return in;
   };
-  const graph::Graph gw = whole.training_graph(Bt, Tt), gs = shard.training_graph(Bt, Tt);
+  // The last row's last labels are the whole model's argmax (so that some tokens match).
+  {
+    Builder b;
+    b.output(b.reshape(whole.build_forward(b, Bt, Tt), {Bt * Tt, config.vocab_size}), "logits");
+    const graph::Graph fg = b.finish();
+    const std::vector<float> logits = make_backend("cpu")->compile(fg)->run(inputs(whole)).at(0).to_f32_vector();
+    for (int64_t i = Bt * Tt - 3; i < Bt * Tt; ++i) {
+      const auto row = logits.begin() + i * config.vocab_size;
+      labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
+    }
+  }
+  const graph::Graph gw = whole.training_graph(Bt, Tt, DType::F32, false, /*metrics=*/true);
+  const graph::Graph gs = shard.training_graph(Bt, Tt, DType::F32, false, /*metrics=*/true);
   EXPECT_NE(gs.dump().find("all_reduce_grad"), std::string::npos);
   const std::vector<Tensor> want = make_backend("cpu")->compile(gw)->run(inputs(whole));
   const std::vector<Tensor> got = make_backend("cpu")->compile(gs)->run(inputs(shard));
   auto at = [](const graph::Graph& g, const std::vector<Tensor>& v, const std::string& name) { return v.at(g.output_index(name)); };
   EXPECT_LE(rel_error(at(gs, got, "loss"), at(gw, want, "loss")), 1e-5);
   EXPECT_LE(rel_error(at(gs, got, "token_logprobs"), at(gw, want, "token_logprobs")), 1e-5);
+  EXPECT_LE(rel_error(at(gs, got, "entropy"), at(gw, want, "entropy")), 1e-5);
+  EXPECT_EQ(at(gs, got, "token_accuracy").to_f32_vector(), at(gw, want, "token_accuracy").to_f32_vector());
+  float matched = 0;
+  for (float m : at(gw, want, "token_accuracy").to_f32_vector()) matched += m;
+  EXPECT_GE(matched, 3.0f);
   int split = 0;
   for (const auto& [name, wt] : whole.weights()) {
     Tensor g = at(gs, got, "grad." + name).clone();
@@ -151,7 +169,69 @@ TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
     EXPECT_LE(rel_error(g, expect), 1e-4) << name;
     split += tensor_parallel_axis(name) >= 0;
   }
-  EXPECT_EQ(split, 2 * 7);  // 2 layers × q, k, v, o, gate, up, down
+  EXPECT_EQ(split, 2 * 7 + 1);  // 2 layers × q, k, v, o, gate, up, down; the tied embedding
+  set_collective_group(kTpGroup, nullptr);
+}
+
+// The vocabulary ops over a head split between 2 ranks (graph::VocabSplit: rows [6r, 6r + 6) of 12): token_logprobs,
+// entropy and token_argmax_match equal the whole head's on every rank, and their backward gives each rank its rows
+// of dw and, through all_reduce_grad, the whole dh; on both backends, in f32 and (CPU, with the fused pass keeping
+// bf16 logits) bf16. Targets fall in both halves; some are the argmax, and one row ties across the ranks (the first
+// index, on rank 0, wins), one within rank 1.
+TEST(TensorParallelRanks, VocabularyParallelOpsEqualTheWholeVocabulary) {
+  if (!dist::launched_by_mpi() || dist::world().size() != 2) GTEST_SKIP() << "runs as 2 ranks under mpirun (TensorParallel.TwoRanks...)";
+  dist::Communicator& w = dist::world();
+  set_collective_group(kTpGroup, [&w](void* data, int64_t n, DType dtype) { w.all_reduce(data, n, dtype, dist::ReduceOp::Sum); });
+  constexpr int64_t R = 6, Cv = 4, V = 12, part = V / 2;
+  SplitMix64 rng(21);
+  Tensor h = random(rng, {R, Cv}), head = random(rng, {V, Cv});
+  // Row 0's logits tie between vocabulary rows 2 (rank 0) and 8 (rank 1); row 1's between 7 and 9 (both rank 1).
+  for (int64_t c = 0; c < Cv; ++c) {
+    head.mutable_data_as<float>()[8 * Cv + c] = head.mutable_data_as<float>()[2 * Cv + c] = 3.0f * (c == 0 ? 1.0f : 0.0f);
+    head.mutable_data_as<float>()[7 * Cv + c] = head.mutable_data_as<float>()[9 * Cv + c] = 4.0f * (c == 1 ? 1.0f : 0.0f);
+  }
+  h.mutable_data_as<float>()[0] = 5.0f, h.mutable_data_as<float>()[Cv + 1] = 5.0f;  // make those the rows' maxima
+  const Tensor targets = Tensor::from_i32(std::vector<int32_t>{2, 7, 11, 0, 6, 5}, {R});
+  const Tensor dlogp = random(rng, {R}), dent = random(rng, {R});
+  auto program = [&](int64_t v, DType dt, const graph::VocabSplit& split) {
+    Builder b;
+    ValueId hh = b.input("h", {R, Cv}, dt);
+    const ValueId ww = b.input("w", {v, Cv}, dt), tt = b.input("t", {R}, DType::I32);
+    if (split.split()) hh = b.all_reduce_grad(hh, kTpGroup, "h.tp_in");
+    const ValueId logp = b.token_logprobs(hh, ww, tt, "logp", split), ent = b.entropy(hh, ww, "ent", split);
+    const ValueId match = b.token_argmax_match(hh, ww, tt, "match", split);
+    const ValueId loss = b.add(b.weighted_sum(logp, b.input("a", {R}, DType::F32)), b.weighted_sum(ent, b.input("c", {R}, DType::F32)));
+    const auto d = graph::add_backward(b, loss, {"h", "w"}, DType::F32);
+    b.output(logp, "logp"), b.output(ent, "ent"), b.output(match, "match"), b.output(d.at("h"), "dh"), b.output(d.at("w"), "dw");
+    return b.finish();
+  };
+  const int r = w.rank();
+  for (const DType dt : {DType::F32, DType::BF16}) {
+    for (const char* backend : {"reference", "cpu"}) {
+      if (dt == DType::BF16 && std::string(backend) == "reference") continue;
+      SCOPED_TRACE(fmt::format("{} {}", backend, dtype_name(dt)));
+      const graph::Graph gw = program(V, dt, {}), gs = program(part, dt, graph::VocabSplit{kTpGroup, r * part, V});
+      auto bind = [&](const Tensor& wt) {
+        return TensorMap{{"h", h.to(dt)}, {"w", wt.to(dt)}, {"t", targets}, {"a", dlogp}, {"c", dent}};
+      };
+      const std::vector<Tensor> want = make_backend(backend)->compile(gw)->run(bind(head));
+      const std::vector<Tensor> got = make_backend(backend)->compile(gs)->run(bind(rows_of(head, r * part, part)));
+      auto at = [](const graph::Graph& g, const std::vector<Tensor>& v, const char* name) { return v.at(g.output_index(name)).to(DType::F32); };
+      const double tol = dt == DType::F32 ? 1e-5 : 1e-2;
+      for (const char* name : {"logp", "ent", "dh"}) EXPECT_LE(rel_error(at(gs, got, name), at(gw, want, name)), tol) << name;
+      EXPECT_LE(rel_error(at(gs, got, "dw"), rows_of(at(gw, want, "dw"), r * part, part)), tol);
+      EXPECT_EQ(at(gs, got, "match").to_f32_vector(), at(gw, want, "match").to_f32_vector());
+      EXPECT_EQ(at(gw, want, "match").to_f32_vector()[0], 1.0f) << "row 0: target 2 is the first of the tied maxima";
+      EXPECT_EQ(at(gw, want, "match").to_f32_vector()[1], 1.0f) << "row 1: target 7 is the first of the tied maxima";
+    }
+  }
+  // A split head's targets are of the whole vocabulary: one past it is an error.
+  const graph::Graph bad = program(part, DType::F32, graph::VocabSplit{kTpGroup, r * part, V});
+  const std::string e = test::error_of([&] {
+    make_backend("cpu")->compile(bad)->run(TensorMap{{"h", h}, {"w", rows_of(head, r * part, part)}, {"t", Tensor::from_i32(std::vector<int32_t>(R, 12), {R})},
+                                                      {"a", dlogp}, {"c", dent}});
+  });
+  EXPECT_NE(e.find("target 12 at row 0 is outside the vocabulary [0, 12)"), std::string::npos) << e;
   set_collective_group(kTpGroup, nullptr);
 }
 
@@ -166,7 +246,7 @@ TEST(TensorParallel, TwoRanksComputeTheWholeMlpWithCollectiveOps) {
   ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
   // Both ranks ran both tests (none skipped).
   size_t passed = 0;
-  for (size_t at = out.find("[  PASSED  ] 2 tests."); at != std::string::npos; at = out.find("[  PASSED  ] 2 tests.", at + 1)) ++passed;
+  for (size_t at = out.find("[  PASSED  ] 3 tests."); at != std::string::npos; at = out.find("[  PASSED  ] 3 tests.", at + 1)) ++passed;
   EXPECT_EQ(passed, 2u) << out;
   EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
 }
@@ -199,7 +279,9 @@ TEST(TensorParallel, ParametersSplitByRowsOrColumnsAndBadSizesAreErrors) {
   EXPECT_EQ(tensor_parallel_axis("model.layers.3.mlp.up_proj.weight"), 0);
   EXPECT_EQ(tensor_parallel_axis("model.layers.3.self_attn.o_proj.weight"), 1);
   EXPECT_EQ(tensor_parallel_axis("model.layers.3.mlp.down_proj.weight"), 1);
-  for (const char* whole : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight", "model.norm.weight", "lm_head.weight"})
+  EXPECT_EQ(tensor_parallel_axis("model.embed_tokens.weight"), 0);  // vocabulary parallel
+  EXPECT_EQ(tensor_parallel_axis("lm_head.weight"), 0);
+  for (const char* whole : {"model.layers.0.self_attn.q_norm.weight", "model.norm.weight", "model.layers.1.input_layernorm.weight"})
     EXPECT_EQ(tensor_parallel_axis(whole), -1) << whole;
   const Tensor w = Tensor::from_f32(std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}, {2, 4});
   EXPECT_EQ(tensor_parallel_slice("x.o_proj.weight", w, {2, 1, 0}).to_f32_vector(), (std::vector<float>{2, 3, 6, 7}));

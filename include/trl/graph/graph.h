@@ -75,6 +75,19 @@ const char* op_name(Op op);
 using ValueId = int32_t;  // index of the node that produces the value
 constexpr ValueId kNone = -1;
 
+// Vocabulary parallel (tensor parallel's lm_head and embedding, docs/DISTRIBUTED.md): the [V, C] table or head of an
+// embedding, embedding_backward or vocabulary op is rows [offset, offset + V) of a vocabulary of `size` rows, split
+// into equal parts between the ranks of collective group `group`. Token ids and targets are of the whole vocabulary:
+// an embedding gives zero rows for the ids other ranks hold (an all_reduce after it sums the ranks' rows), and the
+// vocabulary ops combine their rows' statistics (log-sum-exp, entropy, argmax) over the group, so that each rank's
+// result is the whole vocabulary's and its gradients are of its own rows (dh its part: the graph sums it through
+// all_reduce_grad). size 0: not split.
+struct VocabSplit {
+  int32_t group = 0;
+  int64_t offset = 0, size = 0;
+  bool split() const { return size > 0; }
+};
+
 struct Attrs {
   double eps = 0;                // RmsNorm
   double scale = 1;              // Attention: softmax scale
@@ -88,6 +101,7 @@ struct Attrs {
   bool entropy = false;          // VocabStats: compute the entropy row
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
   int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
+  VocabSplit vocab;              // Embedding, EmbeddingBackward and the vocabulary ops: vocabulary parallel
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
@@ -141,7 +155,7 @@ size_t stage_boundary(const Graph& g);
 class Builder {
  public:
   ValueId input(const std::string& name, Shape shape, DType dtype);
-  ValueId embedding(ValueId ids, ValueId table, DType out, const std::string& name = "");
+  ValueId embedding(ValueId ids, ValueId table, DType out, const std::string& name = "", const VocabSplit& split = {});
   ValueId matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name = "");
   ValueId rms_norm(ValueId x, ValueId w, double eps, const std::string& name = "");
   ValueId rope(ValueId x, ValueId positions, std::vector<float> inv_freq, float scaling, const std::string& name = "");
@@ -153,9 +167,9 @@ class Builder {
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId cast(ValueId x, DType out, const std::string& name = "");
   ValueId reshape(ValueId x, Shape shape, const std::string& name = "");
-  ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
-  ValueId entropy(ValueId h, ValueId w, const std::string& name = "");
-  ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "");
+  ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "", const VocabSplit& split = {});
+  ValueId entropy(ValueId h, ValueId w, const std::string& name = "", const VocabSplit& split = {});
+  ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "", const VocabSplit& split = {});
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
   // Tensor parallel's collectives over collective group `group` (see Op::AllReduce, Op::AllReduceGrad).
@@ -167,7 +181,8 @@ class Builder {
   ValueId sum_rows(ValueId x, DType out, const std::string& name = "");
   ValueId scale_by(ValueId w, ValueId s, DType out, const std::string& name = "");
   // With `base`, the scatter-add starts from base (a tied embedding's other gradient) instead of zeros.
-  ValueId embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name = "", ValueId base = kNone);
+  ValueId embedding_backward(ValueId ids, ValueId dy, int64_t rows, DType out, const std::string& name = "", ValueId base = kNone,
+                             const VocabSplit& split = {});
   ValueId rms_norm_back_x(ValueId x, ValueId w, ValueId dy, double eps, const std::string& name = "");
   ValueId rms_norm_back_w(ValueId x, ValueId dy, double eps, DType out, const std::string& name = "");
   // Ops with several results return the View of each part.
@@ -176,10 +191,12 @@ class Builder {
                                           const std::string& name = "");
   // `stats`: a VocabStats of the same (h, w) computed earlier (with attrs.entropy for entropy_backward), or kNone.
   std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "",
-                                               ValueId stats = kNone);
-  std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "", ValueId stats = kNone);
+                                               ValueId stats = kNone, const VocabSplit& split = {});
+  std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "", ValueId stats = kNone,
+                                        const VocabSplit& split = {});
   // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.
-  ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "");
+  ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "",
+                      const VocabSplit& split = {});
   ValueId vocab_stat(ValueId stats, VocabStat which, const std::string& name = "");
   ValueId view(ValueId packed, int64_t offset, Shape shape, DType dtype, const std::string& name = "");
   ValueId rope_inverse(ValueId dy, const graph::Node& forward_rope, const std::string& name = "");
@@ -200,7 +217,7 @@ class Builder {
  private:
   ValueId push(Node node);
   void check(ValueId v, const char* what) const;
-  ValueId head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name);
+  ValueId head_target_op(Op op, ValueId h, ValueId w, ValueId targets, DType out, const std::string& name, const VocabSplit& split);
   Graph graph_;
   int32_t segment_ = -1;
 };

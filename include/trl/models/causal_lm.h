@@ -42,8 +42,9 @@ Tensor default_position_ids(const Tensor& attention_mask);
 
 // Tensor parallel (docs/DISTRIBUTED.md): rank `rank` of `size` ranks holds whole attention heads and a slice of the
 // MLP. q_proj, k_proj, v_proj, gate_proj and up_proj are split by rows (their outputs: heads H/size and kv heads
-// Hkv/size, F/size), o_proj and down_proj by columns (their inputs); everything else is whole on every rank. The
-// layers' inputs pass through all_reduce_grad and their outputs through all_reduce over collective `group`.
+// Hkv/size, F/size), o_proj and down_proj by columns (their inputs); the layers' inputs pass through
+// all_reduce_grad and their outputs through all_reduce over collective `group`. The embedding and the lm_head are
+// split by vocabulary rows (V/size each: vocabulary parallel, graph::VocabSplit). The norms are whole on every rank.
 struct TensorParallel {
   int64_t size = 1, rank = 0;
   int32_t group = 0;  // the collective group of the ranks (core/collectives.h)
@@ -105,6 +106,14 @@ class CausalLM {
   };
   graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache = nullptr,
                               std::vector<graph::ValueId>* cache_out = nullptr) const;
+  // What the vocabulary ops (token_logprobs, entropy, token_argmax_match) of a graph that build_hidden made take:
+  // the hidden state, the lm_head and its split. Under tensor parallel the lm_head is this rank's vocabulary rows
+  // and h passes through all_reduce_grad (each rank's rows give part of its gradient); no rank forms [B, T, V].
+  struct VocabHead {
+    graph::ValueId h, w;
+    graph::VocabSplit split;
+  };
+  VocabHead vocab_head(graph::Builder& b, graph::ValueId h, graph::ValueId head) const;
 
   // Generation with a static KV cache (docs/GENERATION.md): one prefill program per (batch, prompt bucket) and one
   // decode program per (batch, cache length), whatever the number of tokens generated.
@@ -151,6 +160,7 @@ class CausalLM {
   std::vector<std::string> unused_weights_;
   std::string device_ = "cpu";
   TensorParallel tp_;
+  graph::VocabSplit vocab_split() const;  // this rank's rows of the vocabulary (none without tensor parallel)
 };
 
 }  // namespace trl

@@ -24,14 +24,24 @@ Kernel lower_embedding(ProgramContext* cx, graph::ValueId id) {
   const graph::ValueId ids = n.inputs[0], table = n.inputs[1];
   const int64_t C = cx->nd(table).shape[1], V = cx->nd(table).shape[0], rows = shape_numel(cx->nd(ids).shape);
   const DType td = cx->nd(table).dtype;
-  return [cx, id, ids, table, C, V, rows, td, od] {
+  // Vocabulary parallel: the table is rows [offset, offset + V) of the vocabulary; the ids of other ranks' rows
+  // give zeros (the graph sums the ranks' results).
+  const graph::VocabSplit split = n.attrs.vocab;
+  const int64_t whole = split.split() ? split.size : V, offset = split.split() ? split.offset : 0;
+  return [cx, id, ids, table, C, V, rows, td, od, whole, offset] {
     const int32_t* x = static_cast<const int32_t*>(cx->p(ids));
     for (int64_t r = 0; r < rows; ++r)
-      if (x[r] < 0 || x[r] >= V) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", x[r], r, V);
+      if (x[r] < 0 || x[r] >= whole) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", x[r], r, whole);
     dispatch(td, cx->p(table), od, cx->p(id), [&](auto tab, auto out) {
 #pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < C; ++c) out.st(r * C + c, tab.ld(x[r] * C + c));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = x[r] - offset;
+        if (row < 0 || row >= V) {
+          for (int64_t c = 0; c < C; ++c) out.st(r * C + c, 0.0f);
+          continue;
+        }
+        for (int64_t c = 0; c < C; ++c) out.st(r * C + c, tab.ld(row * C + c));
+      }
     });
   };
 }
@@ -43,7 +53,8 @@ Kernel lower_embedding_backward(ProgramContext* cx, graph::ValueId id) {
   const graph::ValueId ids = n.inputs[0], dy = n.inputs[1], base = n.inputs.size() > 2 ? n.inputs[2] : kNone;
   const int64_t C = cx->nd(dy).shape.back(), rows = shape_numel(cx->nd(ids).shape), V = n.attrs.rows;
   const DType dd = cx->nd(dy).dtype, db = base != kNone ? cx->nd(base).dtype : od;
-  return [cx, id, ids, dy, base, C, rows, V, dd, db, od] {
+  const int64_t offset = n.attrs.vocab.split() ? n.attrs.vocab.offset : 0;  // vocabulary parallel: only this rank's rows
+  return [cx, id, ids, dy, base, C, rows, V, dd, db, od, offset] {
     const int64_t total = V * C;
     if (cx->inplace(id)) {
       // the output is the base's buffer: nothing to copy
@@ -64,12 +75,14 @@ Kernel lower_embedding_backward(ProgramContext* cx, graph::ValueId id) {
     // Rows in order, columns contiguous: a token seen twice adds twice; a few hundred rows, no threads needed.
     const int32_t* x = static_cast<const int32_t*>(cx->p(ids));
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = x[r] - offset;
+      if (row < 0 || row >= V) continue;
       if (od == DType::F32 && dd == DType::F32) {
-        float* o = static_cast<float*>(cx->p(id)) + static_cast<int64_t>(x[r]) * C;
+        float* o = static_cast<float*>(cx->p(id)) + row * C;
         const float* g = static_cast<const float*>(cx->p(dy)) + r * C;
         for (int64_t c = 0; c < C; ++c) o[c] += g[c];
       } else {
-        for (int64_t c = 0; c < C; ++c) st(cx->p(id), od, x[r] * C + c, ld(cx->p(id), od, x[r] * C + c) + ld(cx->p(dy), dd, r * C + c));
+        for (int64_t c = 0; c < C; ++c) st(cx->p(id), od, row * C + c, ld(cx->p(id), od, row * C + c) + ld(cx->p(dy), dd, r * C + c));
       }
     }
   };

@@ -12,6 +12,9 @@
 //     token_logprobs: dz = dlogp·(onehot(target) - p);   entropy: dz = -dH·p·(log p + H),
 //   in the GEMM type (bf16 for a bf16 model, as autocast rounds the logits' gradient), and two GEMMs accumulate
 //   dh += dz·w_chunk and write dw_chunk = dzᵀ·h, in f32.
+// - Vocabulary parallel (attrs.vocab split): w is this rank's rows of the lm_head; targets are of the whole
+//   vocabulary. The forward pass runs over the rank's rows, then combine_vocab_rows makes lse, H, logp and the
+//   argmax match the whole vocabulary's; the backward nodes then give dw of the rank's rows and its part of dh.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/vec.h"
+#include "backend/vocab_parallel.h"
 #include "trl/core/error.h"
 
 namespace trl::cpu {
@@ -44,6 +48,7 @@ struct Head {
   std::shared_ptr<Gemm> full, last;   // logits chunk [R, c] = h[R,C]·w[j0:j0+c, C]ᵀ; last: the shorter tail chunk
   size_t logits_at = 0;               // scratch: the [R, chunk] f32 logits
   std::shared_ptr<std::vector<float>> hbuf, wbuf;  // h and one w chunk widened to f32 (mixed dtypes only)
+  graph::VocabSplit split;                         // vocabulary parallel: w is rows [offset, offset + V) of split.size
   const char* what = "";
 
   const char* w_chunk(const ProgramContext* cx, ValueId w, int64_t j0, int64_t c) const {
@@ -73,9 +78,17 @@ struct Head {
       for (int64_t j = 0; j < c; ++j) z[j] = rnd(dh, z[j]);
   }
   void check_targets(const int32_t* t) const {
+    const int64_t whole = whole_vocab(split, V);
     if (t)
       for (int64_t r = 0; r < R; ++r)
-        if (t[r] < 0 || t[r] >= V) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, V);
+        if (t[r] < 0 || t[r] >= whole) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, whole);
+  }
+  // The targets as rows of w (themselves without a split; outside [0, V) where another rank holds them), in buf.
+  const int32_t* local_targets(const int32_t* t, std::vector<int32_t>& buf) const {
+    if (!t || !split.split()) return t;
+    buf.resize(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) buf[static_cast<size_t>(r)] = local_target(split, t[r]);
+    return buf.data();
   }
 };
 
@@ -89,6 +102,7 @@ Head make_head(ProgramContext* cx, const Node& n, ValueId h, ValueId w) {
   hd.dh = cx->nd(h).dtype;
   hd.dw = cx->nd(w).dtype;
   hd.hw = hd.dh == hd.dw ? hd.dh : DType::F32;
+  hd.split = n.attrs.vocab;
   hd.full = std::make_shared<Gemm>(hd.R, hd.chunk, hd.C, hd.hw, hd.C, 1, hd.hw, 1, hd.C, DType::F32, false, false);
   if (const int64_t tail = hd.V % hd.chunk)
     hd.last = std::make_shared<Gemm>(hd.R, tail, hd.C, hd.hw, hd.C, 1, hd.hw, 1, hd.C, DType::F32, false, false);
@@ -102,10 +116,12 @@ Head make_head(ProgramContext* cx, const Node& n, ValueId h, ValueId w) {
 
 // The forward pass over V. stats: [logp | H | match | lse] (R each; logp and match 0 without targets, H 0 without
 // want_entropy); keep (or null): the bf16 logits [R, V]; acc: scratch for 4R floats (running max, Σe, Σe·z, argmax).
-void forward_pass(const ProgramContext* cx, const Head& hd, const char* hp, ValueId w, const int32_t* t, bool want_entropy,
+void forward_pass(const ProgramContext* cx, const Head& hd, const char* hp, ValueId w, const int32_t* whole_t, bool want_entropy,
                   float* stats, uint16_t* keep, float* acc) {
   const int64_t R = hd.R, V = hd.V;
-  hd.check_targets(t);
+  hd.check_targets(whole_t);
+  std::vector<int32_t> local;
+  const int32_t* t = hd.local_targets(whole_t, local);
   float* lg = reinterpret_cast<float*>(cx->scratch(hd.logits_at));
   float *logp = stats, *ent = stats + R, *match = stats + 2 * R, *lse = stats + 3 * R;
   float *mx = acc, *sum = acc + R, *tz = acc + 2 * R;
@@ -134,6 +150,25 @@ void forward_pass(const ProgramContext* cx, const Head& hd, const char* hp, Valu
       mx[r] = m;
       sum[r] = sum[r] * rescale + se;
     }
+  }
+  if (hd.split.split()) {  // this rank's statistics, then the whole vocabulary's (in f64)
+    std::vector<double> l(static_cast<size_t>(R)), e(static_cast<size_t>(R)), z(static_cast<size_t>(R)), m(static_cast<size_t>(R)),
+        f(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      l[i] = mx[r] + std::log(static_cast<double>(sum[r]));
+      e[i] = want_entropy ? static_cast<double>(tz[r]) / sum[r] : 0.0;
+      z[i] = logp[r], m[i] = mx[r];
+      f[i] = t && arg[r] == t[r] ? 1.0 : 0.0;
+    }
+    combine_vocab_rows(hd.split, V, R, whole_t, l.data(), want_entropy ? e.data() : nullptr, z.data(), m.data(), f.data());
+    for (int64_t r = 0; r < R; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      lse[r] = static_cast<float>(l[i]);
+      if (want_entropy) ent[r] = static_cast<float>(e[i]);
+      if (t) logp[r] = static_cast<float>(z[i]), match[r] = static_cast<float>(f[i]);
+    }
+    return;
   }
   for (int64_t r = 0; r < R; ++r) {
     lse[r] = mx[r] + std::log(sum[r]);
@@ -211,8 +246,9 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
   }
   return [=] {
     const char* hp = hd.h_input(cx, h);
-    const int32_t* t = targets_of(cx, tg);
-    hd.check_targets(t);
+    hd.check_targets(targets_of(cx, tg));
+    std::vector<int32_t> local;
+    const int32_t* t = hd.local_targets(targets_of(cx, tg), local);
     // Phase 1: the row statistics, from the vocab_stats node or computed here.
     const float* stats = nullptr;
     const uint16_t* kept16 = nullptr;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/vocab_parallel.h"
 #include "trl/backend/backend.h"
 #include "trl/core/collectives.h"
 #include "trl/core/error.h"
@@ -42,14 +43,16 @@ std::vector<double> as_f64(const Tensor& t) {
   return v;
 }
 
-// ids:[B,T] i32, table:[V,C] -> out:[B,T,C]
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
-  const int64_t V = table.size(0), C = table.size(1);
+// ids:[B,T] i32, table:[V,C] -> out:[B,T,C]; under a vocabulary split, zeros for the ids other ranks hold.
+void embedding(const Tensor& ids, const Tensor& table, const graph::VocabSplit& split, Tensor& out) {
+  const int64_t V = table.size(0), C = table.size(1), whole = whole_vocab(split, V);
   const int32_t* id = ids.data_as<int32_t>();
   void* o = out.mutable_data();
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    if (id[i] < 0 || id[i] >= V) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", id[i], i, V);
-    for (int64_t c = 0; c < C; ++c) store_element(o, out.dtype(), i * C + c, load_element(table.data(), table.dtype(), id[i] * C + c));
+    if (id[i] < 0 || id[i] >= whole) fail("embedding: token id {} at flat position {} is out of range for a vocabulary of {}", id[i], i, whole);
+    const int32_t row = local_target(split, id[i]);
+    if (row < 0 || row >= V) continue;  // out is zero-filled
+    for (int64_t c = 0; c < C; ++c) store_element(o, out.dtype(), i * C + c, load_element(table.data(), table.dtype(), row * C + c));
   }
 }
 
@@ -208,31 +211,58 @@ double row_logits(const std::vector<double>& hf, const std::vector<double>& wf, 
   return mx + std::log(sum);
 }
 
-// h:[R,C], w:[V,C], targets:[R] -> out:[R] f32.  log softmax(h·wᵀ)[target].
-void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& out) {
-  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+// The whole vocabulary's statistics of every row of the logits h·wᵀ: lse, the entropy H and, with targets,
+// log p(target) and whether the target is the first argmax. Under a vocabulary split (graph::VocabSplit) w is this
+// rank's rows and targets are of the whole vocabulary: the rows' statistics over w are combined over the group.
+struct RowStats {
+  std::vector<double> lse, entropy, logp, match;
+};
+RowStats row_stats(const Tensor& h, const Tensor& w, const Tensor* targets, const graph::VocabSplit& split, const char* what) {
+  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0), whole = whole_vocab(split, V);
   const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  const int32_t* t = targets ? targets->data_as<int32_t>() : nullptr;
   std::vector<double> z(static_cast<size_t>(V));
+  RowStats s{std::vector<double>(static_cast<size_t>(R)), std::vector<double>(static_cast<size_t>(R)), std::vector<double>(static_cast<size_t>(R)),
+             std::vector<double>(static_cast<size_t>(R))};
+  std::vector<double> mx(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
-    const int32_t t = targets.data_as<int32_t>()[r];
-    if (t < 0 || t >= V) fail("token_logprobs: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
-    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
-    store_element(out.mutable_data(), out.dtype(), r, z[static_cast<size_t>(t)] - lse);
+    const size_t i = static_cast<size_t>(r);
+    s.lse[i] = row_logits(hf, wf, r, C, V, h.dtype(), z);
+    for (int64_t v = 0; v < V; ++v) s.entropy[i] += std::exp(z[static_cast<size_t>(v)] - s.lse[i]) * z[static_cast<size_t>(v)];  // Σ p·z
+    const auto best = std::max_element(z.begin(), z.end()) - z.begin();
+    mx[i] = z[static_cast<size_t>(best)];
+    if (!t) continue;
+    if (t[r] < 0 || t[r] >= whole) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, whole);
+    const int32_t lt = local_target(split, t[r]);
+    if (lt >= 0 && lt < V) s.logp[i] = z[static_cast<size_t>(lt)], s.match[i] = best == lt ? 1.0 : 0.0;
   }
+  combine_vocab_rows(split, V, R, t, s.lse.data(), s.entropy.data(), s.logp.data(), mx.data(), s.match.data());
+  return s;
 }
 
-// The backward pass of a loss on the logits z = h·wᵀ, given per row: dz_v = dz(r, g, z, lse, v), with g the
-// incoming gradient of row r (rows with g = 0 are skipped). Writes packed [dh:[R,C] | dw:[V,C]]: dh = dz·w, dw = dzᵀ·h.
+void store_row(const std::vector<double>& v, Tensor& out) {
+  for (size_t r = 0; r < v.size(); ++r) store_element(out.mutable_data(), out.dtype(), static_cast<int64_t>(r), v[r]);
+}
+
+// h:[R,C], w:[V,C], targets:[R] -> out:[R] f32.  log softmax(h·wᵀ)[target].
+void token_logprobs(const Tensor& h, const Tensor& w, const Tensor& targets, const graph::VocabSplit& split, Tensor& out) {
+  store_row(row_stats(h, w, &targets, split, "token_logprobs").logp, out);
+}
+
+// The backward pass of a loss on the logits z = h·wᵀ, given per row: dz_v = dz(r, g, z, stats, v), with g the
+// incoming gradient of row r (rows with g = 0 are skipped) and the row's whole-vocabulary statistics. Writes packed
+// [dh:[R,C] | dw:[V,C]]: dh = dz·w (this rank's part under a split), dw = dzᵀ·h.
 template <class DzFn>
-void logits_backward(const Tensor& h, const Tensor& w, const Tensor& grad, Tensor& out, DzFn dz_of) {
+void logits_backward(const Tensor& h, const Tensor& w, const Tensor& grad, const graph::VocabSplit& split, Tensor& out, DzFn dz_of) {
   const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
   const std::vector<double> hf = as_f64(h), wf = as_f64(w);
+  const RowStats st = row_stats(h, w, nullptr, split, "logits_backward");  // every rank takes part (a collective)
   std::vector<double> z(static_cast<size_t>(V)), dz(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0), dw(static_cast<size_t>(V * C), 0.0);
   for (int64_t r = 0; r < R; ++r) {
     const double g = load_element(grad.data(), grad.dtype(), r);
     if (g == 0) continue;
-    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
-    dz_of(r, g, z, lse, dz);
+    row_logits(hf, wf, r, C, V, h.dtype(), z);
+    dz_of(r, g, z, st.lse[static_cast<size_t>(r)], st.entropy[static_cast<size_t>(r)], dz);
     for (int64_t v = 0; v < V; ++v)
       for (int64_t c = 0; c < C; ++c) {
         dh[static_cast<size_t>(r * C + c)] += dz[static_cast<size_t>(v)] * wf[static_cast<size_t>(v * C + c)];
@@ -245,73 +275,49 @@ void logits_backward(const Tensor& h, const Tensor& w, const Tensor& grad, Tenso
 }
 
 // dlogp:[R] -> packed [dh | dw].  dz = dlogp·(onehot(target) - softmax(z)).
-void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& targets, const Tensor& dlogp, Tensor& out) {
-  logits_backward(h, w, dlogp, out, [&](int64_t r, double g, const std::vector<double>& z, double lse, std::vector<double>& dz) {
-    const int32_t t = targets.data_as<int32_t>()[r];
+void token_logprobs_backward(const Tensor& h, const Tensor& w, const Tensor& targets, const Tensor& dlogp, const graph::VocabSplit& split, Tensor& out) {
+  logits_backward(h, w, dlogp, split, out, [&](int64_t r, double g, const std::vector<double>& z, double lse, double, std::vector<double>& dz) {
+    const int32_t t = local_target(split, targets.data_as<int32_t>()[r]);
     for (size_t v = 0; v < z.size(); ++v) dz[v] = g * ((static_cast<int32_t>(v) == t ? 1.0 : 0.0) - std::exp(z[v] - lse));
   });
 }
 
 // out[r] = 1 where targets[r] is the first index of the largest logit of row r, else 0.
-void token_argmax_match(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& out) {
-  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
-  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
-  std::vector<double> z(static_cast<size_t>(V));
-  for (int64_t r = 0; r < R; ++r) {
-    const int32_t t = targets.data_as<int32_t>()[r];
-    if (t < 0 || t >= V) fail("token_argmax_match: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
-    row_logits(hf, wf, r, C, V, h.dtype(), z);
-    const auto best = std::max_element(z.begin(), z.end()) - z.begin();
-    store_element(out.mutable_data(), out.dtype(), r, best == t ? 1.0 : 0.0);
-  }
+void token_argmax_match(const Tensor& h, const Tensor& w, const Tensor& targets, const graph::VocabSplit& split, Tensor& out) {
+  store_row(row_stats(h, w, &targets, split, "token_argmax_match").match, out);
 }
 
 // h:[R,C], w:[V,C] -> out:[R].  H = -Σ p log p = lse - Σ p·z.
-void entropy(const Tensor& h, const Tensor& w, Tensor& out) {
-  const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
-  const std::vector<double> hf = as_f64(h), wf = as_f64(w);
-  std::vector<double> z(static_cast<size_t>(V));
-  for (int64_t r = 0; r < R; ++r) {
-    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
-    double pz = 0;
-    for (int64_t v = 0; v < V; ++v) pz += std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
-    store_element(out.mutable_data(), out.dtype(), r, lse - pz);
-  }
+void entropy(const Tensor& h, const Tensor& w, const graph::VocabSplit& split, Tensor& out) {
+  store_row(row_stats(h, w, nullptr, split, "entropy").entropy, out);
 }
 
 // h:[R,C], w:[V,C], targets:[R]|none -> packed f32 [logp | H | match | lse] (R each; see graph::Op::VocabStats),
 // then with keep_logits the bf16 logits [R, V] in the bytes after them.
 void vocab_stats(const Tensor& h, const Tensor& w, const Tensor* targets, const graph::Attrs& a, Tensor& out) {
   const int64_t C = h.size(-1), R = h.numel() / std::max<int64_t>(C, 1), V = w.size(0);
+  const RowStats st = row_stats(h, w, targets, a.vocab, "vocab_stats");
+  void* o = out.mutable_data();
+  for (int64_t r = 0; r < R; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    store_element(o, DType::F32, r, targets ? st.logp[i] : 0.0);
+    store_element(o, DType::F32, R + r, a.entropy ? st.entropy[i] : 0.0);
+    store_element(o, DType::F32, 2 * R + r, targets ? st.match[i] : 0.0);
+    store_element(o, DType::F32, 3 * R + r, st.lse[i]);
+  }
+  if (!a.keep_logits) return;
   const std::vector<double> hf = as_f64(h), wf = as_f64(w);
   std::vector<double> z(static_cast<size_t>(V));
-  void* o = out.mutable_data();
   auto* kept = reinterpret_cast<uint16_t*>(static_cast<float*>(o) + graph::kVocabStatRows * R);
   for (int64_t r = 0; r < R; ++r) {
-    const double lse = row_logits(hf, wf, r, C, V, h.dtype(), z);
-    double pz = 0;
-    for (int64_t v = 0; v < V; ++v) pz += std::exp(z[static_cast<size_t>(v)] - lse) * z[static_cast<size_t>(v)];
-    double logp = 0, match = 0;
-    if (targets) {
-      const int32_t t = targets->data_as<int32_t>()[r];
-      if (t < 0 || t >= V) fail("vocab_stats: target {} at row {} is outside the vocabulary [0, {})", t, r, V);
-      logp = z[static_cast<size_t>(t)] - lse;
-      match = std::max_element(z.begin(), z.end()) - z.begin() == t ? 1.0 : 0.0;
-    }
-    store_element(o, DType::F32, r, logp);
-    store_element(o, DType::F32, R + r, a.entropy ? lse - pz : 0.0);
-    store_element(o, DType::F32, 2 * R + r, match);
-    store_element(o, DType::F32, 3 * R + r, lse);
-    if (a.keep_logits)
-      for (int64_t v = 0; v < V; ++v) kept[r * V + v] = f32_to_bf16(static_cast<float>(z[static_cast<size_t>(v)]));
+    row_logits(hf, wf, r, C, V, h.dtype(), z);
+    for (int64_t v = 0; v < V; ++v) kept[r * V + v] = f32_to_bf16(static_cast<float>(z[static_cast<size_t>(v)]));
   }
 }
 
 // dH:[R] -> packed [dh | dw].  dz_v = -dH·p_v·(log p_v + H).
-void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, Tensor& out) {
-  logits_backward(h, w, dent, out, [](int64_t, double g, const std::vector<double>& z, double lse, std::vector<double>& dz) {
-    double H = lse;
-    for (double zv : z) H -= std::exp(zv - lse) * zv;
+void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, const graph::VocabSplit& split, Tensor& out) {
+  logits_backward(h, w, dent, split, out, [](int64_t, double g, const std::vector<double>& z, double lse, double H, std::vector<double>& dz) {
     for (size_t v = 0; v < z.size(); ++v) dz[v] = -g * std::exp(z[v] - lse) * (z[v] - lse + H);
   });
 }
@@ -353,12 +359,13 @@ void sum_rows(const Tensor& x, Tensor& out) {
 }
 
 // ids:[B,T], dy:[B,T,C] -> out:[V,C], scatter-add
-void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor* base, Tensor& out) {
-  const int64_t C = dy.size(-1), V = out.size(0);
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor* base, const graph::VocabSplit& split, Tensor& out) {
+  const int64_t C = dy.size(-1), V = out.size(0), whole = whole_vocab(split, V);
   std::vector<double> acc = base ? as_f64(*base) : std::vector<double>(static_cast<size_t>(V * C), 0.0);
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    const int32_t id = ids.data_as<int32_t>()[i];
-    if (id < 0 || id >= V) fail("embedding_backward: id {} out of range", id);
+    if (const int32_t t = ids.data_as<int32_t>()[i]; t < 0 || t >= whole) fail("embedding_backward: id {} out of range", t);
+    const int32_t id = local_target(split, ids.data_as<int32_t>()[i]);
+    if (id < 0 || id >= V) continue;  // another rank's row
     for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(id * C + c)] += load_element(dy.data(), dy.dtype(), i * C + c);
   }
   for (int64_t i = 0; i < V * C; ++i) store_element(out.mutable_data(), out.dtype(), i, acc[static_cast<size_t>(i)]);
@@ -540,7 +547,7 @@ class ReferenceProgram final : public Program {
       Tensor out = Tensor::zeros(n.dtype, n.shape);
       try {
         switch (n.op) {
-          case Op::Embedding: embedding(in(n, 0), in(n, 1), out); break;
+          case Op::Embedding: embedding(in(n, 0), in(n, 1), n.attrs.vocab, out); break;
           case Op::MatMul: matmul(in(n, 0), in(n, 1), opt(n, 2), out); break;
           case Op::RmsNorm: rms_norm(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::Rope: rope(in(n, 0), in(n, 1), n.attrs, out); break;
@@ -567,9 +574,9 @@ class ReferenceProgram final : public Program {
           }
           case Op::SwiGLU: swiglu(in(n, 0), in(n, 1), out); break;
           case Op::Add: add(in(n, 0), in(n, 1), out); break;
-          case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), out); break;
-          case Op::Entropy: entropy(in(n, 0), in(n, 1), out); break;
-          case Op::TokenArgmaxMatch: token_argmax_match(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::TokenLogprobs: token_logprobs(in(n, 0), in(n, 1), in(n, 2), n.attrs.vocab, out); break;
+          case Op::Entropy: entropy(in(n, 0), in(n, 1), n.attrs.vocab, out); break;
+          case Op::TokenArgmaxMatch: token_argmax_match(in(n, 0), in(n, 1), in(n, 2), n.attrs.vocab, out); break;
           case Op::VocabStats: vocab_stats(in(n, 0), in(n, 1), opt(n, 2), n.attrs, out); break;
           case Op::WeightedSum: {
             double acc = 0;
@@ -590,13 +597,13 @@ class ReferenceProgram final : public Program {
             for (int64_t i = 0; i < out.numel(); ++i) store_element(out.mutable_data(), out.dtype(), i, sc * load_element(in(n, 0).data(), in(n, 0).dtype(), i));
             break;
           }
-          case Op::EmbeddingBackward: embedding_backward(in(n, 0), in(n, 1), opt(n, 2), out); break;
+          case Op::EmbeddingBackward: embedding_backward(in(n, 0), in(n, 1), opt(n, 2), n.attrs.vocab, out); break;
           case Op::RmsNormBackX: rms_norm_back_x(in(n, 0), in(n, 1), in(n, 2), n.attrs.eps, out); break;
           case Op::RmsNormBackW: rms_norm_back_w(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::SwiGLUBackward: swiglu_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
           case Op::AttentionBackward: attention_backward(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), in(n, 4), n.attrs, out); break;
-          case Op::TokenLogprobsBackward: token_logprobs_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), out); break;
-          case Op::EntropyBackward: entropy_backward(in(n, 0), in(n, 1), in(n, 2), out); break;
+          case Op::TokenLogprobsBackward: token_logprobs_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), n.attrs.vocab, out); break;
+          case Op::EntropyBackward: entropy_backward(in(n, 0), in(n, 1), in(n, 2), n.attrs.vocab, out); break;
           case Op::AllReduce:
             out.copy_from(in(n, 0));
             all_reduce_in_group(n.attrs.group, out.mutable_data(), out.numel(), out.dtype());

@@ -142,12 +142,12 @@ class SftMethod final : public TrainingMethod {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
       graph::Builder g;
       graph::ValueId head = graph::kNone;
-      const graph::ValueId h = ctx.model.build_hidden(g, B, T, &head);
+      const CausalLM::VocabHead v = ctx.model.vocab_head(g, ctx.model.build_hidden(g, B, T, &head), head);
       const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
-      const graph::ValueId logp = g.token_logprobs(h, head, labels, "token_logprobs");
+      const graph::ValueId logp = g.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split);
       g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"), "loss");
-      g.output(g.entropy(h, head, "entropy"), "entropy");
-      g.output(g.token_argmax_match(h, head, labels, "token_accuracy"), "token_accuracy");
+      g.output(g.entropy(v.h, v.w, "entropy", v.split), "entropy");
+      g.output(g.token_argmax_match(v.h, v.w, labels, "token_accuracy", v.split), "token_accuracy");
       const graph::Graph graph = g.finish();
       const auto out = ctx.programs.get(graph).run(inputs(ctx.weights, b, -1.0f));
       nll += out[graph.output_index("loss")].data_as<float>()[0];
