@@ -4,10 +4,12 @@
 #   1 rank  × 1 core   (TRL_VISIBLE_CORES=0, per_device_train_batch_size GLOBAL),
 #   2 ranks × 1 core   (mpirun -np 2, per_device_train_batch_size GLOBAL/2: each rank pins itself to one core),
 #   1 rank  × 2 cores  (per_device_train_batch_size GLOBAL),
-#   2 ranks × 1 core with --fsdp_size 2 (the masters and AdamW moments sharded between them).
+#   2 ranks × 1 core with --fsdp_size 2 (the masters and AdamW moments sharded between them),
+#   2 ranks × 1 core with --tp_size 2 (the model split between them; both train on the GLOBAL rows).
 # Prints each run's mean step seconds over the steps after the first (compilation), the ranks' comm_seconds, the
 # speed-ups: 2 ranks against 1 core (the goal: 1.9x), and against 1 rank on both cores, and the FSDP step beside the
-# data-parallel one with each rank's optimizer state (f32 masters + AdamW moments) against the unsharded.
+# data-parallel one with each rank's optimizer state (f32 masters + AdamW moments) against the unsharded, and the
+# tensor-parallel step with the weights each rank holds (rank 0's memory line) against one process's.
 #   bash bench/run_dp.sh                            # PRESET=small GLOBAL=8 SEQ=256 STEPS=4
 #   PRESET=qwen3-0.6b GLOBAL=4 SEQ=128 bash bench/run_dp.sh
 #   PRESET=qwen3-1.7b LAYERS=2 GLOBAL=2 SEQ=128 bash bench/run_dp.sh   # the seed's FSDP model at reduced depth
@@ -46,17 +48,29 @@ read -r two_cores _ < <(mean_step "$tmp/two_cores/log.jsonl")
 mpirun -np 2 --bind-to none "$build/trl" "${common[@]}" --per_device_train_batch_size $((GLOBAL / 2)) --fsdp_size 2 --output_dir "$tmp/fsdp" \
   >/dev/null 2>"$tmp/fsdp.err"
 read -r fsdp fsdp_comm < <(mean_step "$tmp/fsdp/log.jsonl")
+mpirun -np 2 --bind-to none "$build/trl" "${common[@]}" --per_device_train_batch_size "$GLOBAL" --tp_size 2 --output_dir "$tmp/tp" \
+  >/dev/null 2>"$tmp/tp.err"
+read -r tp tp_comm < <(mean_step "$tmp/tp/log.jsonl")
+# "[trl] memory: holds compute weights X, f32 masters Y; needs ..." of one process (1 core) and of tp rank 0
+"$build/trl" "${common[@]}" --per_device_train_batch_size "$GLOBAL" --max_steps 1 --output_dir "$tmp/mem" >/dev/null 2>"$tmp/mem.err"
+holds_one=$(sed -n 's/.*memory: holds \([^;]*\);.*/\1/p' "$tmp/mem.err")
+holds_tp=$(sed -n 's/.*memory: holds \([^;]*\);.*/\1/p' "$tmp/tp.err")
 # "[trl] [rank r/2] FSDP shard j of 2: f32 masters and AdamW moments B bytes on this rank (...), U unsharded"
 held=$(sed -n 's/.*FSDP shard 0 of 2: f32 masters and AdamW moments \([0-9]*\) bytes.*, \([0-9]*\) unsharded/\1 \2/p' "$tmp/fsdp.err")
-/usr/bin/python3 - "$PRESET" "$LAYERS" "$DTYPE" "$GLOBAL" "$SEQ" "$one_core" "$two_ranks" "$comm" "$two_cores" "$fsdp" "$fsdp_comm" $held <<'PY'
+/usr/bin/python3 - "$PRESET" "$LAYERS" "$DTYPE" "$GLOBAL" "$SEQ" "$one_core" "$two_ranks" "$comm" "$two_cores" "$fsdp" "$fsdp_comm" $held \
+  "$tp" "$tp_comm" "$holds_one" "$holds_tp" <<'PY'
 import json, sys
 preset, layers, dtype, g, seq = sys.argv[1:6]
 one, two, comm, both, fsdp, fsdp_comm = map(float, sys.argv[6:12])
 held, unsharded = map(int, sys.argv[12:14])
+tp, tp_comm = map(float, sys.argv[14:16])
+holds_one, holds_tp = sys.argv[16:18]
 print(json.dumps({"preset": preset, "layers": int(layers) or "preset", "dtype": dtype, "global_batch": int(g), "seq": int(seq),
                   "step_s_1rank_1core": one, "step_s_2ranks_1core_each": two, "comm_s_2ranks": comm, "step_s_1rank_2cores": both,
                   "speedup_2ranks_vs_1core": round(one / two, 3), "efficiency": round(one / two / 2, 3),
                   "speedup_2ranks_vs_1rank_2cores": round(both / two, 3),
                   "step_s_fsdp2": fsdp, "comm_s_fsdp2": fsdp_comm, "fsdp_vs_data_parallel": round(two / fsdp, 3),
-                  "optimizer_state_bytes_per_rank_fsdp2": held, "optimizer_state_bytes_unsharded": unsharded}))
+                  "optimizer_state_bytes_per_rank_fsdp2": held, "optimizer_state_bytes_unsharded": unsharded,
+                  "step_s_tp2": tp, "comm_s_tp2": tp_comm, "tp_vs_data_parallel": round(two / tp, 3),
+                  "holds_1process": holds_one, "holds_per_rank_tp2": holds_tp}))
 PY

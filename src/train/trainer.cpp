@@ -337,6 +337,7 @@ struct Trainer::State {
   // parallel. Without it, dp is the world.
   std::unique_ptr<dist::Communicator> tp_group, dp_group;
   dist::Communicator* dp = nullptr;
+  double tp_seconds = 0;  // spent in the programs' tensor-parallel all-reduces (logged in comm_seconds)
 
   State(const CausalLM& m, const TrainingArguments& c, const char* name);
   ~State();
@@ -437,8 +438,11 @@ Trainer::State::State(const CausalLM& m, const TrainingArguments& c, const char*
   tp_group = comm.split(r / T, r);  // consecutive ranks: on one machine where they can be
   dp_group = comm.split(r % T, r);
   dp = dp_group.get();
-  dist::Communicator* g = tp_group.get();
-  set_collective_group(kTensorParallelGroup, [g](void* data, int64_t n, DType dtype) { g->all_reduce(data, n, dtype, dist::ReduceOp::Sum); });
+  set_collective_group(kTensorParallelGroup, [this](void* data, int64_t n, DType dtype) {
+    const auto t0 = Clock::now();
+    tp_group->all_reduce(data, n, dtype, dist::ReduceOp::Sum);
+    tp_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  });
   model = m.tensor_parallel_shard(TensorParallel{tp(), tp_group->rank(), kTensorParallelGroup});
 }
 
@@ -1042,6 +1046,7 @@ double Trainer::State::clip_gradients(double step_loss) {
 StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWindow& metrics,
                                       const std::function<void(int64_t, const TensorMap&)>& pre_optimizer) {
   const auto t_step = Clock::now();
+  const double tp_before = tp_seconds;
   StepResult r;
   const StepItems items = step_items(order, global_step % steps_per_epoch());
   const size_t filled = static_cast<size_t>(std::count_if(items.local.begin(), items.local.end(), [](const auto& m) { return !m.empty(); }));
@@ -1080,6 +1085,7 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
     dist::all_gather_flat(*shard_group, *shards, compute);
     r.comm_seconds += std::chrono::duration<double>(Clock::now() - t_gather).count();
   }
+  r.comm_seconds += tp_seconds - tp_before;  // the programs' tensor-parallel all-reduces
   ++global_step;
   // Under FSDP no rank holds the whole masters: the method sees the whole compute weights (the masters themselves in
   // an f32 run, rounded to bf16 in a bf16 one).

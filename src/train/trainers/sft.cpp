@@ -142,7 +142,8 @@ class SftMethod final : public TrainingMethod {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
       graph::Builder g;
       graph::ValueId head = graph::kNone;
-      const CausalLM::VocabHead v = ctx.model.vocab_head(g, ctx.model.build_hidden(g, B, T, &head), head);
+      const graph::ValueId h = ctx.model.build_hidden(g, B, T, &head);  // sets head
+      const CausalLM::VocabHead v = ctx.model.vocab_head(g, h, head);
       const graph::ValueId labels = g.input("labels", {B, T}, DType::I32);
       const graph::ValueId logp = g.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split);
       g.output(g.weighted_sum(logp, g.input("loss_weights", {B, T}, DType::F32), "loss"), "loss");
