@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/registry.h"
+#include "trl/core/collectives.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
@@ -168,6 +169,7 @@ const ProgramCacheStats& Generator::stats() const { return state_->compiled.stat
 
 GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& prompts_in, const GenerationConfig& user, const Tokenizer* tokenizer) {
   const ModelConfig& mc = model_.config();
+  const TensorParallel& tp = model_.tensor_parallel();  // a tensor-parallel rank's model runs with its group
   const GenerationConfig& d = defaults_;
   auto pick = [](const auto& a, const auto& b, auto fallback) { return a ? *a : b ? *b : fallback; };
   SamplingParams sp;
@@ -255,7 +257,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     auto& c = state_->caches[{B, S}];
     if (c.empty())
       for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
-        for (int kv = 0; kv < 2; ++kv) c.push_back(Tensor::zeros(model_.dtype(), {B, S, mc.num_key_value_heads, mc.head_dim}));
+        for (int kv = 0; kv < 2; ++kv) c.push_back(Tensor::zeros(model_.dtype(), {B, S, mc.num_key_value_heads / tp.size, mc.head_dim}));
     for (Tensor& t : c) std::memset(t.mutable_data(), 0, t.nbytes());
     cache = &c;
   }
@@ -273,21 +275,29 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
       if (updated.data() != (*cache)[i].data()) (*cache)[i].copy_from(updated);
     }
   };
-  const int64_t V = mc.vocab_size;
+  // Under tensor parallel a program's logits are this rank's V / size columns: each rank writes its columns into
+  // zeroed rows and one all-reduce joins them, so every rank samples from the same whole rows (and, with the same
+  // seeds, the same tokens).
+  const int64_t V = mc.vocab_size, Vl = V / tp.size, first = tp.rank * Vl;
   std::vector<std::vector<float>> logits(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V)));
+  std::vector<float> joined(tp.size > 1 ? static_cast<size_t>(B * V) : 0);
   auto take_logits = [&](const Tensor& t, int64_t rows_stride, int64_t row_offset) {
+    if (tp.size > 1) std::fill(joined.begin(), joined.end(), 0.0f);
     for (int64_t b = 0; b < B; ++b) {
-      float* row = logits[static_cast<size_t>(b)].data();
-      const int64_t at = (b * rows_stride + row_offset) * V;
+      float* row = (tp.size > 1 ? joined.data() + b * V : logits[static_cast<size_t>(b)].data()) + first;
+      const int64_t at = (b * rows_stride + row_offset) * Vl;
       if (t.dtype() == DType::BF16) {
         const uint16_t* x = static_cast<const uint16_t*>(t.data()) + at;
-        for (int64_t v = 0; v < V; ++v) row[v] = bf16_to_f32(x[v]);
+        for (int64_t v = 0; v < Vl; ++v) row[v] = bf16_to_f32(x[v]);
       } else if (t.dtype() == DType::F32) {
-        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(V) * sizeof(float));
+        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(Vl) * sizeof(float));
       } else {
-        for (int64_t v = 0; v < V; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
+        for (int64_t v = 0; v < Vl; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
       }
     }
+    if (tp.size == 1) return;
+    all_reduce_in_group(tp.group, joined.data(), B * V, DType::F32);
+    for (int64_t b = 0; b < B; ++b) std::memcpy(logits[static_cast<size_t>(b)].data(), joined.data() + b * V, static_cast<size_t>(V) * sizeof(float));
   };
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).
   auto run_full = [&](int64_t T) {

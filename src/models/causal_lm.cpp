@@ -253,9 +253,6 @@ int64_t CausalLM::num_parameters() const {
 }
 
 ValueId CausalLM::build_forward(Builder& b, int64_t B, int64_t T) const {
-  if (tp_.size > 1)
-    fail("forward_graph: whole logits under tensor parallel (each rank holds {} of the {} vocabulary rows) are not built; the training and "
-         "log-prob programs run tensor parallel", config_.vocab_size / tp_.size, config_.vocab_size);
   ValueId head = kNone;
   const ValueId h = build_hidden(b, B, T, &head);
   return b.matmul(h, head, kNone, dtype_, "lm_head");
@@ -498,9 +495,6 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
 namespace {
 graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode) {
   if (B <= 0 || T <= 0 || T > S) fail("generation graph: batch {} and {} new tokens do not fit a cache of {}", B, T, S);
-  if (m.tensor_parallel().size > 1)
-    fail("generation graph: generation does not run tensor parallel yet (rank {} of {}); generate with a whole model", m.tensor_parallel().rank,
-         m.tensor_parallel().size);
   Builder b;
   ValueId head = kNone;
   const CausalLM::CacheSpec spec{S, decode};
@@ -508,7 +502,7 @@ graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bo
   ValueId h = m.build_hidden(b, B, T, &head, &spec, &caches);
   if (T > 1) h = b.slice(h, T - 1, 1, "last_position");
   const ValueId logits = b.matmul(h, head, kNone, m.dtype(), "lm_head");
-  b.output(b.reshape(logits, {B, m.config().vocab_size}), "logits");
+  b.output(b.reshape(logits, {B, m.config().vocab_size / m.tensor_parallel().size}), "logits");  // this rank's columns
   for (size_t i = 0; i < caches.size(); ++i)
     b.output(caches[i], fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"));
   return b.finish();

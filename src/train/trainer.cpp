@@ -470,6 +470,7 @@ Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const cha
 Trainer::~Trainer() = default;
 
 int64_t Trainer::data_parallel_size() const { return s_->dp->size(); }
+int64_t Trainer::data_parallel_rank() const { return s_->dp->rank(); }
 
 void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   State& s = *s_;

@@ -147,6 +147,7 @@ class Trainer {
   int64_t auto_pad_multiple() const { return backend_->auto_pad_multiple(); }
   // The ranks that split each batch between them (the world without tensor parallel; world / tp_size with it).
   int64_t data_parallel_size() const;
+  int64_t data_parallel_rank() const;
   const std::string& device() const { return device_; }
   // Checks that the method has items and a full batch, and sizes the program cache by it.
   void set_method(std::unique_ptr<TrainingMethod> method);

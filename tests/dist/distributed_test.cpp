@@ -368,13 +368,34 @@ TEST_F(Distributed, ModelParallelSizesAreCheckedAgainstTheWorld) {
                               &out),
             0);
   EXPECT_NE(out.find("num_key_value_heads (2) does not divide by it"), std::string::npos) << out;
-  // Generation does not run tensor parallel yet: GRPO says so.
-  out.clear();
-  EXPECT_NE(test::run_command(fmt::format("{} {} grpo {} --per_device_train_batch_size 2 --tp_size 2 --reward_funcs length:4 --output_dir {} 2>&1",
-                                          kMpirun, kTrl, common("sft.jsonl"), dir_.file("grpo")),
-                              &out),
-            0);
-  EXPECT_NE(out.find("tp_size > 1: generation does not run tensor parallel yet"), std::string::npos) << out;
+}
+
+// GRPO and RLOO under tensor parallel: both ranks generate the same rows with their halves of the model (the KV
+// cache holds each rank's kv heads; the ranks' logit columns are joined before sampling), and the run is one
+// process's with their batch (the same completions, rewards, losses and weights). RLOO's KL runs the reference
+// split as the policy is.
+TEST_F(Distributed, TensorParallelGrpoAndRlooEqualOneProcess) {
+  std::ofstream p(dir_.file("prompts.jsonl"));
+  for (int i = 0; i < 8; ++i) p << json{{"prompt", fmt::format("Count to {}:", i + 2)}}.dump() << "\n";
+  p.close();
+  const std::string online = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 4 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
+                                         "--report false --save_steps 4 --gradient_accumulation_steps 2 --steps_per_generation 4 --num_generations 4 "
+                                         "--max_completion_length 6 --reward_funcs length:12 --per_device_train_batch_size 2",
+                                         dir_.file("model"), dir_.file("prompts.jsonl"));
+  for (const char* trainer : {"grpo", "rloo"}) {
+    SCOPED_TRACE(trainer);
+    const std::string one = std::string(trainer) + "-one", tp = std::string(trainer) + "-tp";
+    run(fmt::format("{} {} {} --output_dir {}", kTrl, trainer, online, dir_.file(one)));
+    run(fmt::format("{} {} {} {} --tp_size 2 --output_dir {}", kMpirun, kTrl, trainer, online, dir_.file(tp)));
+    expect_same_run(one, tp, 4, /*abs_tol=*/1e-6);  // policy-gradient losses: small differences of larger terms
+    const std::vector<json> a = log(one), b = log(tp);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].contains("reward"), b[i].contains("reward")) << "step " << i + 1;
+      if (a[i].contains("reward")) {
+        EXPECT_EQ(a[i]["reward"], b[i]["reward"]) << "step " << i + 1;
+      }
+    }
+  }
 }
 
 TEST(DistributedCores, SplitBetweenLocalRanks) {

@@ -122,6 +122,8 @@ class CausalLM {
   // token); decode also query_positions [B,T] i32 (each new token's slot); and the cache itself,
   // past_key_values.{layer}.key/value [B,S,Hkv,D] in the model's dtype, updated in place.
   // Outputs: logits of the last position [B,V] (model dtype), then the updated key and value caches per layer.
+  // Under tensor parallel: this rank's kv heads in the cache ([B,S,Hkv/size,D]) and its columns of the logits
+  // ([B,V/size]; generate() joins the ranks' columns). forward_graph's logits likewise.
   graph::Graph prefill_graph(int64_t batch, int64_t tokens, int64_t cache_len) const;
   graph::Graph decode_graph(int64_t batch, int64_t cache_len) const;
 

@@ -113,15 +113,12 @@ void check_online_config(const OnlineRLConfig& c, const char* name, int64_t rewa
   if (c.auto_find_batch_size)
     bad("auto_find_batch_size", "is not supported: the generation batch layout depends on per_device_train_batch_size; set it explicitly");
   if (c.eval_strategy != "no") bad("eval_strategy", "must be no: evaluation with generation is not implemented for online methods yet");
-  if (c.distributed.tp_size > 1)
-    bad("tp_size", "> 1: generation does not run tensor parallel yet; train GRPO and RLOO with data parallel or FSDP (--fsdp_size), "
-                   "and leave tp_size at 1 (docs/DISTRIBUTED.md)");
   try {
     parse_pad_to_multiple_of(c.pad_to_multiple_of, 1);
   } catch (const Error& e) {
     bad("pad_to_multiple_of", e.what());
   }
-  resolve_layout(c, name, dist::world().size());
+  resolve_layout(c, name, dist::world().size() / std::max<int64_t>(1, c.distributed.tp_size));  // the data-parallel ranks
 }
 
 class OnlineMethod final : public TrainingMethod {
@@ -133,7 +130,9 @@ class OnlineMethod final : public TrainingMethod {
     if (grpo) cfg_ = *grpo, grpo_ = *grpo;
     else cfg_ = *rloo, rloo_cfg_ = *rloo;
     name_ = rloo_ ? "RLOO" : "GRPO";
-    world_ = dist::world().size(), rank_ = dist::world().rank();
+    // The data-parallel ranks split each round; a tensor-parallel group generates and trains on the same rows.
+    world_ = trainer.data_parallel_size(), rank_ = trainer.data_parallel_rank();
+    writer_ = dist::world().rank() == 0;
     layout_ = resolve_layout(cfg_, config_name(), world_);
     multiple_ = parse_pad_to_multiple_of(cfg_.pad_to_multiple_of, trainer.auto_pad_multiple());
     const auto eos = tok.eos_token_id();
@@ -153,7 +152,7 @@ class OnlineMethod final : public TrainingMethod {
     if (cfg_.beta != 0) reference_ = std::make_unique<FrozenModel>(ref, trainer, programs_to_keep());
     // The generator reads the trainer's compute weights in place (a model over the same tensors, which AdamW
     // updates in place): no copy of the weights per round, and no recompilation when they change.
-    policy_ = std::make_unique<CausalLM>(CausalLM::from_weights(trainer.model().config(), trainer.compute_weights(), "policy"));
+    policy_ = std::make_unique<CausalLM>(trainer.model().with_weights(trainer.compute_weights(), "policy"));
     generator_ = std::make_unique<Generator>(*policy_);
     loss_.rloo = rloo_;
     loss_.epsilon_low = cfg_.epsilon, loss_.epsilon_high = cfg_.epsilon_high.value_or(cfg_.epsilon);
@@ -547,13 +546,13 @@ class OnlineMethod final : public TrainingMethod {
         samples_.push_back(row);
         while (samples_.size() > 20) samples_.pop_front();
       }
-      if (i < show && rank_ == 0) {
+      if (i < show && writer_) {
         const std::string p = prompts[i].is_string() ? prompts[i].get<std::string>() : prompts[i].dump();
         std::fprintf(stderr, "[trl] %s step %lld | prompt: %.80s | completion: %.120s | rewards: %s | advantage: %.3f\n", name_.c_str(),
                      static_cast<long long>(ctx.global_step + 1), p.c_str(), texts[i].c_str(), rw.dump().c_str(), a.advantages[i]);
       }
     }
-    if (rank_ == 0) append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
+    if (writer_) append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
   }
 
   // share: this rank's part of the micro-batch's rows (1 with one process).
@@ -591,6 +590,7 @@ class OnlineMethod final : public TrainingMethod {
   std::function<void(const RolloutRecord&)>* on_rollout_;
   Layout layout_;
   int64_t world_ = 1, rank_ = 0;  // the data-parallel ranks and this one
+  bool writer_ = true;            // rank 0 of the job: prints samples and writes completions.jsonl
   int64_t multiple_ = 0, rounds_per_epoch_ = 0, longest_prompt_ = 0;
   int32_t eos_ = 0, pad_ = 0;
   bool need_old_ = false;
