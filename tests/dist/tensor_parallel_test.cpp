@@ -108,7 +108,8 @@ TEST(TensorParallelRanks, ColumnThenRowParallelMlpEqualsTheWholeMlp) {
   set_collective_group(kTpGroup, nullptr);
 }
 
-// The tiny Qwen3 (4 heads, 2 kv heads, ffn 128) split over 2 ranks: its training step gives the whole model's loss,
+// The tiny Qwen3 (4 heads, 2 kv heads, ffn 128) split over 2 ranks: its forward pass gives each rank its columns of
+// the whole model's logits, and its training step gives the whole model's loss,
 // per-token log-probs, entropy and argmax match on every rank, the whole gradient of every parameter held whole,
 // and each split parameter's gradient slice (the tied embedding / lm_head by vocabulary rows: ids and labels fall
 // in both ranks' halves). q_norm and k_norm act on each rank's own heads; their weights pass through
@@ -147,6 +148,16 @@ TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
       const auto row = logits.begin() + i * config.vocab_size;
       labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(std::max_element(row, row + config.vocab_size) - row);
     }
+  }
+  // The forward pass's logits: each rank's are its columns of the whole model's (rows of the vocabulary r·V/2 on).
+  {
+    const graph::Graph fw = whole.forward_graph(Bt, Tt), fs = shard.forward_graph(Bt, Tt);
+    TensorMap wi = inputs(whole), si = inputs(shard);
+    const Tensor all = make_backend("cpu")->compile(fw)->run(wi).at(0), mine = make_backend("cpu")->compile(fs)->run(si).at(0);
+    const int64_t part = config.vocab_size / 2;
+    ASSERT_EQ(mine.shape(), (Shape{Bt, Tt, part}));
+    const Tensor expect = cols_of(all.reshape({Bt * Tt, config.vocab_size}), w.rank() * part, part);
+    EXPECT_LE(rel_error(mine.reshape({Bt * Tt, part}), expect), 1e-5);
   }
   const graph::Graph gw = whole.training_graph(Bt, Tt, DType::F32, false, /*metrics=*/true);
   const graph::Graph gs = shard.training_graph(Bt, Tt, DType::F32, false, /*metrics=*/true);
