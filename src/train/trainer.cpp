@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include "trl/backend/registry.h"
-#include "trl/core/collectives.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
 #include "core/memory.h"
@@ -30,6 +29,7 @@
 #include "dist/fsdp.h"
 #include "train/optim/adamw.h"
 #include "train/report.h"
+#include "train/trainer_state.h"
 
 namespace trl {
 
@@ -73,10 +73,6 @@ std::vector<std::pair<int64_t, stdfs::path>> list_checkpoints(const std::string&
   std::sort(all.begin(), all.end());
   return all;
 }
-
-// The collective group of a trainer's tensor-parallel ranks (core/collectives.h): its programs' all_reduce nodes
-// name it.
-constexpr int32_t kTensorParallelGroup = 100;
 
 std::string jsonl(const std::vector<ojson>& entries) {
   std::string out;
@@ -166,58 +162,6 @@ int64_t shape_tokens(const graph::Graph& g) {
   return 0;
 }
 
-struct StepResult {
-  double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0, comm_seconds = 0;
-  bool interrupted = false;  // Ctrl-C on any rank
-};
-
-// A step's micro-batches: this rank's item indices of each, and each one's rows over all ranks.
-struct StepItems {
-  std::vector<std::vector<size_t>> local;
-  std::vector<int64_t> rows;
-};
-
-// Gradients are summed over the ranks in buckets of about 25 MB (torch DDP's bucket_cap_mb): a tensor that large or
-// larger is reduced in place, smaller ones are packed together first, so that a model's hundreds of small norm
-// weights cost a few collectives instead of hundreds.
-void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads) {
-  constexpr int64_t kBucket = 25 << 20 >> 2;  // f32 elements
-  std::vector<Tensor*> pending;
-  int64_t pending_n = 0;
-  std::vector<float> bucket;
-  auto flush = [&] {
-    if (pending.empty()) return;
-    bucket.resize(static_cast<size_t>(pending_n));
-    int64_t at = 0;
-    for (Tensor* t : pending) std::memcpy(bucket.data() + at, t->data(), t->nbytes()), at += t->numel();
-    comm.all_reduce(bucket.data(), pending_n, DType::F32, dist::ReduceOp::Sum);
-    at = 0;
-    for (Tensor* t : pending) std::memcpy(t->mutable_data(), bucket.data() + at, t->nbytes()), at += t->numel();
-    pending.clear(), pending_n = 0;
-  };
-  for (auto& [name, g] : grads) {  // a std::map: the same order on every rank
-    if (g.numel() >= kBucket) {
-      comm.all_reduce(g);
-      continue;
-    }
-    if (pending_n + g.numel() > kBucket) flush();
-    pending.push_back(&g), pending_n += g.numel();
-  }
-  flush();
-}
-
-// A cheap fingerprint of weights (every 61st 16-bit word of every tensor): data-parallel ranks apply the same update
-// to the same weights, so their fingerprints must agree.
-uint64_t weights_fingerprint(const TensorMap& weights) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, w] : weights) {
-    const uint16_t* x = static_cast<const uint16_t*>(w.data());
-    const int64_t words = static_cast<int64_t>(w.nbytes() / 2);
-    for (int64_t i = 0; i < words; i += 61) h = (h ^ x[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
 }  // namespace
 
 void check_training_arguments(const TrainingArguments& c, const char* config_name) {
@@ -302,153 +246,6 @@ ojson MetricWindow::sums() const {
 }
 
 ojson TrainingMethod::evaluate(MethodContext&) { fail("evaluate: {} has no eval dataset", name()); }
-
-struct Trainer::State {
-  TrainingArguments cfg;
-  std::string config_name;
-  CausalLM model;  // the architecture (weights in the compute dtype; the graph inputs are bound explicitly)
-  DType save_dtype;
-  std::string source_dir;  // the model folder: tokenizer and generation files are copied from it
-  // master: the f32 masters of the trained parameters, whole; under FSDP this rank's pieces of them (1-D, by
-  // name; in an f32 run views of the compute weights). compute: every parameter whole, in the compute dtype.
-  TensorMap master, compute;
-  std::map<std::string, Shape> trained;  // every trained parameter's whole shape
-  // FSDP (fsdp_size > 1): the flat shard layout, the group of ranks that shard the state between them, the ranks
-  // that hold the same shard in the other groups, this rank's shard of the step's gradient sum ([S] f32), and the
-  // pieces of the bf16 compute weights that AdamW writes.
-  std::unique_ptr<dist::FlatShards> shards;
-  std::unique_ptr<dist::Communicator> shard_group, replicas;
-  Tensor shard_grad;
-  TensorMap compute_pieces;
-  // The step's gradients: the program's own outputs when a step is one micro-batch (views into its arena, used
-  // before the next program runs), else sums in `accumulated` (allocated at the first accumulating step).
-  TensorMap grads, accumulated;
-  AdamW opt;
-  std::unique_ptr<ProgramCache> programs;
-  Backend* backend = nullptr;  // the policy's (Trainer::backend_)
-  TrainingMethod* method = nullptr;
-  int64_t global_step = 0, tokens_seen = 0;
-  std::vector<ojson> log_history;
-  std::string model_name;  // for the report
-  dist::Communicator& comm;  // every rank of the job
-  // Tensor parallel (tp_size > 1): the ranks [g·tp, (g+1)·tp) each hold a slice of the model
-  // (CausalLM::tensor_parallel_shard) and run every program together (collective group kTensorParallelGroup);
-  // `dp` are the ranks that hold the same slice, between which data parallel and FSDP work as without tensor
-  // parallel. Without it, dp is the world.
-  std::unique_ptr<dist::Communicator> tp_group, dp_group;
-  dist::Communicator* dp = nullptr;
-  double tp_seconds = 0;  // spent in the programs' tensor-parallel all-reduces (logged in comm_seconds)
-
-  State(const CausalLM& m, const TrainingArguments& c, const char* name);
-  ~State();
-
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp}; }
-  bool is_main() const { return comm.rank() == 0; }
-  bool fsdp() const { return shards != nullptr; }
-  int64_t tp() const { return cfg.distributed.tp_size; }
-  // The whole shape of trained parameter `name` (`trained` holds this rank's: a slice under tensor parallel).
-  Shape whole_shape(const std::string& name) const {
-    Shape s = trained.at(name);
-    if (const int axis = tensor_parallel_axis(name); tp() > 1 && axis >= 0) s[static_cast<size_t>(axis)] *= tp();
-    return s;
-  }
-  // Rows of a micro-batch over all data-parallel ranks: each takes per_device_train_batch_size of them.
-  int64_t micro_rows() const { return cfg.per_device_train_batch_size * dp->size(); }
-  int64_t micro_batches() const {
-    const int64_t n = static_cast<int64_t>(method->num_items()), b = micro_rows();
-    return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
-  }
-  int64_t steps_per_epoch() const {
-    const int64_t mb = micro_batches(), ga = cfg.gradient_accumulation_steps;
-    return std::max<int64_t>(1, mb / ga + (mb % ga > 0 ? 1 : 0));
-  }
-  int64_t total_steps() const {
-    return cfg.max_steps > 0 ? cfg.max_steps : static_cast<int64_t>(std::ceil(cfg.num_train_epochs * static_cast<double>(steps_per_epoch())));
-  }
-  int64_t warmup() const {
-    return cfg.warmup_steps > 0 ? cfg.warmup_steps : static_cast<int64_t>(std::ceil(cfg.warmup_ratio * static_cast<double>(total_steps())));
-  }
-  // The order of the items in `epoch`: a seeded Fisher-Yates shuffle, the same on every run and on resume.
-  std::vector<size_t> order(int64_t epoch) const {
-    std::vector<size_t> o(method->num_items());
-    std::iota(o.begin(), o.end(), 0);
-    if (cfg.train_sampling_strategy == "sequential" || method->sequential_items()) return o;
-    SplitMix64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
-    for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
-    return o;
-  }
-  std::string out_path(const std::string& name) const { return (stdfs::path(cfg.output_dir) / name).string(); }
-
-  // Training (below).
-  void resume(const std::string& spec);
-  void check_resumed_layout(const ojson& state, const std::string& dir) const;
-  struct MemoryPlan {
-    uint64_t more = 0;  // bytes still to allocate
-    MemoryBudget budget;
-    std::string held, parts;  // what is held now, and what `more` is made of
-    bool fits() const { return budget.available == 0 || more <= budget.available; }
-  };
-  std::optional<MemoryPlan> plan_memory(int64_t batch);
-  void check_memory(bool resumed);
-  StepItems step_items(const std::vector<size_t>& order, int64_t within) const;
-  ojson global_means(const MetricWindow& metrics) const;
-  void check_ranks_agree() const;
-  void shard_state();
-  void reduce_gradients_to_shard();
-  void report_shard() const;
-  TensorMap whole(const TensorMap& pieces) const;
-  TensorMap join_slices(const TensorMap& local) const;
-  TensorMap whole_masters_for_saving() const;
-  TensorMap weights_to_save(const TensorMap& whole_master) const;
-  bool saving_needs_masters() const;
-  void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
-  double clip_gradients(double step_loss);
-  StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
-                        const std::function<void(int64_t, const TensorMap&)>& pre_optimizer);
-  // log.jsonl always holds log_history: rewritten atomically at the start, then appended to entry by entry.
-  void start_log() const;
-  void log(ojson entry);
-  // Saving.
-  // weights: the trained weights, whole, in the save dtype (State::weights_to_save).
-  void write_model_files(const std::string& dir, const TensorMap& weights) const;
-  ojson trainer_state() const;
-  // The whole f32 masters and AdamW moments, and the weights to save, as a checkpoint holds them: on rank 0 (every
-  // rank calls: a collective under FSDP and tensor parallel).
-  struct WholeState {
-    TensorMap master, exp_avg, exp_avg_sq, weights;
-  };
-  WholeState whole_state() const {
-    WholeState w{join_slices(whole(master)), join_slices(whole(opt.exp_avg())), join_slices(whole(opt.exp_avg_sq())), {}};
-    w.weights = weights_to_save(w.master);
-    return w;
-  }
-  void write_checkpoint_files(const std::string& dir, const WholeState& state) const;
-  std::string resume_advice(bool disk_full) const;
-  std::string save_checkpoint();
-  void rotate_checkpoints() const;
-  void save_final(const RunSummary* summary) const;
-};
-
-Trainer::State::State(const CausalLM& m, const TrainingArguments& c, const char* name)
-    : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
-      opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
-      model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path), comm(dist::world()), dp(&comm) {
-  if (tp() == 1) return;
-  const int r = comm.rank(), T = static_cast<int>(tp());
-  tp_group = comm.split(r / T, r);  // consecutive ranks: on one machine where they can be
-  dp_group = comm.split(r % T, r);
-  dp = dp_group.get();
-  set_collective_group(kTensorParallelGroup, [this](void* data, int64_t n, DType dtype) {
-    const auto t0 = Clock::now();
-    tp_group->all_reduce(data, n, dtype, dist::ReduceOp::Sum);
-    tp_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  });
-  model = m.tensor_parallel_shard(TensorParallel{tp(), tp_group->rank(), kTensorParallelGroup});
-}
-
-Trainer::State::~State() {
-  if (tp_group) set_collective_group(kTensorParallelGroup, nullptr);
-}
 
 Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const char* config_name) {
   check_training_arguments(args, config_name);
@@ -840,129 +637,6 @@ StepItems Trainer::State::step_items(const std::vector<size_t>& order, int64_t w
     for (int64_t i = k * rows + r * bsz; i < std::min(end, k * rows + (r + 1) * bsz); ++i) s.local.back().push_back(order[static_cast<size_t>(i)]);
   }
   return s;
-}
-
-// The logging window's means over every data-parallel rank's micro-batches (each rank's per-name sums and counts,
-// summed; tensor-parallel ranks share their micro-batches and metrics).
-ojson Trainer::State::global_means(const MetricWindow& metrics) const {
-  if (dp->size() == 1) return metrics.means();
-  const ojson own = metrics.sums();
-  ojson merged = ojson::object();
-  for (int root = 0; root < dp->size(); ++root) {
-    const ojson part = ojson::parse(dp->broadcast_string(own.dump(), root));
-    for (const auto& [name, sc] : part.items()) {
-      if (!merged.contains(name)) merged[name] = ojson::array({0.0, 0});
-      merged[name][0] = merged[name][0].get<double>() + sc[0].get<double>();
-      merged[name][1] = merged[name][1].get<int64_t>() + sc[1].get<int64_t>();
-    }
-  }
-  ojson out = ojson::object();
-  for (const auto& [name, sc] : merged.items()) out[name] = sc[0].get<double>() / static_cast<double>(std::max<int64_t>(1, sc[1].get<int64_t>()));
-  return out;
-}
-
-// Data-parallel ranks must hold the same weights after every step (the same summed gradients, the same update); under
-// tensor parallel, the ranks that hold the same slice.
-void Trainer::State::check_ranks_agree() const {
-  if (dp->size() == 1) return;
-  TensorMap whole_weights;  // under FSDP the whole weights are the compute copies (the masters are pieces)
-  if (fsdp())
-    for (const auto& [name, shape] : trained) whole_weights[name] = compute.at(name);
-  const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? whole_weights : master) >> 1);
-  if (dp->min(h) != dp->max(h))
-    fail("after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
-         "model or options?)", global_step);
-}
-
-// FSDP: the flat shard layout over the trained parameters, the groups, and this rank's pieces of the masters (in
-// an f32 run views of the compute weights; in a bf16 one owned f32 copies, the whole masters then freed).
-void Trainer::State::shard_state() {
-  const int F = static_cast<int>(cfg.distributed.fsdp_size), r = dp->rank();
-  shard_group = dp->split(r / F, r);  // data-parallel ranks [g·F, (g+1)·F) shard the state between them
-  replicas = dp->split(r % F, r);     // the ranks holding the same shard in each group
-  std::vector<std::pair<std::string, int64_t>> params;
-  for (const auto& [name, shape] : trained) params.emplace_back(name, shape_numel(shape));
-  shards = std::make_unique<dist::FlatShards>(std::move(params), F, shard_group->rank());
-  TensorMap pieces;
-  for (const dist::FlatShards::Piece& p : shards->pieces()) {
-    const Tensor& w = master.at(p.name);
-    const Tensor piece = w.reshape({w.numel()}).slice_flat(p.offset, {p.length});
-    pieces[p.name] = cfg.bf16 ? piece.clone() : piece;
-    if (cfg.bf16) {
-      const Tensor& c = compute.at(p.name);
-      compute_pieces[p.name] = c.reshape({c.numel()}).slice_flat(p.offset, {p.length});
-    }
-  }
-  master = std::move(pieces);
-  shard_grad = Tensor::zeros(DType::F32, {shards->shard_size()});
-}
-
-// FSDP: the step's whole gradients on this rank -> `grads` = this rank's pieces of their sum over every rank
-// (reduce-scattered in the shard group, then summed over the replicas).
-void Trainer::State::reduce_gradients_to_shard() {
-  float* g = shard_grad.mutable_data_as<float>();
-  dist::reduce_scatter_flat(*shard_group, *shards, grads, g);
-  if (replicas->size() > 1) replicas->all_reduce(g, shards->shard_size(), DType::F32, dist::ReduceOp::Sum);
-  grads.clear();
-  for (const dist::FlatShards::Piece& p : shards->pieces()) grads[p.name] = shard_grad.slice_flat(p.at, {p.length});
-}
-
-// FSDP: every rank prints the bytes of its f32 masters and AdamW moments beside the unsharded figure (tests and
-// bench/run_dp.sh read this line).
-void Trainer::State::report_shard() const {
-  uint64_t held = 0, unsharded = 0;
-  for (const TensorMap* m : {&master, &opt.exp_avg(), &opt.exp_avg_sq()})
-    for (const auto& [name, t] : *m) held += t.nbytes();
-  for (const auto& [name, shape] : trained) unsharded += 12 * static_cast<uint64_t>(shape_numel(shape));
-  std::fprintf(stderr, "[trl] %sFSDP shard %d of %d: f32 masters and AdamW moments %llu bytes on this rank (%s), %llu unsharded\n",
-               dist::rank_prefix().c_str(), shards->index(), shards->shards(), static_cast<unsigned long long>(held), format_bytes(held).c_str(),
-               static_cast<unsigned long long>(unsharded));
-}
-
-// `pieces` (f32 masters or moments of the trained parameters) whole on this rank: themselves, or under FSDP
-// gathered onto the first rank of each data-parallel group (a collective of its shard group; the other ranks get an
-// empty map). Under tensor parallel, this rank's slices (join_slices makes them whole).
-TensorMap Trainer::State::whole(const TensorMap& pieces) const {
-  if (!fsdp()) return pieces;  // shallow: the same storage
-  if (dp->rank() >= shards->shards()) return {};
-  return dist::gather_whole(*shard_group, *shards, pieces, trained);
-}
-
-// Tensor parallel: the slices of the first tensor-parallel group (ranks 0 .. tp_size − 1) joined into whole
-// tensors on rank 0, one tensor at a time (every rank of that group calls it with the same names; the others get an
-// empty map). The tensors whole on every rank are rank 0's. Without tensor parallel: `local` itself.
-TensorMap Trainer::State::join_slices(const TensorMap& local) const {
-  if (tp() == 1) return local;
-  if (comm.rank() >= tp()) return {};
-  TensorMap out;
-  for (const auto& [name, t] : local) {
-    const int axis = tensor_parallel_axis(name);
-    if (axis < 0) {
-      if (is_main()) out[name] = t;
-      continue;
-    }
-    // all_gather: the ranks' slices one after the other ([tp, ...slice]).
-    Tensor all = Tensor::uninitialized(t.dtype(), {tp() * t.numel()});
-    tp_group->all_gather(t.data(), all.mutable_data(), t.numel(), t.dtype());
-    if (!is_main()) continue;
-    Shape shape = t.shape();
-    shape[static_cast<size_t>(axis)] *= tp();
-    if (axis == 0) {
-      out[name] = all.reshape(shape);
-      continue;
-    }
-    // Columns: row i of the whole tensor is row i of every rank's slice, in rank order.
-    const int64_t R = t.size(0), part = t.size(1);
-    const size_t es = dtype_size(t.dtype()), row_bytes = static_cast<size_t>(part) * es;
-    Tensor joined = Tensor::uninitialized(t.dtype(), shape);
-    const char* from = static_cast<const char*>(all.data());
-    char* to = static_cast<char*>(joined.mutable_data());
-    for (int64_t k = 0; k < tp(); ++k)
-      for (int64_t i = 0; i < R; ++i)
-        std::memcpy(to + static_cast<size_t>(i * tp() + k) * row_bytes, from + static_cast<size_t>(k * R + i) * row_bytes, row_bytes);
-    out[name] = std::move(joined);
-  }
-  return out;
 }
 
 // The whole f32 masters on rank 0 where saving converts them (saving_needs_masters), else nothing (every rank calls).

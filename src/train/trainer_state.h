@@ -1,0 +1,176 @@
+// The Trainer's state, private to src/train: trainer.cpp runs the loop, saves and resumes; trainer_dist.cpp holds
+// what the ranks share (the tensor-parallel and data-parallel groups, FSDP's shards, the joins of tensor-parallel
+// slices, the agreements between data-parallel ranks). docs/TRAINING.md and docs/DISTRIBUTED.md describe both.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/memory.h"
+#include "core/rng.h"
+#include "dist/fsdp.h"
+#include "train/optim/adamw.h"
+#include "train/report.h"
+#include "train/trainer.h"
+
+namespace trl {
+
+// The collective group of a trainer's tensor-parallel ranks (core/collectives.h): its programs' all_reduce nodes
+// name it.
+constexpr int32_t kTensorParallelGroup = 100;
+
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0, comm_seconds = 0;
+  bool interrupted = false;  // Ctrl-C on any rank
+};
+
+// A step's micro-batches: this rank's item indices of each, and each one's rows over all ranks.
+struct StepItems {
+  std::vector<std::vector<size_t>> local;
+  std::vector<int64_t> rows;
+};
+
+// Sums each gradient over the ranks of `comm` in buckets of about 25 MB (trainer_dist.cpp).
+void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads);
+// A cheap fingerprint of weights that equal weights share (trainer_dist.cpp).
+uint64_t weights_fingerprint(const TensorMap& weights);
+
+struct Trainer::State {
+  TrainingArguments cfg;
+  std::string config_name;
+  CausalLM model;  // the architecture (weights in the compute dtype; the graph inputs are bound explicitly)
+  DType save_dtype;
+  std::string source_dir;  // the model folder: tokenizer and generation files are copied from it
+  // master: the f32 masters of the trained parameters; under FSDP this rank's pieces of them (1-D, by name; in an
+  // f32 run views of the compute weights). compute: every parameter in the compute dtype. Both are of this rank's
+  // slices of the parameters under tensor parallel, else of whole parameters.
+  TensorMap master, compute;
+  std::map<std::string, Shape> trained;  // every trained parameter's shape on this rank (whole_shape: the whole)
+  // FSDP (fsdp_size > 1): the flat shard layout, the group of ranks that shard the state between them, the ranks
+  // that hold the same shard in the other groups, this rank's shard of the step's gradient sum ([S] f32), and the
+  // pieces of the bf16 compute weights that AdamW writes.
+  std::unique_ptr<dist::FlatShards> shards;
+  std::unique_ptr<dist::Communicator> shard_group, replicas;
+  Tensor shard_grad;
+  TensorMap compute_pieces;
+  // The step's gradients: the program's own outputs when a step is one micro-batch (views into its arena, used
+  // before the next program runs), else sums in `accumulated` (allocated at the first accumulating step).
+  TensorMap grads, accumulated;
+  AdamW opt;
+  std::unique_ptr<ProgramCache> programs;
+  Backend* backend = nullptr;  // the policy's (Trainer::backend_)
+  TrainingMethod* method = nullptr;
+  int64_t global_step = 0, tokens_seen = 0;
+  std::vector<nlohmann::ordered_json> log_history;
+  std::string model_name;  // for the report
+  dist::Communicator& comm;  // every rank of the job
+  // Tensor parallel (tp_size > 1): the ranks [g·tp, (g+1)·tp) each hold a slice of the model
+  // (CausalLM::tensor_parallel_shard) and run every program together (collective group kTensorParallelGroup);
+  // `dp` are the ranks that hold the same slice, between which data parallel and FSDP work as without tensor
+  // parallel. Without it, dp is the world.
+  std::unique_ptr<dist::Communicator> tp_group, dp_group;
+  dist::Communicator* dp = nullptr;
+  double tp_seconds = 0;  // spent in the programs' tensor-parallel all-reduces (logged in comm_seconds)
+
+  State(const CausalLM& m, const TrainingArguments& c, const char* name);
+  ~State();
+
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp}; }
+  bool is_main() const { return comm.rank() == 0; }
+  bool fsdp() const { return shards != nullptr; }
+  int64_t tp() const { return cfg.distributed.tp_size; }
+  // The whole shape of trained parameter `name` (`trained` holds this rank's: a slice under tensor parallel).
+  Shape whole_shape(const std::string& name) const {
+    Shape s = trained.at(name);
+    if (const int axis = tensor_parallel_axis(name); tp() > 1 && axis >= 0) s[static_cast<size_t>(axis)] *= tp();
+    return s;
+  }
+  // Rows of a micro-batch over all data-parallel ranks: each takes per_device_train_batch_size of them.
+  int64_t micro_rows() const { return cfg.per_device_train_batch_size * dp->size(); }
+  int64_t micro_batches() const {
+    const int64_t n = static_cast<int64_t>(method->num_items()), b = micro_rows();
+    return cfg.dataloader_drop_last ? n / b : (n + b - 1) / b;
+  }
+  int64_t steps_per_epoch() const {
+    const int64_t mb = micro_batches(), ga = cfg.gradient_accumulation_steps;
+    return std::max<int64_t>(1, mb / ga + (mb % ga > 0 ? 1 : 0));
+  }
+  int64_t total_steps() const {
+    return cfg.max_steps > 0 ? cfg.max_steps : static_cast<int64_t>(std::ceil(cfg.num_train_epochs * static_cast<double>(steps_per_epoch())));
+  }
+  int64_t warmup() const {
+    return cfg.warmup_steps > 0 ? cfg.warmup_steps : static_cast<int64_t>(std::ceil(cfg.warmup_ratio * static_cast<double>(total_steps())));
+  }
+  // The order of the items in `epoch`: a seeded Fisher-Yates shuffle, the same on every run and on resume.
+  std::vector<size_t> order(int64_t epoch) const {
+    std::vector<size_t> o(method->num_items());
+    std::iota(o.begin(), o.end(), 0);
+    if (cfg.train_sampling_strategy == "sequential" || method->sequential_items()) return o;
+    SplitMix64 rng(cfg.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+    for (size_t i = o.size(); i > 1; --i) std::swap(o[i - 1], o[rng.next() % i]);
+    return o;
+  }
+  std::string out_path(const std::string& name) const { return (std::filesystem::path(cfg.output_dir) / name).string(); }
+
+  // Training (below).
+  void resume(const std::string& spec);
+  void check_resumed_layout(const nlohmann::ordered_json& state, const std::string& dir) const;
+  struct MemoryPlan {
+    uint64_t more = 0;  // bytes still to allocate
+    MemoryBudget budget;
+    std::string held, parts;  // what is held now, and what `more` is made of
+    bool fits() const { return budget.available == 0 || more <= budget.available; }
+  };
+  std::optional<MemoryPlan> plan_memory(int64_t batch);
+  void check_memory(bool resumed);
+  StepItems step_items(const std::vector<size_t>& order, int64_t within) const;
+  nlohmann::ordered_json global_means(const MetricWindow& metrics) const;
+  void check_ranks_agree() const;
+  void shard_state();
+  void reduce_gradients_to_shard();
+  void report_shard() const;
+  TensorMap whole(const TensorMap& pieces) const;
+  TensorMap join_slices(const TensorMap& local) const;
+  TensorMap whole_masters_for_saving() const;
+  TensorMap weights_to_save(const TensorMap& whole_master) const;
+  bool saving_needs_masters() const;
+  void add_gradients(const std::map<std::string, Tensor>& out, size_t k, size_t n);
+  double clip_gradients(double step_loss);
+  StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
+                        const std::function<void(int64_t, const TensorMap&)>& pre_optimizer);
+  // log.jsonl always holds log_history: rewritten atomically at the start, then appended to entry by entry.
+  void start_log() const;
+  void log(nlohmann::ordered_json entry);
+  // Saving.
+  // weights: the trained weights, whole, in the save dtype (State::weights_to_save).
+  void write_model_files(const std::string& dir, const TensorMap& weights) const;
+  nlohmann::ordered_json trainer_state() const;
+  // The whole f32 masters and AdamW moments, and the weights to save, as a checkpoint holds them: on rank 0 (every
+  // rank calls: a collective under FSDP and tensor parallel).
+  struct WholeState {
+    TensorMap master, exp_avg, exp_avg_sq, weights;
+  };
+  WholeState whole_state() const {
+    WholeState w{join_slices(whole(master)), join_slices(whole(opt.exp_avg())), join_slices(whole(opt.exp_avg_sq())), {}};
+    w.weights = weights_to_save(w.master);
+    return w;
+  }
+  void write_checkpoint_files(const std::string& dir, const WholeState& state) const;
+  std::string resume_advice(bool disk_full) const;
+  std::string save_checkpoint();
+  void rotate_checkpoints() const;
+  void save_final(const RunSummary* summary) const;
+};
+
+}  // namespace trl
