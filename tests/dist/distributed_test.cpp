@@ -276,12 +276,17 @@ TEST_F(Distributed, GrpoAndRlooTwoRanksEqualOneProcessWithTheirBatch) {
 }
 
 // Tensor parallel over 2 ranks: both ranks train on the same rows, each with its slice of the model (whole heads,
-// half the MLP), and the run is that of one process with their batch, for every trainer.
+// half the MLP and of the vocabulary), and the run is that of one process with their batch, for every trainer (SFT
+// also with gradient checkpointing).
 TEST_F(Distributed, TensorParallelTwoRanksEqualOneProcess) {
-  for (const auto& [trainer, data] : std::vector<std::pair<std::string, std::string>>{
-           {"sft", "sft.jsonl"}, {"dpo", "dpo.jsonl"}, {"kto", "kto.jsonl"}, {"reward", "dpo.jsonl"}}) {
-    SCOPED_TRACE(trainer);
-    const std::string one = trainer + "-one", tp = trainer + "-tp";
+  for (const auto& [name, trainer, data] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"sft", "sft", "sft.jsonl"},
+           {"sft-gc", "sft --gradient_checkpointing true", "sft.jsonl"},  // layers recomputed in the backward, collectives included
+           {"dpo", "dpo", "dpo.jsonl"},
+           {"kto", "kto", "kto.jsonl"},
+           {"reward", "reward", "dpo.jsonl"}}) {
+    SCOPED_TRACE(name);
+    const std::string one = name + "-one", tp = name + "-tp";
     run(fmt::format("{} {} {} --per_device_train_batch_size 2 --output_dir {}", kTrl, trainer, common(data), dir_.file(one)));
     run(fmt::format("{} {} {} {} --per_device_train_batch_size 2 --tp_size 2 --output_dir {}", kMpirun, kTrl, trainer, common(data), dir_.file(tp)));
     expect_same_run(one, tp);
