@@ -63,6 +63,12 @@ class Distributed : public ::testing::Test {
     const int rc = test::run_command(cmd + " 2>&1", &out);
     ASSERT_EQ(rc, expect) << cmd << "\n" << out;
   }
+  // 8 prompt-only rows for GRPO and RLOO; returns the file.
+  std::string write_prompts() const {
+    std::ofstream p(dir_.file("prompts.jsonl"));
+    for (int i = 0; i < 8; ++i) p << json{{"prompt", fmt::format("Count to {}:", i + 2)}}.dump() << "\n";
+    return dir_.file("prompts.jsonl");
+  }
   std::vector<json> log(const std::string& out) const {
     std::vector<json> entries;
     std::ifstream in(dir_.file(out + "/log.jsonl"));
@@ -240,13 +246,10 @@ TEST_F(Distributed, FsdpCheckpointResumesInAnyLayout) {
 // 4 spans both ranks), and the ranks gather the round: 2 ranks × 2 rows are one process with 4 (the same rewards,
 // losses, tokens and final weights). A 2-rank checkpoint taken in the middle of a round resumes in one process.
 TEST_F(Distributed, GrpoAndRlooTwoRanksEqualOneProcessWithTheirBatch) {
-  std::ofstream p(dir_.file("prompts.jsonl"));
-  for (int i = 0; i < 8; ++i) p << json{{"prompt", fmt::format("Count to {}:", i + 2)}}.dump() << "\n";
-  p.close();
   const std::string online = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 4 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
                                          "--report false --save_steps 1 --gradient_accumulation_steps 2 --steps_per_generation 4 --num_generations 4 "
                                          "--max_completion_length 6 --reward_funcs length:12",
-                                         dir_.file("model"), dir_.file("prompts.jsonl"));
+                                         dir_.file("model"), write_prompts());
   for (const char* trainer : {"grpo --loss_type grpo", "grpo --loss_type dapo", "rloo"}) {
     SCOPED_TRACE(trainer);
     run(fmt::format("rm -rf {} {} {}", dir_.file("one"), dir_.file("two"), dir_.file("again")));
@@ -380,13 +383,10 @@ TEST_F(Distributed, ModelParallelSizesAreCheckedAgainstTheWorld) {
 // process's with their batch (the same completions, rewards, losses and weights). RLOO's KL runs the reference
 // split as the policy is.
 TEST_F(Distributed, TensorParallelGrpoAndRlooEqualOneProcess) {
-  std::ofstream p(dir_.file("prompts.jsonl"));
-  for (int i = 0; i < 8; ++i) p << json{{"prompt", fmt::format("Count to {}:", i + 2)}}.dump() << "\n";
-  p.close();
   const std::string online = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 4 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
                                          "--report false --save_steps 4 --gradient_accumulation_steps 2 --steps_per_generation 4 --num_generations 4 "
                                          "--max_completion_length 6 --reward_funcs length:12 --per_device_train_batch_size 2",
-                                         dir_.file("model"), dir_.file("prompts.jsonl"));
+                                         dir_.file("model"), write_prompts());
   for (const char* trainer : {"grpo", "rloo"}) {
     SCOPED_TRACE(trainer);
     const std::string one = std::string(trainer) + "-one", tp = std::string(trainer) + "-tp";
