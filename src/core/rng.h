@@ -34,4 +34,17 @@ class SplitMix64 {
   uint64_t state_;
 };
 
+// Dropout's mask (graph::Op::Dropout): element `index` of stream `stream` under `seed` is kept unless a hash of the
+// three falls below p·2³². Counter-based, so any backend, thread split or recomputation draws the same mask.
+inline uint32_t dropout_threshold(double p) { return static_cast<uint32_t>(p * 4294967296.0); }
+inline bool dropout_keep(uint64_t seed, int64_t stream, int64_t index, uint32_t threshold) {
+  uint64_t z = seed ^ (static_cast<uint64_t>(stream) * 0xd1b54a32d192ed03ull) ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(z >> 32) >= threshold;
+}
+// The seed [2] i32 input of a dropout op as one 64-bit value.
+inline uint64_t dropout_seed(const int32_t* s) { return static_cast<uint64_t>(static_cast<uint32_t>(s[0])) << 32 | static_cast<uint32_t>(s[1]); }
+
 }  // namespace trl

@@ -105,6 +105,9 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         if (need(1)) fail("autodiff: scale_by {} has a scale that depends on a parameter: only a constant scale is differentiated", nm);
         accumulate(in(0), b.scale_by(g, in(1), gd, "d." + nm));
         break;
+      case Op::Dropout:  // y = x·mask/(1 − p) with a fixed mask: dx = dy·mask/(1 − p), the same op on the same seed
+        accumulate(in(0), b.dropout(g, in(1), nd.attrs.value, nd.attrs.offset, "d." + nm));
+        break;
       case Op::AllReduce:  // y = Σ_ranks x: every rank's x gets the (same) gradient of y
         accumulate(in(0), g);
         break;

@@ -42,6 +42,7 @@ const char* op_name(Op op) {
     case Op::VocabStats: return "vocab_stats";
     case Op::AllReduce: return "all_reduce";
     case Op::AllReduceGrad: return "all_reduce_grad";
+    case Op::Dropout: return "dropout";
     case Op::View: return "view";
   }
   return "?";
@@ -454,6 +455,18 @@ ValueId Builder::weighted_sum(ValueId x, ValueId weights, const std::string& nam
 ValueId Builder::fill(Shape s, DType dtype, double value, const std::string& name) {
   Node n = make_node(Op::Fill, {}, std::move(s), dtype, name);
   n.attrs.value = value;
+  return push(std::move(n));
+}
+
+ValueId Builder::dropout(ValueId x, ValueId seed, double p, int64_t stream, const std::string& name) {
+  check(x, "dropout x");
+  check(seed, "dropout seed");
+  if (node(seed).dtype != DType::I32 || shape(seed) != Shape{2})
+    fail("dropout {}: the seed must be i32 [2], got {} {}", name, dtype_name(node(seed).dtype), shape_str(shape(seed)));
+  if (!(p >= 0 && p < 1)) fail("dropout {}: p must be in [0, 1), got {}", name, p);
+  Node n = make_node(Op::Dropout, {x, seed}, shape(x), node(x).dtype, name);
+  n.attrs.value = p;
+  n.attrs.offset = stream;
   return push(std::move(n));
 }
 

@@ -525,6 +525,12 @@ void elementwise_cases(std::vector<OpCase>& t) {
       add_case(t, Op::ScaleBy, fmt::format("{} {} times f32 scalar -> {}", dn(w), dims(s), dn(o)), tol_of(o),
                [=](Ctx& c) { c.out(c.b.scale_by(c.rand("w", s, w), c.rand("s", {}, F32), o)); });
 
+  for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}, {2, 3, 4099}})
+    for (DType xd : {F32, BF16})
+      for (double p : {0.0, 0.05, 0.5})
+        add_case(t, Op::Dropout, fmt::format("{} {} p {}", dn(xd), dims(s), p), tol_of(xd),
+                 [=](Ctx& c) { c.out(c.b.dropout(c.rand("x", s, xd), c.i32("seed", {2}, {1234, -7}), p, 3)); });
+
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}, {4099}})
     for (DType xd : {F32, BF16})
       add_case(t, Op::WeightedSum, fmt::format("x {} {} weights f32", dn(xd), dims(s)), kF32,
@@ -1082,6 +1088,8 @@ const std::vector<VjpCase>& vjp_table() {
          const ValueId h = c.b.embedding(c.ids("ids", {2, 3}, 6), table, dt);
          return c.b.token_logprobs(h, table, c.ids("t", {2, 3}, 6));
        }},
+      {Op::Dropout, "x 3x41 p 0.3", {"x"}, {Op::Dropout},
+       [](Ctx& c, DType dt) { return c.b.dropout(c.rand("x", {3, 41}, dt), c.i32("seed", {2}, {5, 6}), 0.3, 11); }},
       {Op::WeightedSum, "x, weights 7", {"x", "weights"}, {Op::ScaleBy},
        [](Ctx& c, DType dt) { return c.b.weighted_sum(c.rand("x", {7}, dt), c.rand("weights", {7}, dt)); }},
   };
@@ -1160,13 +1168,48 @@ TEST_P(OpTableVjpBackends, MatchReference) { check_case(GetParam(), backends_und
 INSTANTIATE_TEST_SUITE_P(OpTable, OpTableVjpBackends, ::testing::ValuesIn(vjp_backend_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& p) { return param_name(graph::op_name(p.param.op), p.param.name); });
 
+// Dropout's mask on every backend: about 1 − p of the elements kept, each kept one scaled by exactly 1/(1 − p), and
+// the mask a function of (seed, stream): the same seed and stream give the same mask, another seed or stream another.
+TEST(OpTable, DropoutMaskKeepsOneMinusPAndFollowsItsSeed) {
+  constexpr int64_t N = 200000;
+  constexpr double p = 0.25;
+  for (const std::string& name : available_backends()) {
+    SCOPED_TRACE(name);
+    auto masks = [&](std::vector<int32_t> seed, int64_t stream) {
+      Builder b;
+      const ValueId x = b.fill({N}, DType::F32, 1.0);
+      const ValueId sd = b.input("seed", {2}, DType::I32);
+      b.output(b.dropout(x, sd, p, stream));
+      auto program = make_backend(name)->compile(b.finish());
+      return program->run({{"seed", Tensor::from_i32(seed, {2})}}).at(0).clone();
+    };
+    const Tensor a = masks({3, 4}, 0), again = masks({3, 4}, 0), other_seed = masks({3, 5}, 0), other_stream = masks({3, 4}, 1);
+    int64_t kept = 0, same = 0, differ_seed = 0, differ_stream = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const float v = a.data_as<float>()[i];
+      ASSERT_TRUE(v == 0.0f || v == static_cast<float>(1.0 / (1.0 - p))) << "element " << i << " is " << v;
+      kept += v != 0.0f;
+      same += v == again.data_as<float>()[i];
+      differ_seed += v != other_seed.data_as<float>()[i];
+      differ_stream += v != other_stream.data_as<float>()[i];
+    }
+    const double kept_fraction = static_cast<double>(kept) / N;  // binomial: σ ≈ 0.001
+    EXPECT_NEAR(kept_fraction, 1.0 - p, 0.006);
+    EXPECT_EQ(same, N);
+    // Independent masks differ where exactly one keeps: 2·p·(1 − p) = 0.375 of the elements.
+    EXPECT_NEAR(static_cast<double>(differ_seed) / N, 2 * p * (1 - p), 0.01);
+    EXPECT_NEAR(static_cast<double>(differ_stream) / N, 2 * p * (1 - p), 0.01);
+  }
+}
+
 TEST(OpTable, EveryDifferentiableOpHasAVjpCase) {
   std::set<Op> forward, backward;
   for (const VjpCase& v : vjp_table()) {
     forward.insert(v.op);
     backward.insert(v.backward_ops.begin(), v.backward_ops.end());
   }
-  for (Op op : {Op::Embedding, Op::MatMul, Op::RmsNorm, Op::Rope, Op::Attention, Op::SwiGLU, Op::TokenLogprobs, Op::Entropy, Op::WeightedSum})
+  for (Op op : {Op::Embedding, Op::MatMul, Op::RmsNorm, Op::Rope, Op::Attention, Op::SwiGLU, Op::TokenLogprobs, Op::Entropy, Op::WeightedSum,
+                Op::Dropout})
     EXPECT_TRUE(forward.count(op)) << graph::op_name(op);
   for (Op op : {Op::MatMulNN, Op::MatMulTN, Op::SumRows, Op::ScaleBy, Op::EmbeddingBackward, Op::RmsNormBackX, Op::RmsNormBackW, Op::SwiGLUBackward,
                 Op::AttentionBackward, Op::TokenLogprobsBackward, Op::EntropyBackward})
@@ -1208,6 +1251,7 @@ std::vector<PerfCase> perf_table() {
        0, 2.0 * 2 * 1024 * Hkv * D},
       {Op::SwiGLU, "bf16 512x2816", [](Ctx& c) { c.out(c.b.swiglu(c.rand("g", {R, F}, BF16), c.rand("u", {R, F}, BF16))); }, 0, 6 * nf},
       {Op::Add, "f32 512x1024", [](Ctx& c) { c.out(c.b.add(c.rand("a", {R, C}, F32), c.rand("b", {R, C}, F32))); }, 0, 12 * n},
+      {Op::Dropout, "bf16 512x1024 p 0.05", [](Ctx& c) { c.out(c.b.dropout(c.rand("x", {R, C}, BF16), c.i32("seed", {2}, {1, 2}), 0.05, 0)); }, 0, 4 * n},
       {Op::Cast, "f32 -> bf16 512x1024", [](Ctx& c) { c.out(c.b.cast(c.rand("x", {R, C}, F32), BF16)); }, 0, 6 * n},
       {Op::Reshape, "f32 512x1024 -> 1024x512 (zero-copy)", [](Ctx& c) { c.out(c.b.reshape(c.rand("x", {R, C}, F32), {C, R})); }},
       {Op::Slice, "bf16 1x1024x8x128 rows [0, 512)", [](Ctx& c) { c.out(c.b.slice(c.rand("x", {1, 1024, 8, 128}, BF16), 0, 512)); }, 0, 4.0 * 512 * 8 * 128},

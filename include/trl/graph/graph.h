@@ -65,6 +65,10 @@ enum class Op : uint8_t {
                           //   VJP: the identity (the gradient of the sum is the same on every rank)
   AllReduceGrad,          // x -> x (the input of column-parallel layers, the same on every rank); VJP: the gradient
                           //   all-reduced over the group (each rank holds the part of it that its columns give)
+  // Training with LoRA (docs/LORA.md).
+  Dropout,                // x:[...], seed:[2] i32 -> x·keep/(1 − p), p = attrs.value: element i is kept where
+                          //   dropout_keep(seed, attrs.offset, i, p) (core/rng.h): a counter-based mask, so the VJP
+                          //   is the same op on dy (linear in x) and a recomputed forward gives the same mask
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -96,8 +100,8 @@ struct Attrs {
   float rope_scaling = 1.0f;     // Rope: attention_scaling applied to cos and sin
   bool inverse = false;          // Rope: rotate by -angle (the VJP of a rotation is its inverse)
   int64_t rows = 0;              // EmbeddingBackward: V
-  int64_t offset = 0;            // View: element offset into the packed input
-  double value = 0;              // Fill
+  int64_t offset = 0;            // View: element offset into the packed input; Dropout: the mask's stream
+  double value = 0;              // Fill; Dropout: the probability p of zeroing an element
   bool entropy = false;          // VocabStats: compute the entropy row
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
   int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
@@ -172,6 +176,9 @@ class Builder {
   ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "", const VocabSplit& split = {});
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
+  // x with each element zeroed with probability p (0 <= p < 1) and the others scaled by 1/(1 − p): PyTorch's
+  // training-mode dropout, its mask drawn from seed [2] i32 and `stream` (one per dropout site of a graph).
+  ValueId dropout(ValueId x, ValueId seed, double p, int64_t stream, const std::string& name = "");
   // Tensor parallel's collectives over collective group `group` (see Op::AllReduce, Op::AllReduceGrad).
   ValueId all_reduce(ValueId x, int32_t group, const std::string& name = "");
   ValueId all_reduce_grad(ValueId x, int32_t group, const std::string& name = "");

@@ -37,6 +37,7 @@ constexpr LowerFn table_entry(Op op) {
     case Op::KvCacheWrite: return lower_kv_cache_write;
     case Op::Add: return lower_add;
     case Op::ScaleBy: return lower_scale_by;
+    case Op::Dropout: return lower_dropout;
     case Op::SwiGLU: return lower_swiglu;
     case Op::SwiGLUBackward: return lower_swiglu_backward;
     case Op::WeightedSum: return lower_weighted_sum;

@@ -4,7 +4,7 @@
 // functions live in one file per op family (docs/ARCHITECTURE.md, "Adding an op"):
 //
 //   ops_memory.cpp      embedding, embedding_backward, cast, fill, slice, kv_cache_write
-//   ops_elementwise.cpp add, scale_by, swiglu, swiglu_backward, weighted_sum, sum_rows
+//   ops_elementwise.cpp add, scale_by, dropout, swiglu, swiglu_backward, weighted_sum, sum_rows
 //   ops_matmul.cpp      matmul (GEMM or GEMV), matmul_nn, matmul_tn
 //   ops_norm.cpp        rms_norm, rms_norm_back_x, rms_norm_back_w
 //   ops_rope.cpp        rope
@@ -81,6 +81,7 @@ Kernel lower_kv_cache_write(ProgramContext* c, graph::ValueId id);
 // ops_elementwise.cpp
 Kernel lower_add(ProgramContext* c, graph::ValueId id);
 Kernel lower_scale_by(ProgramContext* c, graph::ValueId id);
+Kernel lower_dropout(ProgramContext* c, graph::ValueId id);
 Kernel lower_swiglu(ProgramContext* c, graph::ValueId id);
 Kernel lower_swiglu_backward(ProgramContext* c, graph::ValueId id);
 Kernel lower_weighted_sum(ProgramContext* c, graph::ValueId id);

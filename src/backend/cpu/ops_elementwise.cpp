@@ -1,4 +1,4 @@
-// Elementwise and reduction ops on the CPU: add, scale_by, swiglu and its backward, weighted_sum, sum_rows.
+// Elementwise and reduction ops on the CPU: add, scale_by, dropout, swiglu and its backward, weighted_sum, sum_rows.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "backend/cpu/lower.h"
 #include "backend/cpu/vec.h"
 #include "core/cpu_features.h"
+#include "core/rng.h"
 #include "trl/core/error.h"
 
 namespace trl::cpu {
@@ -52,6 +53,24 @@ Kernel lower_scale_by(ProgramContext* cx, graph::ValueId id) {
     dispatch(da, cx->p(a), od, cx->p(id), [&](auto x, auto z) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < count; ++i) z.st(i, sc * x.ld(i));
+    });
+  };
+}
+
+// x:[...], seed:[2] i32 -> x·keep/(1 − p); keep from the counter-based hash of (seed, stream, element index)
+Kernel lower_dropout(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const DType od = n.dtype;
+  const graph::ValueId x = n.inputs[0], s = n.inputs[1];
+  const DType dx = cx->nd(x).dtype;
+  const int64_t count = shape_numel(n.shape), stream = n.attrs.offset;
+  const uint32_t threshold = dropout_threshold(n.attrs.value);
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - n.attrs.value));
+  return [cx, id, x, s, dx, od, count, stream, threshold, keep_scale] {
+    const uint64_t seed = dropout_seed(static_cast<const int32_t*>(cx->p(s)));
+    dispatch(dx, cx->p(x), od, cx->p(id), [&](auto in, auto out) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) out.st(i, dropout_keep(seed, stream, i, threshold) ? keep_scale * in.ld(i) : 0.0f);
     });
   };
 }

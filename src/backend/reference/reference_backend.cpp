@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/vocab_parallel.h"
+#include "core/rng.h"
 #include "trl/backend/backend.h"
 #include "trl/core/collectives.h"
 #include "trl/core/error.h"
@@ -609,6 +610,16 @@ class ReferenceProgram final : public Program {
             all_reduce_in_group(n.attrs.group, out.mutable_data(), out.numel(), out.dtype());
             break;
           case Op::AllReduceGrad: out.copy_from(in(n, 0)); break;
+          case Op::Dropout: {
+            const uint64_t seed = dropout_seed(in(n, 1).data_as<int32_t>());
+            const uint32_t threshold = dropout_threshold(n.attrs.value);
+            const double keep_scale = 1.0 / (1.0 - n.attrs.value);
+            for (int64_t i = 0; i < out.numel(); ++i) {
+              const bool keep = dropout_keep(seed, n.attrs.offset, i, threshold);
+              store_element(out.mutable_data(), out.dtype(), i, keep ? keep_scale * load_element(in(n, 0).data(), in(n, 0).dtype(), i) : 0.0);
+            }
+            break;
+          }
           default: fail("reference backend: op {} is not implemented", graph::op_name(n.op));
         }
       } catch (const Error& e) {
