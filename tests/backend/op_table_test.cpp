@@ -528,7 +528,8 @@ void elementwise_cases(std::vector<OpCase>& t) {
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}, {2, 3, 4099}})
     for (DType xd : {F32, BF16})
       for (double p : {0.0, 0.05, 0.5})
-        add_case(t, Op::Dropout, fmt::format("{} {} p {}", dn(xd), dims(s), p), tol_of(xd),
+        if (shape_numel(s) > 1 || p == 0)  // one element under p > 0 may well be dropped (a degenerate case)
+          add_case(t, Op::Dropout, fmt::format("{} {} p {}", dn(xd), dims(s), p), tol_of(xd),
                  [=](Ctx& c) { c.out(c.b.dropout(c.rand("x", s, xd), c.i32("seed", {2}, {1234, -7}), p, 3)); });
 
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}, {4099}})
