@@ -30,15 +30,43 @@ void add_compat_options(Options& o, CompatArgs& x) {
   o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
   o.add("logging_first_step", x.logging_first_step, "Accepted for TRL compatibility");
   o.add("save_only_model", x.save_only_model, "Accepted for TRL compatibility (checkpoints keep the optimizer state for exact resume)");
-  o.add("use_peft", x.use_peft, "LoRA adapters (PEFT): not implemented yet");
-  o.add("lora_r", x.lora_r, "LoRA rank (with --use_peft)");
-  o.add("lora_alpha", x.lora_alpha, "LoRA alpha (with --use_peft)");
-  o.add("lora_dropout", x.lora_dropout, "LoRA dropout (with --use_peft)");
-  o.add("lora_target_modules", x.lora_target_modules, "LoRA target modules (with --use_peft)");
+}
+
+void add_peft_options(Options& o, PeftArgs& p) {
+  o.add("use_peft", p.use_peft, "Train a LoRA adapter on the frozen model (PEFT's format; docs/LORA.md)");
+  o.add("lora_r", p.lora_r, "LoRA rank").min(1);
+  o.add("lora_alpha", p.lora_alpha, "LoRA alpha: the adapter's output is scaled by lora_alpha / lora_r").above(0);
+  o.add("lora_dropout", p.lora_dropout, "Dropout on the adapters' input while training").min(0).below(1);
+  o.add("lora_target_modules", p.lora_target_modules, "Linear modules to adapt: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear")
+      .default_text("None (q_proj, v_proj)");
+  o.add("lora_modules_to_save", p.lora_modules_to_save, "Modules trained in full beside the adapters (such as lm_head, embed_tokens)");
+  o.add("lora_task_type", p.lora_task_type, "PEFT task type written to adapter_config.json").choices({"CAUSAL_LM", "SEQ_CLS"});
+  o.add("use_rslora", p.use_rslora, "Rank-stabilised LoRA: scale by lora_alpha / sqrt(lora_r)");
+  o.add("use_dora", p.use_dora, "DoRA (not available: plain LoRA only)");
+}
+
+// TRL's get_peft_config: a LoraConfig when --use_peft, else none.
+std::optional<LoraConfig> peft_config(const PeftArgs& p) {
+  if (!p.use_peft) return std::nullopt;
+  if (p.use_dora) fail("--use_dora: DoRA adapters are not implemented in trl.cpp; train a plain LoRA adapter (drop --use_dora)");
+  LoraConfig c;
+  c.r = p.lora_r;
+  c.lora_alpha = p.lora_alpha;
+  c.lora_dropout = p.lora_dropout;
+  c.use_rslora = p.use_rslora;
+  c.task_type = p.lora_task_type;
+  c.modules_to_save = p.lora_modules_to_save;
+  // One value naming several modules with commas (a YAML string) is split, as TRL's list parsing would.
+  for (const std::string& v : p.lora_target_modules)
+    for (size_t at = 0; at <= v.size();) {
+      const size_t comma = std::min(v.find(',', at), v.size());
+      if (comma > at) c.target_modules.push_back(v.substr(at, comma - at));
+      at = comma + 1;
+    }
+  return c;
 }
 
 void check_compat(const CompatArgs& x) {
-  if (x.use_peft) fail("--use_peft: LoRA/PEFT adapters are not implemented yet in trl.cpp; train without --use_peft (full fine-tuning)");
   if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
   if (!x.dataset_config.empty()) std::fprintf(stderr, "[trl] note: --dataset_config %s ignored: local datasets have no configurations\n", x.dataset_config.c_str());
   for (const auto& r : x.report_to) {
@@ -90,6 +118,7 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("tp_size", c.distributed.tp_size, "Tensor-parallel ranks per model replica (docs/DISTRIBUTED.md)").min(1);
   o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the f32 masters, gradient sums and AdamW moments between them (docs/DISTRIBUTED.md)").min(1);
   add_compat_options(o, a.compat);
+  add_peft_options(o, a.peft);
 }
 
 void finish_training_options(const char* command, TrainingArguments& c, const TrainCommandArgs& a) {
@@ -102,6 +131,7 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
   if (is_none(c.resume_from_checkpoint) || c.resume_from_checkpoint == "false" || c.resume_from_checkpoint == "False") c.resume_from_checkpoint.clear();
   c.model_name_or_path = a.model;
   c.dataset_name = a.dataset;
+  c.peft_config = peft_config(a.peft);
 }
 
 TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {

@@ -20,16 +20,24 @@ struct CompatArgs {
   std::vector<std::string> report_to;
   std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
   bool push_to_hub = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
-  bool use_peft = false, logging_first_step = false, save_only_model = false;
-  std::optional<int64_t> dataloader_num_workers, lora_r, lora_alpha;
-  std::optional<double> lora_dropout;
-  std::vector<std::string> lora_target_modules;
+  bool logging_first_step = false, save_only_model = false;
+  std::optional<int64_t> dataloader_num_workers;
+};
+
+// TRL's ModelConfig LoRA options (docs/LORA.md), with TRL's defaults.
+struct PeftArgs {
+  bool use_peft = false, use_rslora = false, use_dora = false;
+  int64_t lora_r = 16;
+  double lora_alpha = 32, lora_dropout = 0.05;
+  std::vector<std::string> lora_target_modules, lora_modules_to_save;
+  std::string lora_task_type = "CAUSAL_LM";
 };
 
 struct TrainCommandArgs {
   std::string config, model, dataset, train_split = "train", test_split = "test", dtype = "auto", revision = "main";
   std::optional<int64_t> save_total_limit, eval_steps;
   CompatArgs compat;
+  PeftArgs peft;
 };
 
 // Registers --config, the model and dataset options, every TrainingArguments option and the compatibility ones.

@@ -162,6 +162,7 @@ Tensor tensor_parallel_slice(const std::string& name, const Tensor& whole, const
 
 CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   if (tp_.size != 1) fail("tensor_parallel_shard: this model is already rank {} of {}", tp_.rank, tp_.size);
+  if (lora_) fail("tp_size {}: LoRA adapters are not supported under tensor parallel; train the adapter with data parallel or FSDP", tp.size);
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) fail("tensor_parallel_shard: rank {} of {} does not exist", tp.rank, tp.size);
   const ModelConfig& c = config_;
   for (const auto& [what, n] : std::vector<std::pair<const char*, int64_t>>{
@@ -191,6 +192,83 @@ CausalLM CausalLM::with_weights(TensorMap weights, const std::string& source) co
   }
   if (dtype) m.dtype_ = *dtype;
   return m;
+}
+
+CausalLM CausalLM::with_adapter(const LoraAdapter& adapter) const {
+  if (lora_) fail("with_adapter: the model already has a LoRA adapter (one adapter at a time)");
+  if (tp_.size > 1) fail("LoRA adapters are not supported under tensor parallel (tp_size {}); use data parallel or FSDP", tp_.size);
+  CausalLM m = *this;
+  auto spec = std::make_shared<LoraAdapter>();
+  spec->config = adapter.config;
+  spec->modules = adapter.modules;
+  (void)adapter.config.scaling();  // checks r
+  for (const std::string& module : adapter.modules) {
+    const Shape w = lora_module_shape(config_, module);
+    for (const auto& [part, shape] : {std::pair<std::string, Shape>{".lora_A.weight", {adapter.config.r, w[1]}}, {".lora_B.weight", {w[0], adapter.config.r}}}) {
+      const auto it = adapter.weights.find(module + part);
+      if (it == adapter.weights.end()) fail("with_adapter: the adapter has no '{}{}'", module, part);
+      if (it->second.shape() != shape)
+        fail("with_adapter: '{}{}' is {}, r = {} and the model imply {}", module, part, shape_str(it->second.shape()), adapter.config.r, shape_str(shape));
+      m.weights_[module + part] = it->second.dtype() == dtype_ ? it->second : it->second.to(dtype_);
+    }
+  }
+  // modules_to_save: the adapter's copy where it has one (a saved adapter), else the base weight stays.
+  std::vector<std::string> params;
+  for (const auto& [name, shape] : parameter_shapes(config_)) params.push_back(name);
+  if (!adapter.config.modules_to_save.empty()) {
+    params.push_back("score.weight");  // a reward model's head (the reward trainer holds it)
+    for (const std::string& p : lora_saved_parameters(adapter.config, params)) {
+      const auto it = adapter.weights.find(p);
+      if (it == adapter.weights.end() || !m.weights_.count(p)) continue;
+      if (it->second.shape() != m.weights_.at(p).shape())
+        fail("with_adapter: the saved module '{}' is {}, the model's is {}", p, shape_str(it->second.shape()), shape_str(m.weights_.at(p).shape()));
+      m.weights_[p] = it->second.dtype() == dtype_ ? it->second : it->second.to(dtype_);
+    }
+  }
+  m.lora_ = std::move(spec);
+  return m;
+}
+
+CausalLM CausalLM::without_adapter() const {
+  CausalLM m = *this;
+  if (!lora_) return m;
+  for (const std::string& module : lora_->modules) m.weights_.erase(module + ".lora_A.weight"), m.weights_.erase(module + ".lora_B.weight");
+  m.lora_.reset();
+  return m;
+}
+
+CausalLM CausalLM::merged() const {
+  if (!lora_) return *this;
+  LoraAdapter a{lora_->config, lora_->modules, {}};
+  for (const std::string& module : lora_->modules)
+    for (const char* part : {".lora_A.weight", ".lora_B.weight"}) a.weights[module + part] = weights_.at(module + part);
+  CausalLM m = without_adapter();
+  m.weights_ = merge_lora(m.weights_, a);
+  return m;
+}
+
+const std::vector<std::string>& CausalLM::lora_modules() const {
+  static const std::vector<std::string> none;
+  return lora_ ? lora_->modules : none;
+}
+
+std::vector<std::string> CausalLM::lora_parameters() const {
+  std::vector<std::string> out;
+  if (!lora_) return out;
+  for (const std::string& module : lora_->modules) out.push_back(module + ".lora_A.weight"), out.push_back(module + ".lora_B.weight");
+  std::vector<std::string> params;
+  for (const auto& [name, shape] : parameter_shapes(config_)) params.push_back(name);
+  params.push_back("score.weight");
+  if (!lora_->config.modules_to_save.empty())
+    for (const std::string& p : lora_saved_parameters(lora_->config, params)) out.push_back(p);
+  return out;
+}
+
+std::vector<std::string> CausalLM::trainable_parameters() const {
+  if (lora_) return lora_parameters();
+  std::vector<std::string> out;
+  for (const auto& [name, shape] : parameter_shapes(config_)) out.push_back(name);
+  return out;
 }
 
 CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOptions& options) {
@@ -269,8 +347,9 @@ class DecoderBuilder {
     ValueId positions = kNone, mask = kNone, cache_position = kNone, query_positions = kNone;
   };
 
-  DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt, const TensorParallel& tp)
-      : b_(b), c_(c), weights_(weights), dt_(dt), tp_(tp) {}
+  DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt, const TensorParallel& tp, const LoraAdapter* lora,
+                 bool training)
+      : b_(b), c_(c), weights_(weights), dt_(dt), tp_(tp), lora_(lora), training_(training) {}
 
   ValueId weight(const std::string& name) {
     const Tensor& t = weights_.at(name);
@@ -278,9 +357,23 @@ class DecoderBuilder {
   }
   ValueId optional_weight(const std::string& name) { return weights_.count(name) ? weight(name) : kNone; }
 
-  // y = x·Wᵀ (+ b) for the nn.Linear `module` ("<module>.weight", optional "<module>.bias").
+  // y = x·Wᵀ (+ b) for the nn.Linear `module` ("<module>.weight", optional "<module>.bias"); with a LoRA adapter on
+  // the module, + scaling·(dropout(x)·Aᵀ)·Bᵀ (A [r, in], B [out, r]; dropout only in training graphs). The scale is
+  // applied to the [.., r] product, the smallest tensor of the branch.
   ValueId linear(ValueId x, const std::string& module, const std::string& tag) {
-    return b_.matmul(x, weight(module + ".weight"), optional_weight(module + ".bias"), dt_, tag);
+    const ValueId y = b_.matmul(x, weight(module + ".weight"), optional_weight(module + ".bias"), dt_, tag);
+    if (!lora_) return y;
+    const auto at = std::find(lora_->modules.begin(), lora_->modules.end(), module);
+    if (at == lora_->modules.end()) return y;
+    const double p = lora_->config.lora_dropout;
+    ValueId xa = x;
+    if (training_ && p > 0) {
+      if (dropout_seed_ == kNone) dropout_seed_ = b_.input("lora_dropout_seed", {2}, DType::I32);
+      xa = b_.dropout(x, dropout_seed_, p, at - lora_->modules.begin(), tag + ".lora_dropout");
+    }
+    ValueId a = b_.matmul(xa, weight(module + ".lora_A.weight"), kNone, dt_, tag + ".lora_A");
+    a = b_.scale_by(a, b_.fill({}, DType::F32, lora_->config.scaling(), tag + ".lora_scaling"), dt_, tag + ".lora_scaled");
+    return b_.add(y, b_.matmul(a, weight(module + ".lora_B.weight"), kNone, dt_, tag + ".lora_B"), tag + ".lora_add");
   }
   ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
   // Qwen3's q_norm / k_norm over each head of x:[B,T,H,D]. Under tensor parallel each rank normalises only its own
@@ -345,6 +438,9 @@ class DecoderBuilder {
   const TensorMap& weights_;
   DType dt_;
   TensorParallel tp_;
+  const LoraAdapter* lora_;
+  bool training_;
+  ValueId dropout_seed_ = kNone;
   std::vector<float> inv_freq_ = rope_inv_freq(c_);
 };
 
@@ -362,8 +458,13 @@ CausalLM::VocabHead CausalLM::vocab_head(Builder& b, ValueId h, ValueId head) co
 }
 
 ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
+  return build_decoder(b, B, T, head_out, cache, cache_out, /*training=*/false);
+}
+
+ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out,
+                                bool training) const {
   const ModelConfig& c = config_;
-  DecoderBuilder d(b, c, weights_, dtype_, tp_);
+  DecoderBuilder d(b, c, weights_, dtype_, tp_, lora_.get(), training);
   const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
   DecoderBuilder::Inputs in;
   in.positions = b.input("position_ids", {B, T}, DType::I32);
@@ -424,7 +525,7 @@ graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature, 
 graph::Graph CausalLM::reward_training_graph(int64_t B, int64_t T, bool gradient_checkpointing) const {
   Builder b;
   ValueId head = kNone;
-  const ValueId h = build_hidden(b, B, T, &head);
+  const ValueId h = build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/true);
   const ValueId score = b.input("score.weight", {1, config_.hidden_size}, dtype_);
   const ValueId seed = b.input("reward_weights", {B, T}, DType::F32);
   b.mark_seed(seed);
@@ -432,9 +533,9 @@ graph::Graph CausalLM::reward_training_graph(int64_t B, int64_t T, bool gradient
   const ValueId loss = b.weighted_sum(rewards, seed, "loss");
   const size_t forward_nodes = b.size();
   std::vector<std::string> names;
-  for (const auto& [name, shape] : parameter_shapes(config_))
-    if (name != "lm_head.weight") names.push_back(name);
-  names.push_back("score.weight");
+  for (const std::string& name : trainable_parameters())
+    if (name != "lm_head.weight" && name != "score.weight") names.push_back(name);
+  names.push_back("score.weight");  // the head trains in full, with an adapter too
   const auto grads = graph::add_backward(b, loss, names);
   b.output(loss, "loss");
   for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
@@ -457,8 +558,8 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   Builder b;
   ValueId head = kNone;
   const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
-  const ValueId h =
-      kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
+  const ValueId h = kept_rows(b, temperature_scaled(b, build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/true), temperature, dtype_), B, T,
+                              config_.hidden_size, logits_to_keep, dtype_);
   const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
   const ValueId weights = b.input("loss_weights", {B, Tk}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
@@ -480,8 +581,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   }
   const ValueId loss = b.weighted_sum(logp, weights, "loss");
   const size_t forward_nodes = b.size();
-  std::vector<std::string> names;
-  for (const auto& [name, shape] : parameter_shapes(config_)) names.push_back(name);
+  const std::vector<std::string> names = trainable_parameters();
   const auto grads = graph::add_backward(b, loss, names, grad_dtype);
   b.output(loss, "loss");
   for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
@@ -551,6 +651,7 @@ Tensor CausalLM::forward(const Batch& batch, Backend& backend) const {
 }
 
 void CausalLM::save_pretrained(const std::string& dir, uint64_t max_shard_bytes) const {
+  if (lora_) fail("save_pretrained {}: the model has a LoRA adapter: save the adapter (save_adapter) or merge it first (merged())", dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail("{}: cannot create the folder: {}", dir, ec.message());

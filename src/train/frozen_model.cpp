@@ -1,5 +1,7 @@
 #include "train/frozen_model.h"
 
+#include <algorithm>
+
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 
@@ -13,6 +15,19 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
     // Under tensor parallel the reference is sharded as the policy is, and runs with it.
     const TensorParallel& tp = trainer.model().tensor_parallel();
     model_ = std::make_unique<CausalLM>(tp.size > 1 ? given->tensor_parallel_shard(tp) : *given);
+  } else if (const CausalLM& policy = trainer.model(); policy.lora()) {
+    // PEFT's reference with an adapter: the same model with the adapter disabled. The frozen base weights are
+    // shared with the policy (never written); only the modules_to_save weights, which training changes, are copied.
+    const std::vector<std::string> saved = policy.lora_parameters();
+    CausalLM base = policy.without_adapter();
+    TensorMap frozen;
+    for (const auto& [name, w] : base.weights()) {
+      const Tensor& now = trainer.compute_weights().at(name);
+      const bool copied = std::find(saved.begin(), saved.end(), name) != saved.end();
+      frozen[name] = copied ? now.clone() : now;
+      if (!copied) shared_bytes_ += static_cast<uint64_t>(now.nbytes());
+    }
+    model_ = std::make_unique<CausalLM>(base.with_weights(std::move(frozen), "reference"));
   } else {
     TensorMap frozen;
     for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
@@ -44,6 +59,7 @@ FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
   if (!model_) return {};
   FrozenMemory m;
   for (const auto& [name, w] : model_->weights()) m.weights += static_cast<uint64_t>(w.nbytes());
+  m.weights -= shared_bytes_;  // counted as the policy's
   if (rows > 0 && tokens > 0) m.arena = backend_->compile(model_->logprobs_graph(rows, tokens))->arena_bytes();
   return m;
 }

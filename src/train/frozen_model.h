@@ -17,7 +17,8 @@ namespace trl {
 class FrozenModel {
  public:
   // `given` (another checkpoint, with the policy's vocabulary), else a copy of the trainer's starting compute
-  // weights, as TRL copies the policy when no ref_model is given.
+  // weights, as TRL copies the policy when no ref_model is given; with a LoRA adapter on the policy, its base with
+  // the adapter disabled (PEFT's reference), sharing the frozen base weights.
   FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep);
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
@@ -39,6 +40,7 @@ class FrozenModel {
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ProgramCache> programs_;
+  uint64_t shared_bytes_ = 0;  // of the weights shared with the policy (an adapter's frozen base)
 };
 
 }  // namespace trl

@@ -253,14 +253,26 @@ Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const cha
   // The trainer consumes each program's outputs before it runs the next, so its programs share one arena (the
   // largest one's): keeping a program per length costs its plan and kernels, not another ~3.6 GB of buffers.
   backend_ = make_backend(device_, BackendOptions{.share_arena = true});
-  s_ = std::make_unique<State>(model, args, config_name);
+  // LoRA (docs/LORA.md): a fresh adapter from args.peft_config, or the one the model came with (trained on).
+  if (args.peft_config && model.lora()) fail("{}: the model already has a LoRA adapter; pass it without peft_config to train it", config_name);
+  const CausalLM adapted = args.peft_config ? model.with_adapter(init_lora(model.config(), *args.peft_config, args.seed)) : model;
+  s_ = std::make_unique<State>(adapted, args, config_name);
   State& s = *s_;
-  // f32 master weights (this rank's slices under tensor parallel); bf16 compute copies refreshed by AdamW in the
-  // same pass.
+  // f32 master weights of the trained parameters (this rank's slices under tensor parallel); bf16 compute copies
+  // refreshed by AdamW in the same pass. With an adapter the base weights are frozen: compute weights only, shared
+  // with the model where they are already in the compute dtype.
+  const DType compute_dtype = args.bf16 ? DType::BF16 : DType::F32;
+  const std::vector<std::string> trainable = s.model.trainable_parameters();
+  const std::set<std::string> trained_names(trainable.begin(), trainable.end());
   for (const auto& [name, w] : s.model.weights()) {
+    if (!trained_names.count(name)) {
+      s.compute[name] = w.dtype() == compute_dtype ? w : w.to(compute_dtype);
+      continue;
+    }
     s.master[name] = w.to(DType::F32).clone();
     s.compute[name] = args.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
   }
+  if (s.model.lora() && s.model.lora()->lora_dropout > 0) s.compute[kDropoutSeed] = Tensor::zeros(DType::I32, {2});
   if (args.bf16 || s.model.dtype() != DType::F32) s.model = s.model.with_weights(s.compute, "trainer");
 }
 
@@ -313,7 +325,20 @@ void Trainer::save_model(const std::string& dir) const {
 // Weights in the dtype the model was loaded with, config, and the tokenizer and generation files (copied from the
 // source model folder, else the bundled tokenizer).
 void Trainer::State::write_model_files(const std::string& dir, const TensorMap& weights) const {
-  if (!method->write_model(dir, weights, save_dtype)) CausalLM::from_weights(model.config(), weights, "trainer").save_pretrained(dir);
+  if (const LoraConfig* lora = model.lora()) {  // a PEFT adapter: adapter_config.json and adapter_model.safetensors
+    LoraConfig c = *lora;
+    c.base_model_name_or_path = cfg.model_name_or_path.empty() ? source_dir : cfg.model_name_or_path;
+    if (c.target_modules.size() == 1 && c.target_modules[0] == "all-linear") {  // PEFT saves the names all-linear chose
+      c.target_modules.clear();
+      for (const std::string& m : model.lora_modules())
+        if (const std::string short_name = m.substr(m.rfind('.') + 1);
+            std::find(c.target_modules.begin(), c.target_modules.end(), short_name) == c.target_modules.end())
+          c.target_modules.push_back(short_name);
+    }
+    save_adapter(dir, c, weights);
+  } else if (!method->write_model(dir, weights, save_dtype)) {
+    CausalLM::from_weights(model.config(), weights, "trainer").save_pretrained(dir);
+  }
   const std::string& src = source_dir;
   bool tokenizer_copied = false;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
@@ -649,18 +674,18 @@ TensorMap Trainer::State::whole_masters_for_saving() const { return saving_needs
 TensorMap Trainer::State::weights_to_save(const TensorMap& whole_master) const {
   TensorMap ready;
   for (const auto& [name, shape] : trained)
-    if (const Tensor& c = compute.at(name); c.dtype() == save_dtype) ready[name] = c;
+    if (const Tensor& c = compute.at(name); c.dtype() == save_dtype_of(name)) ready[name] = c;
   TensorMap out = join_slices(ready);
   if (!is_main()) return {};
   for (const auto& [name, shape] : trained)
-    if (!out.count(name)) out[name] = whole_master.at(name).to(save_dtype);
+    if (!out.count(name)) out[name] = whole_master.at(name).to(save_dtype_of(name));
   return out;
 }
 
 // Whether saving the model converts a master (a compute weight not in the save dtype).
 bool Trainer::State::saving_needs_masters() const {
   for (const auto& [name, shape] : trained)
-    if (compute.at(name).dtype() != save_dtype) return true;
+    if (compute.at(name).dtype() != save_dtype_of(name)) return true;
   return false;
 }
 
@@ -728,7 +753,20 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   size_t k = 0;
   MethodContext ctx = context();
   if (dp->size() > 1) ctx.micro_rows = items.rows;
-  const MethodStep m = method->step(items.local, ctx, metrics, [&](const std::map<std::string, Tensor>& out) { add_gradients(out, k++, filled); });
+  // LoRA dropout: a mask stream of its own for every micro-batch of every step on every data-parallel rank (the
+  // seed advances after each micro-batch's gradients), the same on a resumed run.
+  const auto dropout = compute.find(kDropoutSeed);
+  auto set_dropout_seed = [&](size_t micro) {
+    if (dropout == compute.end()) return;
+    int32_t* sd = dropout->second.mutable_data_as<int32_t>();
+    sd[0] = static_cast<int32_t>(static_cast<uint32_t>(cfg.seed) ^ (static_cast<uint32_t>(dp->rank()) * 0x9E3779B9u));
+    sd[1] = static_cast<int32_t>(static_cast<uint32_t>(global_step) * 4096u + static_cast<uint32_t>(micro));
+  };
+  set_dropout_seed(0);
+  const MethodStep m = method->step(items.local, ctx, metrics, [&](const std::map<std::string, Tensor>& out) {
+    add_gradients(out, k++, filled);
+    set_dropout_seed(k);
+  });
   if (k != filled) fail("{}: the step handed gradients for {} of its {} micro-batches", method->name(), k, filled);
   r.data_seconds = m.data_seconds;
   r.loss = m.loss;

@@ -29,6 +29,9 @@ namespace trl {
 // The collective group of a trainer's tensor-parallel ranks (core/collectives.h): its programs' all_reduce nodes
 // name it.
 constexpr int32_t kTensorParallelGroup = 100;
+// The compute-weights entry the training programs of a model with LoRA dropout read their mask seed from
+// (CausalLM::with_adapter); the Trainer sets it before every micro-batch.
+constexpr const char* kDropoutSeed = "lora_dropout_seed";
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, data_seconds = 0, step_seconds = 0, comm_seconds = 0;
@@ -141,6 +144,10 @@ struct Trainer::State {
   void reduce_gradients_to_shard();
   void report_shard() const;
   TensorMap whole(const TensorMap& pieces) const;
+  // The dtype a trained parameter is saved in: the model's, but f32 for LoRA's A and B (PEFT keeps adapters in f32).
+  DType save_dtype_of(const std::string& name) const {
+    return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight") ? DType::F32 : save_dtype;
+  }
   TensorMap join_slices(const TensorMap& local) const;
   TensorMap whole_masters_for_saving() const;
   TensorMap weights_to_save(const TensorMap& whole_master) const;

@@ -2,6 +2,7 @@
 // against the graph builder. Parameter names are Hugging Face's, so checkpoints load and save unchanged.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "trl/graph/graph.h"
 #include "trl/io/model_config.h"
 #include "trl/io/safetensors.h"
+#include "trl/models/lora.h"
 
 namespace trl {
 
@@ -78,6 +80,24 @@ class CausalLM {
   // Checkpoint tensors that this architecture does not use (from_pretrained warns about them, as Transformers does).
   const std::vector<std::string>& unused_weights() const { return unused_weights_; }
   int64_t num_parameters() const;
+
+  // LoRA (trl/models/lora.h, docs/LORA.md). with_adapter: this model with `adapter` attached: its lora tensors join
+  // the weights (in the model's dtype) and every adapted linear layer adds scaling·(x·Aᵀ)·Bᵀ in every graph (after
+  // dropout(x) in the training graphs, whose input lora_dropout_seed [2] i32 the trainer binds); its
+  // modules_to_save weights replace the base's. Not under tensor parallel.
+  CausalLM with_adapter(const LoraAdapter& adapter) const;
+  // The base model: the weights without the adapter's tensors (modules_to_save keep the weights they have now).
+  CausalLM without_adapter() const;
+  // A plain model with the adapter merged into its weights (W + scaling·B·A): it computes what this one does.
+  CausalLM merged() const;
+  const LoraConfig* lora() const { return lora_ ? &lora_->config : nullptr; }
+  // The adapted modules (model order); empty without an adapter.
+  const std::vector<std::string>& lora_modules() const;
+  // The adapter's tensors: lora_A / lora_B of every module, then the modules_to_save weights (by parameter name).
+  std::vector<std::string> lora_parameters() const;
+  // What training updates: every parameter of a plain model; with an adapter only lora_parameters() (the base
+  // weights stay frozen: no gradient, master or optimizer state).
+  std::vector<std::string> trainable_parameters() const;
 
   // Adds the forward pass for a [B,T] batch to `b`. Declares the inputs input_ids, position_ids and
   // attention_mask ([B,T] i32) and one input per parameter (by its HF name); returns logits [B,T,V] in the
@@ -162,7 +182,10 @@ class CausalLM {
   std::vector<std::string> unused_weights_;
   std::string device_ = "cpu";
   TensorParallel tp_;
-  graph::VocabSplit vocab_split() const;  // this rank's rows of the vocabulary (none without tensor parallel)
+  std::shared_ptr<const LoraAdapter> lora_;  // config and modules (its tensors are in weights_)
+  graph::VocabSplit vocab_split() const;
+  graph::ValueId build_decoder(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache,
+                               std::vector<graph::ValueId>* cache_out, bool training) const;  // this rank's rows of the vocabulary (none without tensor parallel)
 };
 
 }  // namespace trl

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/program_cache.h"
+#include "trl/models/lora.h"
 
 namespace trl {
 
@@ -64,6 +65,9 @@ struct TrainingArguments {
   std::string model_name_or_path;
   std::string dataset_name;
   DistributedConfig distributed;
+  // LoRA (TRL's peft_config, docs/LORA.md): train an adapter of this configuration, initialised from `seed`, on the
+  // frozen base weights; the model and checkpoints are saved as PEFT adapters.
+  std::optional<LoraConfig> peft_config;
 };
 
 // Checks every option as TrainingArguments and torch.optim.AdamW do: finite numbers in range (learning_rate >= 0,

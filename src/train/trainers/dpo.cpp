@@ -205,6 +205,9 @@ void check_dpo_config(const DPOConfig& c) {
              "drop ld_alpha or the sft loss");
   }
   if (c.sync_ref_model) {
+    if (c.peft_config)
+      fail("DPOConfig: sync_ref_model with a LoRA adapter: the reference is the base model with the adapter disabled, which has no weights of "
+           "its own to mix (TRL refuses this too); drop sync_ref_model or use_peft");
     if (c.precompute_ref_log_probs)
       fail("DPOConfig: sync_ref_model needs a live reference, but precompute_ref_log_probs computes its log-probs once before training; "
            "set one of them to false");

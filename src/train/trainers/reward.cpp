@@ -4,6 +4,7 @@
 // its rightmost non-pad token, evaluates the Bradley–Terry loss and seeds the backward pass with its derivative at
 // those positions. As in TRL (model_accepts_loss_kwargs = False) each micro-batch's mean loss is divided by the
 // number of micro-batches of the step.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -187,6 +188,11 @@ void check_reward_config(const RewardConfig& c) {
 RewardTrainer::RewardTrainer(const RewardModel& model, const Tokenizer& tok, Dataset train, RewardConfig config, std::optional<Dataset> eval) {
   check_reward_config(config);
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  if (config.peft_config) {  // a sequence-classification adapter: the score head trains in full and is saved with it
+    config.peft_config->task_type = "SEQ_CLS";
+    auto& saved = config.peft_config->modules_to_save;
+    if (std::find(saved.begin(), saved.end(), "score") == saved.end()) saved.push_back("score");
+  }
   trainer_ = std::make_unique<Trainer>(model.backbone, config, "RewardConfig");
   trainer_->set_method(std::make_unique<RewardMethod>(config, model, tok, train, eval, *trainer_));
 }
