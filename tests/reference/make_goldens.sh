@@ -34,3 +34,11 @@ done
 "$build/trl" sft --config "$root/tests/data/sft/golden_recipe.yaml" --model_name_or_path "$tmp/sft-base" \
   --dataset_name "$root/assets/demo/chat.jsonl" --output_dir "$tmp/sft-out" >/dev/null 2>&1
 /usr/bin/python3 "$root/tests/reference/qwen3_reference.py" "$tmp/sft-out" "$out/qwen3_tiny_sft.json" --hf-folder
+# LoRA (tests/models/lora_test.cpp): an adapter in PEFT's layout written by the reference (committed in
+# tests/data/lora/peft_tiny), and the adapter `trl sft --use_peft` saves (tests/data/lora/lora_recipe.yaml), both on
+# the tiny f32 model above: their logits, and 3 AdamW steps of the PEFT adapter.
+/usr/bin/python3 "$root/tests/reference/lora_reference.py" write-peft "$tmp/sft-base" "$root/tests/data/lora/peft_tiny"
+"$build/trl" sft --config "$root/tests/data/lora/lora_recipe.yaml" --model_name_or_path "$tmp/sft-base" \
+  --dataset_name "$root/assets/demo/chat.jsonl" --output_dir "$tmp/lora-out" >/dev/null 2>&1
+(cd "$root/tests/reference" && /usr/bin/python3 lora_reference.py goldens "$tmp/sft-base" "$root/tests/data/lora/peft_tiny" "$tmp/lora-out" \
+  "$out/lora_tiny.json")

@@ -83,9 +83,13 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def forward(cfg, W, ids, mask, pos):
-    """ids, mask, pos: int64 [B,T]. Returns logits [B,T,V] in the model dtype."""
+def forward(cfg, W, ids, mask, pos, linear=None):
+    """ids, mask, pos: int64 [B,T]. Returns logits [B,T,V] in the model dtype. linear(x, module) replaces the
+    projections' x @ W[module.weight].T (lora_reference.py adds its adapters there)."""
     B, T = ids.shape
+    if linear is None:
+        def linear(x, module):
+            return x @ W[module + ".weight"].T
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps = cfg["rms_norm_eps"]
     dtype = W["model.embed_tokens.weight"].dtype
@@ -106,9 +110,9 @@ def forward(cfg, W, ids, mask, pos):
         p = f"model.layers.{i}."
         r = h
         x = rms_norm(h, W[p + "input_layernorm.weight"], eps)
-        q = (x @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, D)
-        k = (x @ W[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, D)
-        v = (x @ W[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, D)
+        q = linear(x, p + "self_attn.q_proj").view(B, T, H, D)
+        k = linear(x, p + "self_attn.k_proj").view(B, T, Hkv, D)
+        v = linear(x, p + "self_attn.v_proj").view(B, T, Hkv, D)
         q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps).transpose(1, 2)
         k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps).transpose(1, 2)
         v = v.transpose(1, 2)
@@ -120,12 +124,12 @@ def forward(cfg, W, ids, mask, pos):
         scores = (q @ k.transpose(2, 3)) * (D ** -0.5) + additive
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
         a = (probs @ v).transpose(1, 2).reshape(B, T, H * D)
-        h = r + a @ W[p + "self_attn.o_proj.weight"].T
+        h = r + linear(a, p + "self_attn.o_proj")
         r = h
         x = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-        gate = x @ W[p + "mlp.gate_proj.weight"].T
-        up = x @ W[p + "mlp.up_proj.weight"].T
-        h = r + (torch.nn.functional.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
+        gate = linear(x, p + "mlp.gate_proj")
+        up = linear(x, p + "mlp.up_proj")
+        h = r + linear(torch.nn.functional.silu(gate) * up, p + "mlp.down_proj")
     h = rms_norm(h, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     return h @ head.T
