@@ -162,9 +162,14 @@ TEST(CliCompat, TrlCommandLinesRunUnchanged) {
   std::string out;
   ASSERT_EQ(run("sft --config " + f.dir.file("sft.yaml"), &out), 0) << out;
   EXPECT_NE(out.find("\"global_step\": 2"), std::string::npos) << out;
-  // LoRA is named as missing, not silently ignored.
-  EXPECT_NE(run(base + " --use_peft --lora_r 32 --lora_alpha 16 --output_dir " + f.dir.file("o6"), &out), 0);
-  EXPECT_NE(out.find("--use_peft"), std::string::npos) << out;
+  // TRL's LoRA command line trains and saves a PEFT adapter; DoRA is named as missing, not silently ignored.
+  ASSERT_EQ(run(base + " --use_peft --lora_r 32 --lora_alpha 16 --lora_target_modules q_proj k_proj --output_dir " + f.dir.file("o6"), &out), 0) << out;
+  const nlohmann::json adapter = nlohmann::json::parse(test::read_file(f.dir.file("o6/adapter_config.json")));
+  EXPECT_EQ(adapter["r"], 32);
+  EXPECT_EQ(adapter["lora_alpha"], 16);
+  EXPECT_EQ(adapter["target_modules"], nlohmann::json({"q_proj", "k_proj"}));
+  EXPECT_NE(run(base + " --use_peft --use_dora --output_dir " + f.dir.file("o7"), &out), 0);
+  EXPECT_NE(out.find("--use_dora"), std::string::npos) << out;
 }
 
 // The README's command lines (with a temporary folder for models/).
