@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "trl/core/error.h"
+#include "trl/models/causal_lm.h"
 
 namespace CLI {
 class App;
@@ -33,7 +34,15 @@ std::vector<int32_t> token_ids_from_json(const Json& v, const std::string& where
   return ids;
 }
 
+// A model for inference (generate, chat, score, merge-adapter): `model` is a model folder or hub id, or a PEFT adapter
+// folder (its base found through base_model_name_or_path); `adapter`, when given, is an adapter folder to put on
+// `model`. With merge, the adapter is merged into the weights (W + scaling·B·A: the same logits, no extra GEMMs).
+CausalLM load_inference_model(const std::string& model, const std::string& adapter, const LoadOptions& options, bool merge);
+// Where the tokenizer of `model` is: the folder itself, or for an adapter folder without tokenizer files, its base.
+std::string tokenizer_source(const std::string& model);
+
 void register_env(CLI::App& app);
+void register_merge_adapter(CLI::App& app);
 void register_init_model(CLI::App& app);
 void register_score(CLI::App& app);
 void register_demo(CLI::App& app);

@@ -32,7 +32,7 @@ using ojson = nlohmann::ordered_json;
 
 // The flags shared by generate and chat.
 struct GenFlags {
-  std::string model, dtype, revision = "main";
+  std::string model, adapter, dtype, revision = "main";
   std::optional<bool> enable_thinking, do_sample;
   std::optional<int64_t> max_new_tokens, top_k, pad_to_multiple_of;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
@@ -51,7 +51,8 @@ constexpr int64_t kDefaultNewTokens = 256;
 
 void add_gen_flags(Options& o, GenFlags& f) {
   const std::string gc = "generation_config.json's";
-  o.add("model,model_name_or_path", f.model, "Model folder or Hugging Face id (local cache only)").required();
+  o.add("model,model_name_or_path", f.model, "Model folder, Hugging Face id (local cache only) or PEFT adapter folder").required();
+  o.add("adapter", f.adapter, "A PEFT LoRA adapter folder to apply to --model (merged into the weights once)");
   o.add("dtype,torch_dtype", f.dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
   o.add("revision", f.revision, "Hub cache revision");
   o.add("device", f.device, "auto | cpu | cuda: the backend the compiled programs run on (one that is not here is an error)");
@@ -101,7 +102,7 @@ CausalLM load_model(const GenFlags& f) {
   lo.revision = f.revision;
   lo.device = f.device;
   if (!f.dtype.empty()) lo.dtype = (f.dtype == "bf16" || f.dtype == "bfloat16") ? DType::BF16 : DType::F32;
-  return CausalLM::from_pretrained(f.model, lo);
+  return load_inference_model(f.model, f.adapter, lo, /*merge=*/true);
 }
 
 ChatTemplateOptions chat_options(const GenFlags& f) {
@@ -199,7 +200,7 @@ bool chat_turn(const ChatArgs& c, const Tokenizer& tok, Generator& gen, Generati
 }
 
 void run_chat(const ChatArgs& c) {
-  const Tokenizer tok = Tokenizer::from_pretrained(c.model, c.revision);
+  const Tokenizer tok = Tokenizer::from_pretrained(tokenizer_source(c.model), c.revision);
   const CausalLM model = load_model(c);
   Generator gen(model);
   GenerationConfig cfg = to_config(c, gen);
@@ -264,7 +265,7 @@ void register_generate(CLI::App& app) {
   opts.add("batch_size", a->batch_size, "With --input: prompts per generate() call").min(1);
   cmd->callback([a] {
     if (a->prompt.empty() && a->input.empty()) fail("give a prompt with --prompt or a file with --input");
-    const Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
+    const Tokenizer tok = Tokenizer::from_pretrained(tokenizer_source(a->model), a->revision);
     const CausalLM model = load_model(*a);
     Generator gen(model);
     GenerationConfig cfg = to_config(*a, gen);

@@ -12,6 +12,7 @@
 #include "cli/options.h"
 #include "trl/core/error.h"
 #include "trl/io/hub.h"
+#include "trl/models/lora.h"
 #include "trl/models/reward_model.h"
 #include "trl/models/score.h"
 #include "trl/tokenizer/tokenizer.h"
@@ -57,13 +58,14 @@ std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& w
 void register_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Log-probability of each next token, total NLL and perplexity (JSON); a reward model's reward");
   struct Args {
-    std::string model, ids, text, jsonl, dtype, revision = "main", device = "auto";
+    std::string model, adapter, ids, text, jsonl, dtype, revision = "main", device = "auto";
     int64_t batch_size = 8;
     bool show_tokens = false;
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("model,model_name_or_path", a->model, "Model folder or Hugging Face id (local cache only)").required();
+  opts.add("model,model_name_or_path", a->model, "Model folder, Hugging Face id (local cache only) or PEFT adapter folder").required();
+  opts.add("adapter", a->adapter, "A PEFT LoRA adapter folder to apply to --model");
   Opt ids = opts.add("ids", a->ids, "Comma-separated token ids, e.g. 1,2,3 (at least two: the first is context)");
   Opt text = opts.add("text", a->text, "Text to score (tokenized with the model's tokenizer)");
   Opt jsonl = opts.add("jsonl", a->jsonl, "File of JSON lines {\"ids\": [...]} or {\"text\": ...}");
@@ -77,7 +79,7 @@ void register_score(CLI::App& app) {
   cmd->callback([a] {
     std::optional<Tokenizer> tok;
     auto tokenizer = [&]() -> const Tokenizer& {
-      if (!tok) tok = Tokenizer::from_pretrained(a->model, a->revision);
+      if (!tok) tok = Tokenizer::from_pretrained(tokenizer_source(a->model), a->revision);
       return *tok;
     };
     std::vector<std::vector<int32_t>> seqs;
@@ -111,7 +113,7 @@ void register_score(CLI::App& app) {
     lo.device = a->device;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     // A reward model (a sequence-classification checkpoint): one reward per input.
-    if (is_sequence_classification_config(resolve_model_dir(a->model, a->revision))) {
+    if (a->adapter.empty() && !is_adapter_dir(a->model) && is_sequence_classification_config(resolve_model_dir(a->model, a->revision))) {
       const RewardModel rm = load_reward_model(a->model, lo);
       auto backend = make_backend(rm.backbone.device());
       const std::vector<double> rewards = reward_scores(rm, seqs, *backend, a->batch_size);
@@ -123,7 +125,7 @@ void register_score(CLI::App& app) {
       }
       return;
     }
-    CausalLM model = CausalLM::from_pretrained(a->model, lo);
+    CausalLM model = load_inference_model(a->model, a->adapter, lo, /*merge=*/false);
     auto backend = make_backend(model.device());
     const auto scores = score_sequences(model, seqs, *backend, a->batch_size);
     for (const SequenceScore& s : scores) {

@@ -122,6 +122,7 @@ int main(int argc, char** argv) {
   trl::cli::register_rloo(app);
   trl::cli::register_reward(app);
   trl::cli::register_generate(app);
+  trl::cli::register_merge_adapter(app);
   trl::cli::register_compile(app);
   trl::cli::register_bench(app);
   std::string names;

@@ -126,14 +126,16 @@ void write_folder_or_clean_up(const std::string& what, const stdfs::path& tmp, c
   }
 }
 
+// The files that say which model a folder holds: a model's weights and config, or an adapter's.
 bool is_weight_file(const std::string& f) {
   const bool shard = f.rfind("model-", 0) == 0 && f.size() > 12 && f.substr(f.size() - 12) == ".safetensors";
-  return shard || f == "model.safetensors" || f == "model.safetensors.index.json";
+  return shard || f == "model.safetensors" || f == "model.safetensors.index.json" || f == "config.json" || f == "adapter_model.safetensors" ||
+         f == "adapter_config.json";
 }
 
 // Writes a set of files into `dir` all or nothing: `write` fills dir/.final.tmp; only once every file was written
-// is each renamed into `dir` (atomic per file on one filesystem); then the weight files of an earlier save that the
-// new set lacks are removed, so that the folder never mixes two models. On failure only the temp folder goes.
+// is each renamed into `dir` (atomic per file on one filesystem); then the weight and config files of an earlier save
+// that the new set lacks are removed, so that the folder never mixes two models (or a model and an adapter). On failure only the temp folder goes.
 void publish_files(const std::string& dir, const std::string& what, const FolderWriter& write, const Advice& advice) {
   const stdfs::path tmp = stdfs::path(dir) / ".final.tmp";
   write_folder_or_clean_up(what, tmp, [&](const std::string& t) {

@@ -319,3 +319,48 @@ TEST(Lora, TrainerKeepsMastersForTheAdapterOnlyAndSharesTheBase) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+std::vector<double> scored(const std::string& out) {
+  const json j = json::parse(out.substr(0, out.find('\n')));
+  return j["token_logprobs"].get<std::vector<double>>();
+}
+
+// The commands that use an adapter: score and generate with --adapter (or the adapter folder as --model), and
+// merge-adapter, whose merged folder scores and generates as the adapter does; bad folders are named.
+TEST(LoraCli, AdapterScoresAndGeneratesMergedOrNot) {
+  test::GoldenModel base;
+  const std::string trl = TRL_BINARY, m = base.dir.file("m"), a = peft_adapter_dir(), merged = base.dir.file("merged");
+  std::string out;
+  ASSERT_EQ(test::run_command(trl + " merge-adapter --adapter " + a + " --model " + m + " --output_dir " + merged + " 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("\"merged_modules\": 8"), std::string::npos) << out;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) EXPECT_TRUE(std::filesystem::exists(merged + "/" + f)) << f;
+  EXPECT_FALSE(std::filesystem::exists(merged + "/.merge.tmp"));
+  const std::string text = " --text 'The quick brown fox jumps over the lazy dog'";
+  std::string with_adapter, with_merged, plain;
+  ASSERT_EQ(test::run_command(trl + " score --model " + m + " --adapter " + a + text + " 2>/dev/null", &with_adapter), 0) << with_adapter;
+  ASSERT_EQ(test::run_command(trl + " score --model " + merged + text + " 2>/dev/null", &with_merged), 0) << with_merged;
+  ASSERT_EQ(test::run_command(trl + " score --model " + m + text + " 2>/dev/null", &plain), 0) << plain;
+  const std::vector<double> x = scored(with_adapter), y = scored(with_merged), z = scored(plain);
+  ASSERT_EQ(x.size(), y.size());
+  double gap = 0, moved = 0;
+  for (size_t i = 0; i < x.size(); ++i) gap = test::nan_max(gap, std::fabs(x[i] - y[i])), moved = test::nan_max(moved, std::fabs(x[i] - z[i]));
+  EXPECT_LE(gap, 1e-4);   // merged == unmerged (f32)
+  EXPECT_GT(moved, 1e-3);  // and the adapter changes the model
+  std::string g1, g2;
+  const std::string gen = " --prompt 'Hello there' --max_new_tokens 6 --do_sample false 2>/dev/null";
+  ASSERT_EQ(test::run_command(trl + " generate --model " + m + " --adapter " + a + gen, &g1), 0) << g1;
+  ASSERT_EQ(test::run_command(trl + " generate --model " + merged + gen, &g2), 0) << g2;
+  EXPECT_EQ(g1, g2);
+  // The adapter's base_model_name_or_path ("tiny-golden") is in no folder or cache: named, with the fix.
+  EXPECT_NE(test::run_command(trl + " merge-adapter --adapter " + a + " --output_dir " + base.dir.file("x") + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("tiny-golden"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(base.dir.file("x/model.safetensors")));
+  EXPECT_NE(test::run_command(trl + " score --model " + m + " --adapter " + m + text + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("not a PEFT adapter folder"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace trl

@@ -1,0 +1,69 @@
+// `trl merge-adapter`: a PEFT LoRA adapter merged into its base model (W + scaling·B·A), written as a Hugging Face
+// model folder (PEFT's merge_and_unload + save_pretrained).
+#include <cstdio>
+#include <filesystem>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_util.h"
+#include "cli/options.h"
+#include "core/fs.h"
+#include "trl/core/error.h"
+#include "trl/io/hub.h"
+#include "trl/models/init.h"
+#include "trl/models/lora.h"
+
+namespace trl::cli {
+
+namespace fs = std::filesystem;
+
+void register_merge_adapter(CLI::App& app) {
+  auto* cmd = app.add_subcommand("merge-adapter", "Merge a LoRA adapter into its base model: trl merge-adapter --adapter DIR --output_dir OUT");
+  struct Args {
+    std::string adapter, model, output_dir, dtype, revision = "main", max_shard_size = "5GB";
+  };
+  auto a = std::make_shared<Args>();
+  Options opts(cmd);
+  opts.add("adapter", a->adapter, "The PEFT adapter folder (adapter_config.json, adapter_model.safetensors)").required();
+  opts.add("model,model_name_or_path", a->model, "The base model (folder or Hugging Face id)").default_text("the adapter's base_model_name_or_path");
+  opts.add("output_dir,out", a->output_dir, "Where the merged model goes").required();
+  opts.add("dtype,torch_dtype", a->dtype, "Save the weights as").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the base model's");
+  opts.add("revision", a->revision, "Hub cache revision of the base");
+  opts.add("max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB");
+  cmd->callback([a] {
+    LoadOptions lo;
+    lo.revision = a->revision;
+    if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
+    const CausalLM merged = a->model.empty() ? load_inference_model(a->adapter, "", lo, true) : load_inference_model(a->model, a->adapter, lo, true);
+    const uint64_t shard = parse_byte_size(a->max_shard_size);
+    // Written into OUT/.merge.tmp, then moved into OUT file by file: a failure leaves no partial model in OUT.
+    const fs::path out(a->output_dir), tmp = out / ".merge.tmp";
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) fail("--output_dir {}: cannot create the folder: {}", a->output_dir, ec.message());
+    try {
+      fs::remove_all(tmp, ec);
+      merged.save_pretrained(tmp.string(), shard);
+      // The tokenizer and generation files: the adapter's (a trl adapter folder has them), else the base's.
+      const std::string base_dir = merged.path();
+      bool tokenizer = false;
+      for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json",
+                            "vocab.json", "merges.txt"})
+        for (const std::string& from : {a->adapter, base_dir})
+          if (!from.empty() && fs::is_regular_file(fs::path(from) / f)) {
+            write_text_file_atomic((tmp / f).string(), read_text_file((fs::path(from) / f).string()));
+            tokenizer = tokenizer || std::string(f) == "tokenizer.json";
+            break;
+          }
+      if (!tokenizer) write_tokenizer_files(tmp.string());
+      for (const auto& e : fs::directory_iterator(tmp)) fs::rename(e.path(), out / e.path().filename());
+      fs::remove(tmp, ec);
+    } catch (const std::exception& e) {
+      fs::remove_all(tmp, ec);
+      fail("merge-adapter: writing {} failed: {} (nothing was written there)", a->output_dir, e.what());
+    }
+    std::printf("{\"output_dir\": \"%s\", \"merged_modules\": %zu}\n", a->output_dir.c_str(), load_adapter(a->adapter, merged.config()).modules.size());
+  });
+}
+
+}  // namespace trl::cli
