@@ -2,7 +2,10 @@
 """PyTorch side of bench/run_train.sh: the same training step as `trl bench train` (Qwen3 shapes, random weights,
 SFT cross-entropy on random tokens, backward, AdamW), in the fastest honest configuration of Debian's PyTorch on
 this machine: f32 master weights with torch.autocast(bfloat16) for --dtype bf16 (oneDNN bf16 matmuls), plain f32
-for --dtype f32 (OpenBLAS), AdamW(foreach=True). Prints one JSON line.
+for --dtype f32 (OpenBLAS), AdamW(foreach=True). With --lora_r R, the same step with a LoRA adapter of rank R on
+every linear layer, written here (as PEFT computes it: x @ W.T + (alpha / r) * (x @ A.T) @ B.T): the base weights
+frozen in the dtype (bf16 under --dtype bf16, as PEFT keeps a bf16 model), f32 adapters under autocast, AdamW on the
+adapters only. Prints one JSON line.
 
     /usr/bin/python3 bench/train_torch.py --preset qwen3-0.6b --layers 2 --batch 1 --seq 128 --dtype bf16 --steps 3
 """
@@ -29,26 +32,45 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lora_r", type=int, default=0)
+    ap.add_argument("--lora_alpha", type=float, default=32)
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("THREADS", os.cpu_count())))
     C, F, L, H, Hkv, D = PRESETS[a.preset]
     L = a.layers or L
     V = 151936
     cfg, W, g = random_qwen3(C, F, L, H, Hkv, D, V)
-    for p in W.values():
-        p.requires_grad_(True)
     B, T = a.batch, a.seq
     ids = torch.randint(0, 151643, (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.int64)
     pos = torch.arange(T).expand(B, T)
-    decay = [p for n, p in W.items() if "norm" not in n]
-    no_decay = [p for n, p in W.items() if "norm" in n]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-5, foreach=True)
+    linear = None
+    if a.lora_r > 0:
+        if a.dtype == "bf16":
+            W = {n: p.to(torch.bfloat16) for n, p in W.items()}
+        lora = {}
+        for n, p in W.items():
+            if n.endswith("_proj.weight"):
+                out_f, in_f = p.shape
+                lora[n[:-7]] = ((torch.rand(a.lora_r, in_f, generator=g) * 2 - 1) / in_f ** 0.5, torch.full((out_f, a.lora_r), 1e-3))
+        params = [t.requires_grad_(True) for ab in lora.values() for t in ab]
+        scaling = a.lora_alpha / a.lora_r
+
+        def linear(x, module):
+            A, Bm = lora[module]
+            return x @ W[module + ".weight"].T + ((x @ A.T) @ Bm.T) * scaling
+        opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
+    else:
+        for p in W.values():
+            p.requires_grad_(True)
+        decay = [p for n, p in W.items() if "norm" not in n]
+        no_decay = [p for n, p in W.items() if "norm" in n]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-5, foreach=True)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            logits = forward(cfg, W, ids, mask, pos)
+            logits = forward(cfg, W, ids, mask, pos, linear)
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
@@ -61,7 +83,7 @@ def main():
         loss = step()
         times.append(time.perf_counter() - t0)
     best = min(times)
-    print(json.dumps({"bench": "torch_train", "preset": a.preset, "layers": L, "dtype": a.dtype, "batch": B, "seq": T,
+    print(json.dumps({"bench": "torch_train", "preset": a.preset, "layers": L, "lora_r": a.lora_r, "dtype": a.dtype, "batch": B, "seq": T,
                       "threads": torch.get_num_threads(), "step_seconds_best": best, "tokens_per_s": B * T / best,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "loss": loss, "torch": torch.__version__}))
 

@@ -160,7 +160,8 @@ void register_bench(CLI::App& app) {
   auto* cmd = bench->add_subcommand("train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
-    int64_t layers = 0, batch = 1, seq = 512, steps = 3;
+    int64_t layers = 0, batch = 1, seq = 512, steps = 3, lora_r = 0;
+    double lora_alpha = 32;
     bool gradient_checkpointing = false;
   };
   auto a = std::make_shared<Args>();
@@ -172,16 +173,35 @@ void register_bench(CLI::App& app) {
   opts.add("dtype", a->dtype, "bf16 (bf16 compute, f32 master weights) | f32").choices({"bf16", "f32"});
   opts.add("steps", a->steps, "Timed steps (after one warm-up step)").min(1);
   opts.add("gradient_checkpointing", a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
+  opts.add("lora_r", a->lora_r, "Train a LoRA adapter of this rank on every linear layer (the base frozen); 0 = full fine-tuning").min(0);
+  opts.add("lora_alpha", a->lora_alpha, "LoRA alpha (with --lora_r)").above(0);
   cmd->callback([a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
     if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;
     const int64_t B = a->batch, T = a->seq;
-    TensorMap master = init_weights(cfg, DType::F32, 0, 0.02, false);
-    TensorMap compute;
-    for (auto& [name, t] : master) compute[name] = dt == DType::F32 ? t : t.to(dt);
-    // bf16: AdamW writes the bf16 compute copies from the f32 master weights in its own pass.
-    CausalLM model = CausalLM::from_weights(cfg, compute, "bench");
+    // Full fine-tuning: f32 masters of every weight, compute copies in the dtype (AdamW writes the bf16 copies from
+    // the masters in its own pass). LoRA: the base weights only in the compute dtype, f32 masters of the adapter.
+    TensorMap master, compute;
+    CausalLM model;
+    if (a->lora_r > 0) {
+      compute = init_weights(cfg, dt, 0, 0.02, false);
+      LoraConfig lc;
+      lc.r = a->lora_r;
+      lc.lora_alpha = a->lora_alpha;
+      lc.target_modules = {"all-linear"};
+      LoraAdapter adapter = init_lora(cfg, lc, 1);
+      for (auto& [name, t] : adapter.weights) {
+        if (name.ends_with(".lora_B.weight")) t = Tensor::from_f32(std::vector<float>(static_cast<size_t>(t.numel()), 1e-3f), t.shape());
+        master[name] = t;
+        compute[name] = dt == DType::F32 ? t : t.to(dt);
+      }
+      model = CausalLM::from_weights(cfg, compute, "bench").with_adapter(adapter);
+    } else {
+      master = init_weights(cfg, DType::F32, 0, 0.02, false);
+      for (auto& [name, t] : master) compute[name] = dt == DType::F32 ? t : t.to(dt);
+      model = CausalLM::from_weights(cfg, compute, "bench");
+    }
     auto backend = make_backend("auto");
     ProgramCache cache(*backend);
     auto t0 = Clock::now();
@@ -206,7 +226,7 @@ void register_bench(CLI::App& app) {
         w.mutable_data_as<float>()[i] = -1.0f / static_cast<float>(B * (T - 1));
       }
     }
-    const auto shapes = parameter_shapes(cfg);
+    const std::vector<std::string> trained = model.trainable_parameters();
     AdamW opt(AdamWConfig{0.9, 0.999, 1e-8, 0.01});
     double loss = 0;
     auto step = [&] {
@@ -215,7 +235,7 @@ void register_bench(CLI::App& app) {
       auto out = program->run(in);
       loss = out[0].data_as<float>()[0];
       TensorMap grads;
-      for (size_t k = 0; k < shapes.size(); ++k) grads[shapes[k].first] = std::move(out[k + 1]);
+      for (size_t k = 0; k < trained.size(); ++k) grads[trained[k]] = std::move(out[k + 1]);
       opt.step(master, grads, 1e-5, dt == DType::F32 ? nullptr : &compute);
     };
     step();  // warm-up
@@ -234,7 +254,15 @@ void register_bench(CLI::App& app) {
     const double fwd = tokens * 2 * (L * (C * q + 2 * C * kv + q * C + 3 * C * F) + V * C) +
                        L * static_cast<double>(B) * static_cast<double>(cfg.num_attention_heads) * static_cast<double>(T) * static_cast<double>(T) *
                            static_cast<double>(cfg.head_dim) * 2;
-    const double flops = 3 * fwd;
+    // LoRA: no weight gradients of the base (2x the forward's base GEMMs instead of 3x), plus the adapters' GEMMs
+    // (forward, dx and dA/dB: 3 × 2 · tokens · r · (in + out) per module).
+    double lora_flops = 0;
+    for (const std::string& m : model.lora_modules()) {
+      const Shape shape = lora_module_shape(cfg, m);
+      lora_flops += 3 * 2 * tokens * static_cast<double>(a->lora_r) * static_cast<double>(shape[0] + shape[1]);
+    }
+    const double base_weights = tokens * 2 * L * (C * q + 2 * C * kv + q * C + 3 * C * F);
+    const double flops = a->lora_r > 0 ? 3 * fwd - base_weights + lora_flops : 3 * fwd;
     const double peak = gemm_peak(dt);
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
@@ -247,6 +275,12 @@ void register_bench(CLI::App& app) {
     j["seq"] = T;
     j["threads"] = num_threads();
     j["gradient_checkpointing"] = a->gradient_checkpointing;
+    j["lora_r"] = a->lora_r;
+    j["trained_parameters"] = [&] {
+      int64_t n = 0;
+      for (const std::string& t : trained) n += model.weights().at(t).numel();
+      return n;
+    }();
     j["parameters"] = model.num_parameters();
     j["step_seconds_best"] = best;
     j["step_seconds_mean"] = total / static_cast<double>(a->steps);

@@ -86,13 +86,13 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         accumulate(in(0), b.reshape(g, b.shape(in(0)), "d." + nm));
         break;
       case Op::TokenLogprobs: {
-        const auto d = b.token_logprobs_backward(in(0), in(1), in(2), g, "d." + nm, kNone, nd.attrs.vocab);
+        const auto d = b.token_logprobs_backward(in(0), in(1), in(2), g, "d." + nm, kNone, nd.attrs.vocab, need(1));
         accumulate(in(0), d[0]);
         accumulate(in(1), d[1]);
         break;
       }
       case Op::Entropy: {
-        const auto d = b.entropy_backward(in(0), in(1), g, "d." + nm, kNone, nd.attrs.vocab);
+        const auto d = b.entropy_backward(in(0), in(1), g, "d." + nm, kNone, nd.attrs.vocab, need(1));
         accumulate(in(0), d[0]);
         accumulate(in(1), d[1]);
         break;

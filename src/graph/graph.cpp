@@ -119,6 +119,7 @@ std::string Graph::key() const {
     k.pod(n.attrs.vocab.group);
     k.pod(n.attrs.vocab.offset);
     k.pod(n.attrs.vocab.size);
+    k.pod(n.attrs.dh_only);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -619,29 +620,31 @@ void check_stats(const Graph& g, ValueId stats, ValueId h, ValueId w, bool need_
 }  // namespace
 
 std::vector<ValueId> Builder::token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name,
-                                                      ValueId stats, const VocabSplit& split) {
+                                                      ValueId stats, const VocabSplit& split, bool with_dw) {
   if (stats != kNone) check(stats, "token_logprobs_backward stats");
   check_stats(graph_, stats, h, w, false, "token_logprobs_backward", name);
   check_split(split, shape(w)[0], true, "token_logprobs_backward", name);
-  const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
+  const int64_t nh = shape_numel(shape(h)), nw = with_dw ? shape_numel(shape(w)) : 0;
   const DType dt = node(dlogp).dtype;
   Node n = make_node(Op::TokenLogprobsBackward, {h, w, targets, dlogp, stats}, {nh + nw}, dt, name);
   n.attrs.vocab = split;
+  n.attrs.dh_only = !with_dw;
   const ValueId packed = push(std::move(n));
-  return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
+  return {view(packed, 0, shape(h), dt, name + ".dh"), with_dw ? view(packed, nh, shape(w), dt, name + ".dw") : kNone};
 }
 
 std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name, ValueId stats,
-                                                const VocabSplit& split) {
+                                                const VocabSplit& split, bool with_dw) {
   if (stats != kNone) check(stats, "entropy_backward stats");
   check_stats(graph_, stats, h, w, true, "entropy_backward", name);
   check_split(split, shape(w)[0], true, "entropy_backward", name);
-  const int64_t nh = shape_numel(shape(h)), nw = shape_numel(shape(w));
+  const int64_t nh = shape_numel(shape(h)), nw = with_dw ? shape_numel(shape(w)) : 0;
   const DType dt = node(dent).dtype;
   Node n = make_node(Op::EntropyBackward, {h, w, dent, stats}, {nh + nw}, dt, name);
   n.attrs.vocab = split;
+  n.attrs.dh_only = !with_dw;
   const ValueId packed = push(std::move(n));
-  return {view(packed, 0, shape(h), dt, name + ".dh"), view(packed, nh, shape(w), dt, name + ".dw")};
+  return {view(packed, 0, shape(h), dt, name + ".dh"), with_dw ? view(packed, nh, shape(w), dt, name + ".dw") : kNone};
 }
 
 ValueId Builder::rope_inverse(ValueId dy, const Node& fwd, const std::string& name) {

@@ -1081,6 +1081,11 @@ const std::vector<VjpCase>& vjp_table() {
        [](Ctx& c, DType dt) { return c.b.token_logprobs(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.ids("t", {2, 3}, 9)); }},
       {Op::Entropy, "h 2x3x4 w 9x4", {"h", "w"}, {Op::EntropyBackward, Op::View},
        [](Ctx& c, DType dt) { return c.b.entropy(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt)); }},
+      // A frozen head (LoRA): the backward nodes compute dh alone (attrs.dh_only).
+      {Op::TokenLogprobs, "frozen head: h 2x3x4 w 9x4, dh only", {"h"}, {Op::TokenLogprobsBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.token_logprobs(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.ids("t", {2, 3}, 9)); }},
+      {Op::Entropy, "frozen head: h 2x3x4 w 9x4, dh only", {"h"}, {Op::EntropyBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.entropy(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt)); }},
       {Op::Embedding, "ids 2x3 table 7x4", {"table"}, {Op::EmbeddingBackward},
        [](Ctx& c, DType dt) { return c.b.embedding(c.ids("ids", {2, 3}, 7), c.rand("table", {7, 4}, dt), dt); }},
       {Op::Embedding, "tied: ids 2x3 table 6x4 also the head of token_logprobs (base)", {"table"}, {Op::EmbeddingBackward, Op::TokenLogprobsBackward},

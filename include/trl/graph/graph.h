@@ -48,9 +48,9 @@ enum class Op : uint8_t {
   RmsNormBackW,           // x:[...,C], dy:[...,C] -> dw:[C]
   SwiGLUBackward,         // gate, up, dy:[...,F] -> packed [dgate | dup]
   AttentionBackward,      // q, k, v, key_mask|none, dy -> packed [dq | dk | dv]
-  TokenLogprobsBackward,  // h, w, targets, dlogp, stats|none -> packed [dh | dw]
+  TokenLogprobsBackward,  // h, w, targets, dlogp, stats|none -> packed [dh | dw] (dh alone with attrs.dh_only)
   Entropy,                // h:[...,C], w:[V,C] -> [...] f32                      entropy of softmax(h·wᵀ), chunked over V
-  EntropyBackward,        // h, w, dH, stats|none -> packed [dh | dw]
+  EntropyBackward,        // h, w, dH, stats|none -> packed [dh | dw] (dh alone with attrs.dh_only)
   TokenArgmaxMatch,       // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   1 where target = argmax(h·wᵀ) (first of ties), else 0
                           //   (a metric: no VJP)
   VocabStats,             // h:[...,C], w:[V,C], targets:[R] i32|none -> packed f32, R = rows of h:
@@ -106,6 +106,7 @@ struct Attrs {
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
   int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
   VocabSplit vocab;              // Embedding, EmbeddingBackward and the vocabulary ops: vocabulary parallel
+  bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward: the head is frozen (LoRA): dh alone, no dw
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
@@ -197,10 +198,11 @@ class Builder {
   std::vector<ValueId> attention_backward(ValueId q, ValueId k, ValueId v, ValueId key_mask, ValueId dy, double scale, bool causal,
                                           const std::string& name = "");
   // `stats`: a VocabStats of the same (h, w) computed earlier (with attrs.entropy for entropy_backward), or kNone.
+  // with_dw false (a frozen head): the result is dh alone and the second value kNone (the GEMMs of dw are skipped).
   std::vector<ValueId> token_logprobs_backward(ValueId h, ValueId w, ValueId targets, ValueId dlogp, const std::string& name = "",
-                                               ValueId stats = kNone, const VocabSplit& split = {});
+                                               ValueId stats = kNone, const VocabSplit& split = {}, bool with_dw = true);
   std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "", ValueId stats = kNone,
-                                        const VocabSplit& split = {});
+                                        const VocabSplit& split = {}, bool with_dw = true);
   // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.
   ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "",
                       const VocabSplit& split = {});

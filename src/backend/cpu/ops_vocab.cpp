@@ -235,6 +235,7 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
   // Without a stats input: the forward pass's stats and accumulators in scratch.
   const size_t own_at = stats_in == kNone ? cx->reserve_scratch(static_cast<size_t>((kRows + 4) * R) * sizeof(float)) : 0;
   const bool to16 = hw == DType::BF16;  // dz in bf16 for a bf16 GEMM
+  const bool dh_only = n.attrs.dh_only;  // a frozen head (LoRA): no dw GEMMs
   const size_t dz16_at = to16 ? cx->reserve_scratch(static_cast<size_t>(R * chunk) * sizeof(uint16_t)) : 0;
   // dh[R,C] += dz[R,c]·w_chunk[c,C];  dw_chunk[c,C] = dz[R,c]ᵀ·h[R,C]
   auto dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
@@ -304,7 +305,7 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
       }
       const void* dz = to16 ? static_cast<const void*>(dz16) : static_cast<const void*>(lg);
       (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
-      (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
+      if (!dh_only) (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
     }
   };
 }

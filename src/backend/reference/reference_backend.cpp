@@ -272,7 +272,8 @@ void logits_backward(const Tensor& h, const Tensor& w, const Tensor& grad, const
   }
   void* o = out.mutable_data();
   for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
-  for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+  if (out.numel() > R * C)  // without dw under attrs.dh_only (a frozen head)
+    for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
 }
 
 // dlogp:[R] -> packed [dh | dw].  dz = dlogp·(onehot(target) - softmax(z)).
