@@ -254,15 +254,15 @@ void register_bench(CLI::App& app) {
     const double fwd = tokens * 2 * (L * (C * q + 2 * C * kv + q * C + 3 * C * F) + V * C) +
                        L * static_cast<double>(B) * static_cast<double>(cfg.num_attention_heads) * static_cast<double>(T) * static_cast<double>(T) *
                            static_cast<double>(cfg.head_dim) * 2;
-    // LoRA: no weight gradients of the base (2x the forward's base GEMMs instead of 3x), plus the adapters' GEMMs
-    // (forward, dx and dA/dB: 3 × 2 · tokens · r · (in + out) per module).
+    // LoRA: no weight gradients of the base or the frozen head (2x their forward GEMMs instead of 3x), plus the
+    // adapters' GEMMs (forward, dx and dA/dB: 3 × 2 · tokens · r · (in + out) per module).
     double lora_flops = 0;
     for (const std::string& m : model.lora_modules()) {
       const Shape shape = lora_module_shape(cfg, m);
       lora_flops += 3 * 2 * tokens * static_cast<double>(a->lora_r) * static_cast<double>(shape[0] + shape[1]);
     }
     const double base_weights = tokens * 2 * L * (C * q + 2 * C * kv + q * C + 3 * C * F);
-    const double flops = a->lora_r > 0 ? 3 * fwd - base_weights + lora_flops : 3 * fwd;
+    const double flops = a->lora_r > 0 ? 3 * fwd - base_weights - tokens * 2 * V * C + lora_flops : 3 * fwd;
     const double peak = gemm_peak(dt);
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);

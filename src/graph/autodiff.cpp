@@ -29,6 +29,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
     slot = slot == kNone ? g : b.add(slot, g, "grad_sum");
   };
   grad[static_cast<size_t>(loss)] = b.fill({}, gd, 1.0, "dloss");
+  std::map<ValueId, ValueId> rounded;  // a gradient value → its bf16 cast (the matmuls' backward GEMMs share it)
   for (size_t i = n; i-- > 0;) {
     const ValueId g = grad[i];
     if (g == kNone || !needs[i]) continue;
@@ -49,8 +50,14 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::MatMul: {
         // A bf16 matmul's backward GEMMs run in bf16 with f32 accumulation (as under torch.autocast): the
         // incoming gradient is rounded to bf16 once, and dx, dw come out in f32.
+        // One rounding per gradient value: a gradient that reaches several bf16 matmuls (a LoRA branch beside its
+        // base layer) is cast once.
         const DType wd = b.node(in(1)).dtype;
-        const ValueId gm = (wd == DType::BF16 && b.node(g).dtype != DType::BF16) ? b.cast(g, DType::BF16, "g16." + nm) : g;
+        ValueId gm = g;
+        if (wd == DType::BF16 && b.node(g).dtype != DType::BF16) {
+          const auto it = rounded.find(g);
+          gm = it != rounded.end() ? it->second : rounded.emplace(g, b.cast(g, DType::BF16, "g16." + nm)).first->second;
+        }
         if (need(0)) accumulate(in(0), b.matmul_nn(gm, in(1), gd, "dx." + nm));
         if (need(1)) accumulate(in(1), b.matmul_tn(gm, in(0), gd, "dw." + nm));
         if (need(2)) accumulate(in(2), b.sum_rows(g, gd, "db." + nm));

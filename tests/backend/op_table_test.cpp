@@ -1257,6 +1257,7 @@ std::vector<PerfCase> perf_table() {
        0, 2.0 * 2 * 1024 * Hkv * D},
       {Op::SwiGLU, "bf16 512x2816", [](Ctx& c) { c.out(c.b.swiglu(c.rand("g", {R, F}, BF16), c.rand("u", {R, F}, BF16))); }, 0, 6 * nf},
       {Op::Add, "f32 512x1024", [](Ctx& c) { c.out(c.b.add(c.rand("a", {R, C}, F32), c.rand("b", {R, C}, F32))); }, 0, 12 * n},
+      {Op::Add, "bf16 512x1024", [](Ctx& c) { c.out(c.b.add(c.rand("a", {R, C}, BF16), c.rand("b", {R, C}, BF16))); }, 0, 6 * n},
       {Op::Dropout, "bf16 512x1024 p 0.05", [](Ctx& c) { c.out(c.b.dropout(c.rand("x", {R, C}, BF16), c.i32("seed", {2}, {1, 2}), 0.05, 0)); }, 0, 4 * n},
       {Op::Cast, "f32 -> bf16 512x1024", [](Ctx& c) { c.out(c.b.cast(c.rand("x", {R, C}, F32), BF16)); }, 0, 6 * n},
       {Op::Reshape, "f32 512x1024 -> 1024x512 (zero-copy)", [](Ctx& c) { c.out(c.b.reshape(c.rand("x", {R, C}, F32), {C, R})); }},

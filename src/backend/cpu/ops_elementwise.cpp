@@ -34,6 +34,15 @@ Kernel lower_add(ProgramContext* cx, graph::ValueId id) {
       for (int64_t i = 0; i < count; ++i) z[i] = x[i] + y[i];
       return;
     }
+    if (da == DType::BF16 && db == DType::BF16 && od == DType::BF16) {  // the residual stream and LoRA's branch
+      const uint16_t* x = static_cast<const uint16_t*>(cx->p(a));
+      const uint16_t* y = static_cast<const uint16_t*>(cx->p(b));
+      uint16_t* z = static_cast<uint16_t*>(cx->p(id));
+      constexpr int64_t kBlock = 8192;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; i += kBlock) vec::add_bf16(x + i, y + i, std::min(kBlock, count - i), z + i);
+      return;
+    }
     dispatch(da, cx->p(a), db, cx->p(b), od, cx->p(id), [&](auto x, auto y, auto z) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < count; ++i) z.st(i, x.ld(i) + y.ld(i));

@@ -101,8 +101,9 @@ Kernel lower_cast(ProgramContext* cx, graph::ValueId id) {
     if (sd == DType::F32 && od == DType::BF16) {
       const float* a = static_cast<const float*>(s);
       uint16_t* b = static_cast<uint16_t*>(d);
+      constexpr int64_t kBlock = 8192;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < count; ++i) b[i] = f32_to_bf16(a[i]);
+      for (int64_t i = 0; i < count; i += kBlock) vec::to_bf16(a + i, std::min(kBlock, count - i), b + i);
       return;
     }
 #pragma omp parallel for schedule(static)

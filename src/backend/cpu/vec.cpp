@@ -264,6 +264,31 @@ TRL_MULTIVERSION void round_to_bf16(float* x, int64_t n) {
     __builtin_memcpy(&x[i], &out, 4);
   }
 }
+namespace {
+__attribute__((always_inline)) inline uint16_t round_bits(uint32_t b) {
+  const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>((nan ? (b | 0x00400000u) : b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+}  // namespace
+TRL_MULTIVERSION void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    __builtin_memcpy(&b, x + i, 4);
+    out[i] = round_bits(b);
+  }
+}
+TRL_MULTIVERSION void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t ua = static_cast<uint32_t>(a[i]) << 16, ub = static_cast<uint32_t>(b[i]) << 16;
+    float fa, fb;
+    __builtin_memcpy(&fa, &ua, 4);
+    __builtin_memcpy(&fb, &ub, 4);
+    const float s = fa + fb;
+    uint32_t us;
+    __builtin_memcpy(&us, &s, 4);
+    out[i] = round_bits(us);
+  }
+}
 // y += a·x for bf16 x.
 TRL_MULTIVERSION void axpy_bf16(float* y, float a, const uint16_t* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);

@@ -39,5 +39,9 @@ float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey);
 void round_to_bf16(float* x, int64_t n);
 // out[i] = the upper 16 bits of x[i] (exactly its bf16 value when x is already rounded to bf16).
 void bf16_bits(const float* x, int64_t n, uint16_t* out);
+// out[i] = bf16(x[i]) (nearest even; NaN stays NaN): the vectorised f32 → bf16 cast.
+void to_bf16(const float* x, int64_t n, uint16_t* out);
+// out[i] = bf16(a[i] + b[i]) for bf16 a, b (the sum in f32, rounded once).
+void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
 
 }  // namespace trl::cpu::vec
