@@ -113,7 +113,8 @@ void register_score(CLI::App& app) {
     lo.device = a->device;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;
     // A reward model (a sequence-classification checkpoint): one reward per input.
-    if (a->adapter.empty() && !is_adapter_dir(a->model) && is_sequence_classification_config(resolve_model_dir(a->model, a->revision))) {
+    if (a->adapter.empty() && (is_sequence_classification_adapter(a->model) ||
+                               (!is_adapter_dir(a->model) && is_sequence_classification_config(resolve_model_dir(a->model, a->revision))))) {
       const RewardModel rm = load_reward_model(a->model, lo);
       auto backend = make_backend(rm.backbone.device());
       const std::vector<double> rewards = reward_scores(rm, seqs, *backend, a->batch_size);

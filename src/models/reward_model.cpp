@@ -11,6 +11,8 @@
 #include "trl/core/error.h"
 #include "trl/io/hub.h"
 #include "trl/io/safetensors.h"
+#include "trl/models/lora.h"
+#include "trl/tokenizer/tokenizer.h"
 #include "trl/runtime/shapes.h"
 
 namespace trl {
@@ -46,7 +48,28 @@ Tensor new_score_head(const ModelConfig& c, DType dtype, uint64_t seed) {
   return dtype == DType::F32 ? t : t.to(dtype);
 }
 
+bool is_sequence_classification_adapter(const std::string& dir) {
+  if (!fs::is_directory(dir) || !is_adapter_dir(dir)) return false;
+  const nlohmann::json j = nlohmann::json::parse(read_text_file((fs::path(dir) / "adapter_config.json").string()), nullptr, false);
+  return j.is_object() && j.value("task_type", std::string()) == "SEQ_CLS";
+}
+
 RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions& o, std::optional<int32_t> pad, uint64_t seed) {
+  // A reward adapter (`trl reward --use_peft`): its base with the adapter merged, and the score head it saved.
+  if (is_sequence_classification_adapter(name_or_path)) {
+    const CausalLM adapted = CausalLM::from_pretrained(name_or_path, o);
+    const LoraAdapter a = load_adapter(name_or_path, adapted.config());
+    if (!a.weights.count("score.weight"))
+      fail("{}: a SEQ_CLS adapter without base_model.model.score.weight: the reward head was not saved with it (modules_to_save score)", name_or_path);
+    std::optional<int32_t> id = pad;
+    if (!id && adapted.config().pad_token_id) id = static_cast<int32_t>(*adapted.config().pad_token_id);
+    if (!id && fs::is_regular_file(fs::path(name_or_path) / "tokenizer.json")) id = Tokenizer::from_pretrained(name_or_path).pad_token_id();
+    if (!id) fail("{}: no pad token id (the reward is read at the last token that is not the pad token): give pad_token_id", name_or_path);
+    CausalLM m = adapted.merged();
+    Tensor score = a.weights.at("score.weight");
+    if (score.dtype() != m.dtype()) score = score.to(m.dtype());
+    return RewardModel{std::move(m), std::move(score), *id, false};
+  }
   const std::string dir = resolve_model_dir(name_or_path, o.revision);
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!is_sequence_classification_config(dir)) {

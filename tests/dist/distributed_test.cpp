@@ -87,8 +87,11 @@ class Distributed : public ::testing::Test {
       EXPECT_EQ(la[i]["num_tokens"], lb[i]["num_tokens"]) << "step " << i + 1;
       EXPECT_EQ(la[i]["step"], lb[i]["step"]);
     }
-    const SafeTensorsFile fa = SafeTensorsFile::open(dir_.file(a + "/model.safetensors"));
-    const SafeTensorsFile fb = SafeTensorsFile::open(dir_.file(b + "/model.safetensors"));
+    // A LoRA run saves its adapter instead of the model.
+    const std::string weights = std::ifstream(dir_.file(a + "/adapter_model.safetensors")).good() ? "/adapter_model.safetensors" : "/model.safetensors";
+    const SafeTensorsFile fa = SafeTensorsFile::open(dir_.file(a + weights));
+    const SafeTensorsFile fb = SafeTensorsFile::open(dir_.file(b + weights));
+    ASSERT_EQ(fa.names(), fb.names());
     double worst = 0;
     for (const std::string& name : fa.names()) {
       const Tensor ta = fa.get(name).to(DType::F32), tb = fb.get(name).to(DType::F32);
@@ -360,6 +363,23 @@ TEST_F(Distributed, TensorParallelInBf16FollowsOneProcess) {
     EXPECT_TRUE(std::isfinite(y) && std::fabs(x - y) <= 1e-2 * std::fabs(x)) << "step " << i + 1 << ": " << x << " vs " << y;
     EXPECT_EQ(a[i]["num_tokens"], b[i]["num_tokens"]);
   }
+}
+
+// A LoRA adapter (dropout 0: the masks depend on each rank's rows) trains under data parallel and FSDP as in one
+// process with their batch; tensor parallel refuses an adapter with the fix.
+TEST_F(Distributed, LoraUnderDataParallelAndFsdpEqualsOneProcess) {
+  const std::string lora = common("sft.jsonl") + " --use_peft --lora_dropout 0 --lora_target_modules all-linear";
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {}", kTrl, lora, dir_.file("one")));
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, lora, dir_.file("two")));
+  expect_same_run("one", "two");
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --fsdp_size 2 --output_dir {}", kMpirun, kTrl, lora, dir_.file("fsdp")));
+  expect_same_run("one", "fsdp");
+  std::string out;
+  EXPECT_NE(test::run_command(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --tp_size 2 --output_dir {} 2>&1", kMpirun, kTrl, lora,
+                                          dir_.file("tp")),
+                              &out),
+            0);
+  EXPECT_NE(out.find("not supported under tensor parallel"), std::string::npos) << out;
 }
 
 TEST_F(Distributed, ModelParallelSizesAreCheckedAgainstTheWorld) {

@@ -15,6 +15,7 @@
 #include "assets/assets.h"
 #include "core/fs.h"
 #include "test_util.h"
+#include "trl/backend/registry.h"
 #include "trl/generation/generate.h"
 #include "trl/models/lora.h"
 #include "trl/models/init.h"
@@ -117,6 +118,17 @@ TEST(LoraTrainers, RewardModelTrainsItsHeadInFullAndSavesItWithTheAdapter) {
   const LoraAdapter a = load_adapter(c.output_dir, t.model.config());
   ASSERT_TRUE(a.weights.count("score.weight"));
   EXPECT_NE(a.weights.at("score.weight").to_f32_vector(), start.score.to_f32_vector());  // trained
+  // The adapter folder is a reward model (trl score, GRPO's reward_funcs): its base with the adapter merged, and
+  // the saved head; its rewards are those of the unmerged adapter with that head.
+  ASSERT_TRUE(is_sequence_classification_adapter(c.output_dir));
+  const RewardModel loaded = load_reward_model(c.output_dir);
+  EXPECT_EQ(loaded.backbone.lora(), nullptr);
+  const RewardModel unmerged{t.model.with_adapter(a), a.weights.at("score.weight"), pad, false};
+  auto backend = make_backend("cpu");
+  const std::vector<std::vector<int32_t>> seqs = {{785, 8585, 49041, 7506}, {151644, 872, 198}};
+  const std::vector<double> x = reward_scores(loaded, seqs, *backend), y = reward_scores(unmerged, seqs, *backend);
+  ASSERT_EQ(x.size(), 2u);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], y[i], 1e-4 * std::max(1.0, std::fabs(y[i]))) << i;
 }
 
 TEST(LoraTrainers, GrpoTrainsAnAdapter) {

@@ -25,6 +25,9 @@ struct RewardModel {
 
 // Whether `dir`'s config.json names a ForSequenceClassification architecture.
 bool is_sequence_classification_config(const std::string& dir);
+// Whether `dir` is a PEFT adapter of task_type SEQ_CLS (what `trl reward --use_peft` saves: the adapter and the
+// score head). load_reward_model reads it as its base with the adapter merged and that head.
+bool is_sequence_classification_adapter(const std::string& dir);
 
 // A reward model from a model folder or id (local cache). A sequence-classification checkpoint must have one
 // label (score.weight [1, hidden]; a checkpoint with num_labels 2 is an error naming the file and the field) and its
