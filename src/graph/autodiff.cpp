@@ -23,10 +23,15 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       if (in != kNone && needs[static_cast<size_t>(in)]) needs[i] = true;
   }
   std::vector<ValueId> grad(n, kNone);
+  // A value read by several nodes sums their gradients. Where the new part is a matmul_nn (a layer input's dx), it
+  // adds the sum so far into its GEMM instead of a separate add (in place where nothing else reads it: a LoRA
+  // layer's input gets the dx of its base GEMM and of its adapter's A).
   auto accumulate = [&](ValueId v, ValueId g) {
     if (v == kNone || !needs[static_cast<size_t>(v)]) return;
     ValueId& slot = grad[static_cast<size_t>(v)];
-    slot = slot == kNone ? g : b.add(slot, g, "grad_sum");
+    if (slot == kNone) slot = g;
+    else if (b.fold_addend(g, slot)) slot = g;
+    else slot = b.add(slot, g, "grad_sum");
   };
   grad[static_cast<size_t>(loss)] = b.fill({}, gd, 1.0, "dloss");
   std::map<ValueId, ValueId> rounded;  // a gradient value → its bf16 cast (the matmuls' backward GEMMs share it)
@@ -61,6 +66,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         if (need(0)) accumulate(in(0), b.matmul_nn(gm, in(1), gd, "dx." + nm));
         if (need(1)) accumulate(in(1), b.matmul_tn(gm, in(0), gd, "dw." + nm));
         if (need(2)) accumulate(in(2), b.sum_rows(g, gd, "db." + nm));
+        if (need(3)) accumulate(in(3), g);  // y = x·wᵀ + b + addend
         break;
       }
       case Op::RmsNorm:

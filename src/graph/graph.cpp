@@ -209,7 +209,14 @@ ValueId Builder::embedding(ValueId ids, ValueId table, DType out, const std::str
   return push(std::move(n));
 }
 
-ValueId Builder::matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name) {
+int accumulate_input(const Node& n) {
+  const auto has = [&](size_t k) { return n.inputs.size() > k && n.inputs[k] != kNone; };
+  if (n.op == Op::MatMul && has(3)) return 3;
+  if ((n.op == Op::MatMulNN || n.op == Op::EmbeddingBackward) && has(2)) return 2;
+  return -1;
+}
+
+ValueId Builder::matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name, ValueId addend) {
   check(x, "matmul x");
   check(w, "matmul w");
   const Node& a = node(x);
@@ -230,6 +237,13 @@ ValueId Builder::matmul(ValueId x, ValueId w, ValueId bias, DType out, const std
   n.shape.back() = b.shape[0];
   n.dtype = out;
   n.name = name;
+  if (addend != kNone) {
+    check(addend, "matmul addend");
+    if (shape(addend) != n.shape || node(addend).dtype != out)
+      fail("matmul {}: the addend {} {} must be the result's {} {}", name, dtype_name(node(addend).dtype), shape_str(shape(addend)), dtype_name(out),
+           shape_str(n.shape));
+    n.inputs.push_back(addend);
+  }
   return push(std::move(n));
 }
 
@@ -471,7 +485,7 @@ ValueId Builder::dropout(ValueId x, ValueId seed, double p, int64_t stream, cons
   return push(std::move(n));
 }
 
-ValueId Builder::matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name) {
+ValueId Builder::matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name, ValueId addend) {
   check(dy, "matmul_nn dy");
   check(w, "matmul_nn w");
   const Shape& a = shape(dy);
@@ -479,7 +493,24 @@ ValueId Builder::matmul_nn(ValueId dy, ValueId w, DType out, const std::string& 
   if (a.empty() || b.size() != 2 || a.back() != b[0]) fail("matmul_nn {}: {} · {} do not fit", name, shape_str(a), shape_str(b));
   Shape o = a;
   o.back() = b[1];
-  return push(make_node(Op::MatMulNN, {dy, w}, o, out, name));
+  Node n = make_node(Op::MatMulNN, {dy, w}, o, out, name);
+  if (addend != kNone) {
+    check(addend, "matmul_nn addend");
+    if (shape(addend) != o || node(addend).dtype != out)
+      fail("matmul_nn {}: the addend {} {} must be the result's {} {}", name, dtype_name(node(addend).dtype), shape_str(shape(addend)), dtype_name(out),
+           shape_str(o));
+    n.inputs.push_back(addend);
+  }
+  return push(std::move(n));
+}
+
+bool Builder::fold_addend(ValueId sum, ValueId addend) {
+  check(sum, "fold_addend sum");
+  check(addend, "fold_addend addend");
+  Node& n = graph_.nodes[static_cast<size_t>(sum)];
+  if (n.op != Op::MatMulNN || n.inputs.size() != 2 || addend >= sum || shape(addend) != n.shape || node(addend).dtype != n.dtype) return false;
+  n.inputs.push_back(addend);
+  return true;
 }
 
 ValueId Builder::matmul_tn(ValueId a, ValueId b, DType out, const std::string& name) {

@@ -393,7 +393,8 @@ class DecoderBuilder {
     }
     ValueId a = b_.matmul(xa, weight(module + ".lora_A.weight"), kNone, dt_, tag + ".lora_A");
     a = b_.scale_by(a, b_.fill({}, DType::F32, lora_->config.scaling(), tag + ".lora_scaling"), dt_, tag + ".lora_scaled");
-    return b_.add(y, b_.matmul(a, weight(module + ".lora_B.weight"), kNone, dt_, tag + ".lora_B"), tag + ".lora_add");
+    // B's GEMM accumulates into the base output (in place: no [.., out] add or second buffer).
+    return b_.matmul(a, weight(module + ".lora_B.weight"), kNone, dt_, tag + ".lora_B", /*addend=*/y);
   }
   ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
   // Qwen3's q_norm / k_norm over each head of x:[B,T,H,D]. Under tensor parallel each rank normalises only its own

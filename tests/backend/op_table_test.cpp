@@ -393,6 +393,17 @@ void matmul_cases(std::vector<OpCase>& t) {
   add_case(t, Op::MatMul, "x bf16 7x33 w bf16 9x33 bias bf16 -> bf16", kBF16, [](Ctx& c) {
     c.out(c.b.matmul(c.rand("x", {7, 33}, BF16), c.rand("w", {9, 33}, BF16), c.rand("b", {9}, BF16), BF16));
   });
+  // An addend the GEMM accumulates into (LoRA's B into the base output): an input (copied first) or a computed value
+  // nothing else reads (written over in place); GEMV rows and GEMM rows.
+  for (const int64_t M : {3, 65})
+    for (DType dt : {F32, BF16})
+      for (const bool computed : {false, true})
+        add_case(t, Op::MatMul, fmt::format("{} x {}x16 w 40x16 + {} addend", dn(dt), M, computed ? "computed (in place)" : "input"), tol_of(dt),
+                 [=](Ctx& c) {
+                   ValueId addend = c.rand("addend", {M, 40}, dt);
+                   if (computed) addend = c.b.add(addend, c.rand("addend2", {M, 40}, dt));
+                   c.out(c.b.matmul(c.rand("x", {M, 16}, dt), c.rand("w", {40, 16}, dt), kNone, dt, "", addend));
+                 });
 }
 
 void rms_norm_cases(std::vector<OpCase>& t) {
@@ -636,6 +647,12 @@ void backward_gemm_cases(std::vector<OpCase>& t) {
     for (const D d : dts)
       add_case(t, Op::MatMulNN, fmt::format("dy {} {} w {} {}x{} -> {}", dn(d.a), dims(dys), dn(d.b), dys.back(), K, dn(d.out)), tol_of(d.out),
                [=](Ctx& c) { c.out(c.b.matmul_nn(c.rand("dy", dys, d.a), c.rand("w", {dys.back(), K}, d.b), d.out)); });
+  for (const bool computed : {false, true})  // + an addend (a gradient sum so far), input or computed (in place)
+    add_case(t, Op::MatMulNN, fmt::format("dy bf16 33x16 w 16x40 -> f32 + {} addend", computed ? "computed (in place)" : "input"), kF32, [=](Ctx& c) {
+      ValueId addend = c.rand("addend", {33, 40}, F32);
+      if (computed) addend = c.b.add(addend, c.rand("addend2", {33, 40}, F32));
+      c.out(c.b.matmul_nn(c.rand("dy", {33, 16}, BF16), c.rand("w", {16, 40}, BF16), F32, "", addend));
+    });
   for (const auto& [as, bs] : std::vector<std::pair<Shape, Shape>>{{{1, 1}, {1, 1}}, {{7, 7}, {7, 129}}, {{129, 8}, {129, 7}}, {{129, 33}, {129, 65}}, {{2, 5, 129}, {2, 5, 9}}})
     for (const D d : dts)
       add_case(t, Op::MatMulTN, fmt::format("a {} {} b {} {} -> {}", dn(d.a), dims(as), dn(d.b), dims(bs), dn(d.out)), tol_of(d.out),
@@ -1061,6 +1078,14 @@ const std::vector<VjpCase>& vjp_table() {
        [](Ctx& c, DType dt) { return c.b.matmul(c.rand("x", {3, 5, 7}, dt), c.rand("w", {6, 7}, dt), c.rand("b", {6}, dt), dt); }},
       {Op::MatMul, "x 2x7 w 9x7 (GEMV rows)", {"x", "w"}, {Op::MatMulNN, Op::MatMulTN},
        [](Ctx& c, DType dt) { return c.b.matmul(c.rand("x", {2, 7}, dt), c.rand("w", {9, 7}, dt), kNone, dt); }},
+      // LoRA's shape: y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ with the branch accumulated into the base output; x's two gradients
+      // are summed by the second dx GEMM (autodiff folds the sum into its addend).
+      {Op::MatMul, "x 4x7 W 6x7 A 2x7 B 6x2, B's GEMM adds into x·Wᵀ", {"x", "A", "B"}, {Op::MatMulNN, Op::MatMulTN},
+       [](Ctx& c, DType dt) {
+         const ValueId x = c.rand("x", {4, 7}, dt);
+         const ValueId base = c.b.matmul(x, c.rand("W", {6, 7}, dt), kNone, dt);
+         return c.b.matmul(c.b.matmul(x, c.rand("A", {2, 7}, dt), kNone, dt), c.rand("B", {6, 2}, dt), kNone, dt, "", base);
+       }},
       {Op::RmsNorm, "x 4x7 w 7", {"x", "w"}, {Op::RmsNormBackX, Op::RmsNormBackW},
        [](Ctx& c, DType dt) { return c.b.rms_norm(c.rand("x", {4, 7}, dt), c.rand("w", {7}, dt), 1e-6); }},
       {Op::Rope, "x 2x3x2x8", {"x"}, {Op::Rope},

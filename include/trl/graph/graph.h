@@ -19,7 +19,9 @@ namespace trl::graph {
 enum class Op : uint8_t {
   Input,      // a data input or a parameter, bound by name at run time
   Embedding,  // ids:[B,T] i32, table:[V,C] -> [B,T,C]
-  MatMul,     // x:[...,K], w:[N,K] (nn.Linear layout), optional bias:[N] -> [...,N]   y = x·wᵀ + b
+  MatMul,     // x:[...,K], w:[N,K] (nn.Linear layout), optional bias:[N], optional addend:[...,N] -> [...,N]
+              //   y = x·wᵀ + b + addend (the addend in the output's dtype: a GEMM that accumulates into it, in place
+              //   when nothing reads it afterwards; see accumulate_input)
   RmsNorm,    // x:[...,C], w:[C] -> [...,C]   (Transformers' order: normalise in f32, cast, then scale)
   Rope,       // x:[B,T,H,D], positions:[B,T] i32 -> [B,T,H,D]   rotate-half (GPT-NeoX) layout
   Attention,  // q:[B,T,H,D], k,v:[B,S,Hkv,D], optional key_mask:[B,S] i32, optional q_pos:[B,T] i32 -> [B,T,H,D]
@@ -39,7 +41,7 @@ enum class Op : uint8_t {
   TokenLogprobs,          // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   log softmax(h·wᵀ)[target], chunked over V
   WeightedSum,            // x:[...] f32, weights:[...] f32 -> [] f32              Σ x·weights
   Fill,                   // -> shape filled with attrs.scale
-  MatMulNN,               // dy:[...,N], w:[N,K] -> [...,K]                        dy·w
+  MatMulNN,               // dy:[...,N], w:[N,K], optional addend:[...,K] -> [...,K] dy·w + addend
   MatMulTN,               // a:[...,N], b:[...,K] -> [N,K]                         aᵀ·b over all leading dims
   SumRows,                // x:[...,N] -> [N]
   ScaleBy,                // w:[...] f32, s:[] f32 -> w·s
@@ -75,6 +77,11 @@ enum class Op : uint8_t {
 constexpr size_t kNumOps = static_cast<size_t>(Op::View) + 1;
 
 const char* op_name(Op op);
+
+struct Node;
+// The input an op adds its result into (-1: none): MatMul's addend (3), MatMulNN's (2), EmbeddingBackward's base (2).
+// A backend may write the result over that input's buffer when nothing reads the input afterwards.
+int accumulate_input(const Node& node);
 
 using ValueId = int32_t;  // index of the node that produces the value
 constexpr ValueId kNone = -1;
@@ -161,7 +168,7 @@ class Builder {
  public:
   ValueId input(const std::string& name, Shape shape, DType dtype);
   ValueId embedding(ValueId ids, ValueId table, DType out, const std::string& name = "", const VocabSplit& split = {});
-  ValueId matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name = "");
+  ValueId matmul(ValueId x, ValueId w, ValueId bias, DType out, const std::string& name = "", ValueId addend = kNone);
   ValueId rms_norm(ValueId x, ValueId w, double eps, const std::string& name = "");
   ValueId rope(ValueId x, ValueId positions, std::vector<float> inv_freq, float scaling, const std::string& name = "");
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name = "",
@@ -184,7 +191,10 @@ class Builder {
   ValueId all_reduce(ValueId x, int32_t group, const std::string& name = "");
   ValueId all_reduce_grad(ValueId x, int32_t group, const std::string& name = "");
   // Backward-pass ops (used by autodiff; see Op for shapes).
-  ValueId matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name = "");
+  ValueId matmul_nn(ValueId dy, ValueId w, DType out, const std::string& name = "", ValueId addend = kNone);
+  // Makes `sum` (a matmul_nn without an addend, made after `addend`) add `addend` into its result: the fused form of
+  // add(addend, sum) that autodiff uses to accumulate gradients. False (nothing changed) when it does not apply.
+  bool fold_addend(ValueId sum, ValueId addend);
   ValueId matmul_tn(ValueId a, ValueId b, DType out, const std::string& name = "");
   ValueId sum_rows(ValueId x, DType out, const std::string& name = "");
   ValueId scale_by(ValueId w, ValueId s, DType out, const std::string& name = "");

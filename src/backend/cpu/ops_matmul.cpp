@@ -22,7 +22,8 @@ namespace {
 constexpr int64_t kGemvRows = 8;
 
 // y[m, n] = x[m, :]·w[n, :] (+ bias[n]) for M <= kGemvRows: one pass over w, split by rows of w across threads.
-Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K) {
+Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, graph::ValueId addend, int64_t M,
+                 int64_t N, int64_t K) {
   const DType ta = cx->nd(a).dtype, tb = cx->nd(b).dtype, tc = cx->nd(id).dtype, tbias = bias != kNone ? cx->nd(bias).dtype : DType::F32;
   auto xf = std::make_shared<std::vector<float>>(static_cast<size_t>(M * K));
 #if defined(__x86_64__)
@@ -30,7 +31,7 @@ Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
 #else
   const bool bf16dot = false;
 #endif
-  return [cx, id, a, b, bias, M, N, K, ta, tb, tc, tbias, xf, bf16dot] {
+  return [cx, id, a, b, bias, addend, M, N, K, ta, tb, tc, tbias, xf, bf16dot] {
     if (!bf16dot)
       for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(cx->p(a), ta, i);
     const float* x = xf->data();
@@ -50,30 +51,34 @@ Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
         } else {
           for (int64_t m = 0; m < M; ++m) dots[m] = vec::dot(x + m * K, static_cast<const float*>(cx->p(b)) + n * K, K);
         }
-        for (int64_t m = 0; m < M; ++m) st(cx->p(id), tc, m * N + n, dots[m] + bv);
+        for (int64_t m = 0; m < M; ++m) st(cx->p(id), tc, m * N + n, dots[m] + bv + (addend != kNone ? ld(cx->p(addend), tc, m * N + n) : 0.0f));
       }
   };
 }
 
 // GEMM with operands of mixed dtypes: oneDNN takes (bf16|f32)x(bf16|f32) when both match; otherwise the
 // lower-precision operand is widened to f32 into a scratch buffer first.
-Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, int64_t M, int64_t N, int64_t K,
-                                int64_t sa_m, int64_t sa_k, int64_t sb_k, int64_t sb_n) {
+// An addend (MatMul's, MatMulNN's) is accumulated into by the GEMM: copied into the result first, unless the plan
+// put the result over it (in place: nothing reads the addend afterwards).
+Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, graph::ValueId addend, int64_t M,
+                 int64_t N, int64_t K, int64_t sa_m, int64_t sa_k, int64_t sb_k, int64_t sb_n) {
   DType ta = cx->nd(a).dtype, tb = cx->nd(b).dtype;
   const DType tc = cx->nd(id).dtype;
   // A few rows against a weight in nn.Linear layout (decoding) is memory-bound: read each weight row once for
   // all rows (dots_bf16 widens it in registers).
   if (M <= kGemvRows && sa_m == K && sa_k == 1 && sb_k == 1 && sb_n == K && (tb == DType::BF16 || tb == DType::F32))
-    return gemv_node(cx, id, a, b, bias, M, N, K);
+    return gemv_node(cx, id, a, b, bias, addend, M, N, K);
   const bool widen_a = ta != tb && ta != DType::F32, widen_b = ta != tb && tb != DType::F32;
   if (widen_a) ta = DType::F32;
   if (widen_b) tb = DType::F32;
-  auto gemm = std::make_shared<Gemm>(M, N, K, ta, sa_m, sa_k, tb, sb_k, sb_n, tc, bias != kNone, false);
+  auto gemm = std::make_shared<Gemm>(M, N, K, ta, sa_m, sa_k, tb, sb_k, sb_n, tc, bias != kNone, addend != kNone);
+  const size_t result_bytes = static_cast<size_t>(M * N) * dtype_size(tc);
   auto scratch_a = std::make_shared<std::vector<float>>(widen_a ? static_cast<size_t>(shape_numel(cx->nd(a).shape)) : 0);
   auto scratch_b = std::make_shared<std::vector<float>>(widen_b ? static_cast<size_t>(shape_numel(cx->nd(b).shape)) : 0);
   auto bias_f32 = std::make_shared<std::vector<float>>(bias != kNone ? static_cast<size_t>(N) : 0);
   const DType oa = cx->nd(a).dtype, ob = cx->nd(b).dtype, obias = bias != kNone ? cx->nd(bias).dtype : DType::F32;
-  return [cx, id, a, b, bias, gemm, scratch_a, scratch_b, bias_f32, oa, ob, obias] {
+  return [cx, id, a, b, bias, addend, result_bytes, gemm, scratch_a, scratch_b, bias_f32, oa, ob, obias] {
+    if (addend != kNone && cx->p(addend) != cx->p(id)) std::memcpy(cx->p(id), cx->p(addend), result_bytes);
     const void* pa = cx->p(a);
     const void* pb = cx->p(b);
     if (!scratch_a->empty()) {
@@ -100,7 +105,8 @@ Kernel lower_matmul(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId x = n.inputs[0], w = n.inputs[1], b = n.inputs[2];
   const int64_t K = cx->nd(x).shape.back(), M = shape_numel(cx->nd(x).shape) / K, N = cx->nd(w).shape[0];
-  return gemm_node(cx, id, x, w, b, M, N, K, /*a row-major*/ K, 1, /*b = wᵀ*/ 1, K);
+  const graph::ValueId addend = n.inputs.size() > 3 ? n.inputs[3] : kNone;
+  return gemm_node(cx, id, x, w, b, addend, M, N, K, /*a row-major*/ K, 1, /*b = wᵀ*/ 1, K);
 }
 
 // y[M,K] = dy[M,N]·w[N,K]
@@ -108,7 +114,8 @@ Kernel lower_matmul_nn(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId a = n.inputs[0], w = n.inputs[1];
   const int64_t N = cx->nd(w).shape[0], K = cx->nd(w).shape[1], M = shape_numel(cx->nd(a).shape) / N;
-  return gemm_node(cx, id, a, w, kNone, M, K, N, N, 1, K, 1);
+  const graph::ValueId addend = n.inputs.size() > 2 ? n.inputs[2] : kNone;
+  return gemm_node(cx, id, a, w, kNone, addend, M, K, N, N, 1, K, 1);
 }
 
 // y[N,K] = a[R,N]ᵀ·b[R,K]
@@ -116,7 +123,7 @@ Kernel lower_matmul_tn(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId a = n.inputs[0], b = n.inputs[1];
   const int64_t N = cx->nd(a).shape.back(), K = cx->nd(b).shape.back(), R = shape_numel(cx->nd(a).shape) / N;
-  return gemm_node(cx, id, a, b, kNone, N, K, R, 1, N, K, 1);
+  return gemm_node(cx, id, a, b, kNone, kNone, N, K, R, 1, N, K, 1);
 }
 
 }  // namespace trl::cpu

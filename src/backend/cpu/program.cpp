@@ -87,7 +87,7 @@ void CpuProgram::execute(const std::vector<Tensor>& bound, size_t begin, size_t 
     if (n.op == Op::Reshape || n.op == Op::View) {
       ptr_[i] = static_cast<char*>(ptr_[static_cast<size_t>(n.inputs[0])]) + (n.op == Op::View ? n.attrs.offset * static_cast<int64_t>(dtype_size(n.dtype)) : 0);
     } else if (inplace_[i]) {
-      ptr_[i] = ptr_[static_cast<size_t>(n.inputs[2])];
+      ptr_[i] = ptr_[static_cast<size_t>(n.inputs[static_cast<size_t>(graph::accumulate_input(n))])];
     } else if (n.op == Op::KvCacheWrite) {  // the static cache is updated in the bound tensor itself
       ptr_[i] = ptr_[static_cast<size_t>(n.inputs[0])];
     }
@@ -162,7 +162,7 @@ void CpuProgram::plan() {
     for (size_t i = 0; i < n; ++i) {
       const Node& nd = g_.nodes[i];
       const bool alias = nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || inplace_[i];
-      root[i] = alias ? root[static_cast<size_t>(nd.op == Op::EmbeddingBackward ? nd.inputs[2] : nd.inputs[0])] : i;
+      root[i] = alias ? root[static_cast<size_t>(inplace_[i] ? nd.inputs[static_cast<size_t>(graph::accumulate_input(nd))] : nd.inputs[0])] : i;
     }
     std::fill(last.begin(), last.end(), 0);
     for (size_t i = 0; i < n; ++i) {
@@ -173,13 +173,15 @@ void CpuProgram::plan() {
     for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
   };
   liveness();
-  // In-place update: the scatter-add of a tied embedding's gradient adds into its base (the head's gradient)
-  // when nothing reads the base afterwards, instead of copying [V, C] floats first.
+  // In-place update: an op that adds into one of its inputs (graph::accumulate_input: the scatter-add of a tied
+  // embedding's gradient into the head's, a GEMM into its addend) writes over that input's buffer when nothing
+  // reads it afterwards, instead of copying it first.
   bool any_inplace = false;
   for (size_t i = 0; i < n; ++i) {
     const Node& nd = g_.nodes[i];
-    if (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone) continue;
-    const size_t base = static_cast<size_t>(nd.inputs[2]);
+    const int k = graph::accumulate_input(nd);
+    if (k < 0) continue;
+    const size_t base = static_cast<size_t>(nd.inputs[static_cast<size_t>(k)]);
     if (g_.nodes[base].dtype == nd.dtype && g_.nodes[root[base]].op != Op::Input && last[root[base]] == i) inplace_[i] = any_inplace = true;
   }
   if (any_inplace) liveness();
@@ -223,7 +225,7 @@ void CpuProgram::plan() {
 }
 
 // The plan as text: a header line, then "offset inplace" per node (offset - for none).
-static constexpr const char* kPlanMagic = "trl-cpu-plan 2";
+static constexpr const char* kPlanMagic = "trl-cpu-plan 3";  // 3: in-place GEMM addends
 std::string CpuProgram::plan_blob() const {
   std::string out = fmt::format("{} {} {}\n", kPlanMagic, g_.nodes.size(), arena_bytes_);
   for (size_t i = 0; i < g_.nodes.size(); ++i)
@@ -246,7 +248,7 @@ bool CpuProgram::load_plan(const std::string& blob) {
     if (!(in >> off >> ip) || (ip != 0 && ip != 1)) return false;
     const Node& nd = g_.nodes[i];
     const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || ip == 1;
-    if (ip == 1 && (nd.op != Op::EmbeddingBackward || nd.inputs.size() < 3 || nd.inputs[2] == kNone)) return false;
+    if (ip == 1 && graph::accumulate_input(nd) < 0) return false;
     if (off == "-") {
       if (!alias) return false;
     } else {

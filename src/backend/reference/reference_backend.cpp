@@ -57,8 +57,8 @@ void embedding(const Tensor& ids, const Tensor& table, const graph::VocabSplit& 
   }
 }
 
-// x:[M,K], w:[N,K], bias:[N] or none -> out:[M,N]
-void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+// x:[M,K], w:[N,K], bias:[N] or none, addend:[M,N] or none -> out:[M,N] (rounded once)
+void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor* addend, Tensor& out) {
   const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), N = w.size(0);
   const std::vector<double> wf = as_f64(w);
   const std::vector<double> xf = as_f64(x);
@@ -71,6 +71,7 @@ void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(xr[k]) * wr[k];
       if (bias) acc += bf[static_cast<size_t>(n)];
+      if (addend) acc += load_element(addend->data(), addend->dtype(), m * N + n);
       store_element(o, out.dtype(), m * N + n, acc);
     }
   }
@@ -324,14 +325,15 @@ void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, cons
   });
 }
 
-// out[r,k] = Σ_n dy[r,n]·w[n,k]
-void matmul_nn(const Tensor& dy, const Tensor& w, Tensor& out) {
+// out[r,k] = Σ_n dy[r,n]·w[n,k] (+ addend[r,k])
+void matmul_nn(const Tensor& dy, const Tensor& w, const Tensor* addend, Tensor& out) {
   const int64_t N = w.size(0), K = w.size(1), R = dy.numel() / std::max<int64_t>(N, 1);
   const std::vector<double> a = as_f64(dy), b = as_f64(w);
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t k = 0; k < K; ++k) {
       double acc = 0;
       for (int64_t n = 0; n < N; ++n) acc += static_cast<double>(a[static_cast<size_t>(r * N + n)]) * b[static_cast<size_t>(n * K + k)];
+      if (addend) acc += load_element(addend->data(), addend->dtype(), r * K + k);
       store_element(out.mutable_data(), out.dtype(), r * K + k, acc);
     }
   }
@@ -550,7 +552,7 @@ class ReferenceProgram final : public Program {
       try {
         switch (n.op) {
           case Op::Embedding: embedding(in(n, 0), in(n, 1), n.attrs.vocab, out); break;
-          case Op::MatMul: matmul(in(n, 0), in(n, 1), opt(n, 2), out); break;
+          case Op::MatMul: matmul(in(n, 0), in(n, 1), opt(n, 2), opt(n, 3), out); break;
           case Op::RmsNorm: rms_norm(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::Rope: rope(in(n, 0), in(n, 1), n.attrs, out); break;
           case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), opt(n, 4), n.attrs, out); break;
@@ -591,7 +593,7 @@ class ReferenceProgram final : public Program {
           case Op::Fill:
             for (int64_t i = 0; i < out.numel(); ++i) store_element(out.mutable_data(), out.dtype(), i, n.attrs.value);
             break;
-          case Op::MatMulNN: matmul_nn(in(n, 0), in(n, 1), out); break;
+          case Op::MatMulNN: matmul_nn(in(n, 0), in(n, 1), opt(n, 2), out); break;
           case Op::MatMulTN: matmul_tn(in(n, 0), in(n, 1), out); break;
           case Op::SumRows: sum_rows(in(n, 0), out); break;
           case Op::ScaleBy: {
