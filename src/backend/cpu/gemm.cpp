@@ -40,13 +40,13 @@ Gemm::Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k
            bool accumulate, int64_t ldc)
     : M_(M), N_(N), K_(K), sa_m_(sa_m), sa_k_(sa_k), sb_k_(sb_k), sb_n_(sb_n), ldc_(ldc == 0 ? N : ldc), ta_(ta), tb_(tb), tc_(tc) {
   if (!create(ta, sa_m, sa_k, tb, sb_k, sb_n, tc, ldc_, bias, accumulate)) {
-    if (accumulate && tc != DType::F32) fail("cpu backend: no oneDNN matmul for {}x{} accumulating into {}", dtype_name(ta), dtype_name(tb), dtype_name(tc));
     widen_a_ = ta != DType::F32, widen_b_ = tb != DType::F32, widen_c_ = tc != DType::F32;
     if (!create(DType::F32, widen_a_ ? K : sa_m, widen_a_ ? 1 : sa_k, DType::F32, widen_b_ ? N : sb_k, widen_b_ ? 1 : sb_n, DType::F32,
                 widen_c_ ? N : ldc_, bias, accumulate))
       fail("cpu backend: oneDNN has no f32 matmul for [{}, {}] x [{}, {}] on this CPU", M, K, K, N);
   }
   has_bias_ = bias;
+  accumulate_ = accumulate;
 }
 
 void Gemm::run(const void* a, const void* b, void* c, const void* bias) const {
@@ -59,6 +59,9 @@ void Gemm::run(const void* a, const void* b, void* c, const void* bias) const {
   if (widen_c_) {
     wc.resize(static_cast<size_t>(M_ * N_));
     cc = wc.data();
+    if (accumulate_)  // C += A·B on the widened result: start from C itself
+      for (int64_t m = 0; m < M_; ++m)
+        for (int64_t n = 0; n < N_; ++n) wc[static_cast<size_t>(m * N_ + n)] = ld(c, tc_, m * ldc_ + n);
   }
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(a_, engine, const_cast<void*>(a))},
                                                 {DNNL_ARG_WEIGHTS, dnnl::memory(b_, engine, const_cast<void*>(b))},

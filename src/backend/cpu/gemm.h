@@ -35,7 +35,7 @@ class Gemm {
   bool widen_a_ = false, widen_b_ = false, widen_c_ = false;
   dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;
   dnnl::matmul prim_;
-  bool has_bias_ = false;
+  bool has_bias_ = false, accumulate_ = false;
 };
 
 }  // namespace trl::cpu
