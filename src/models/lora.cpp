@@ -237,6 +237,26 @@ LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
   LoraAdapter a;
   a.config = LoraConfig::from_json(j, config_file);
   a.modules = lora_target_modules(config, a.config);
+  // PEFT's SEQ_CLS adapters list both "classifier" and "score" in modules_to_save whatever the model has: a name that
+  // matches no parameter of this model is dropped on load (as PEFT skips it), not an error as in a training config.
+  std::vector<std::string> params;
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, shape] : parameter_shapes(config)) params.push_back(name), shapes[name] = shape;
+  shapes["score.weight"] = {1, config.hidden_size};
+  params.push_back("score.weight");
+  std::vector<std::string> present;
+  for (const std::string& m : a.config.modules_to_save) {
+    LoraConfig one;
+    one.modules_to_save = {m};
+    bool matches = true;
+    try {
+      (void)lora_saved_parameters(one, params);
+    } catch (const Error&) {
+      matches = false;
+    }
+    if (matches) present.push_back(m);
+  }
+  a.config.modules_to_save = present;
   const std::string weights_file = (fs::path(dir) / "adapter_model.safetensors").string();
   if (!fs::is_regular_file(weights_file)) {
     const bool bin = fs::is_regular_file(fs::path(dir) / "adapter_model.bin");
@@ -269,11 +289,6 @@ LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
     take(m + ".lora_B.weight", {w[0], a.config.r});
   }
   // modules_to_save: what is left, by parameter name (a reward model's score.weight included).
-  std::vector<std::string> params;
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, shape] : parameter_shapes(config)) params.push_back(name), shapes[name] = shape;
-  shapes["score.weight"] = {1, config.hidden_size};
-  params.push_back("score.weight");
   for (const std::string& p : lora_saved_parameters(a.config, params))
     if (names.count(p)) take(p, shapes.at(p));
   if (!names.empty())
