@@ -127,6 +127,20 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::AllReduceGrad:  // y = x on every rank, used by each rank's own columns: dx = Σ_ranks dy
         accumulate(in(0), b.all_reduce(g, nd.attrs.group, "d." + nm));
         break;
+      case Op::View: {
+        // A multi-result forward op's View is differentiated by that op's rule: jsd()'s value (row 0 of Op::Jsd).
+        const Node& src = b.node(in(0));
+        if (src.op != Op::Jsd || nd.attrs.offset != 0)
+          fail("autodiff: view {} of {} has no VJP rule (only the value of a jsd node is differentiated)", nm, op_name(src.op));
+        const std::vector<ValueId> s = src.inputs;  // h, w, ht, wt
+        if (needs[static_cast<size_t>(s[2])] || needs[static_cast<size_t>(s[3])])
+          fail("autodiff: jsd {}: the teacher's side (ht, wt) is frozen: differentiate the student's h and w only", nm);
+        const bool dw = needs[static_cast<size_t>(s[1])];
+        const auto d = b.jsd_backward(s[0], s[1], s[2], s[3], g, in(0), "d." + nm, dw);
+        accumulate(s[0], d[0]);
+        if (dw) accumulate(s[1], d[1]);
+        break;
+      }
       case Op::VocabStats:
         fail("autodiff: {} ({}) is made by graph::fuse_vocabulary_ops after autodiff: differentiate token_logprobs and entropy",
              op_name(nd.op), nm);

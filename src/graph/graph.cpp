@@ -43,6 +43,8 @@ const char* op_name(Op op) {
     case Op::AllReduce: return "all_reduce";
     case Op::AllReduceGrad: return "all_reduce_grad";
     case Op::Dropout: return "dropout";
+    case Op::Jsd: return "jsd";
+    case Op::JsdBackward: return "jsd_backward";
     case Op::View: return "view";
   }
   return "?";
@@ -673,6 +675,56 @@ std::vector<ValueId> Builder::entropy_backward(ValueId h, ValueId w, ValueId den
   const DType dt = node(dent).dtype;
   Node n = make_node(Op::EntropyBackward, {h, w, dent, stats}, {nh + nw}, dt, name);
   n.attrs.vocab = split;
+  n.attrs.dh_only = !with_dw;
+  const ValueId packed = push(std::move(n));
+  return {view(packed, 0, shape(h), dt, name + ".dh"), with_dw ? view(packed, nh, shape(w), dt, name + ".dw") : kNone};
+}
+
+namespace {
+// The four operands of jsd and jsd_backward: h:[...,C], w:[V,C], ht:[...,Ct], wt:[V,Ct] with one vocabulary.
+void check_jsd_operands(const Builder& b, ValueId h, ValueId w, ValueId ht, ValueId wt, const char* what, const std::string& name) {
+  const Shape &hs = b.shape(h), &ws = b.shape(w), &ts = b.shape(ht), &vs = b.shape(wt);
+  if (hs.empty() || ws.size() != 2 || ws[1] != hs.back())
+    fail("{} {}: the student's h {} and w {} do not fit (h:[...,C], w:[V,C])", what, name, shape_str(hs), shape_str(ws));
+  if (ts.empty() || vs.size() != 2 || vs[1] != ts.back())
+    fail("{} {}: the teacher's ht {} and wt {} do not fit (ht:[...,Ct], wt:[V,Ct])", what, name, shape_str(ts), shape_str(vs));
+  if (Shape(hs.begin(), hs.end() - 1) != Shape(ts.begin(), ts.end() - 1))
+    fail("{} {}: the student's rows {} and the teacher's {} differ (h:[...,C], ht:[...,Ct])", what, name, shape_str(hs), shape_str(ts));
+  if (ws[0] != vs[0])
+    fail("{} {}: the student's vocabulary ({} rows of w) and the teacher's ({} rows of wt) differ: distillation compares the two "
+         "next-token distributions token by token, so both models need the same vocabulary",
+         what, name, ws[0], vs[0]);
+}
+}  // namespace
+
+ValueId Builder::jsd(ValueId h, ValueId w, ValueId ht, ValueId wt, double beta, const std::string& name) {
+  check(h, "jsd h");
+  check(w, "jsd w");
+  check(ht, "jsd ht");
+  check(wt, "jsd wt");
+  check_jsd_operands(*this, h, w, ht, wt, "jsd", name);
+  if (!(beta >= 0 && beta <= 1)) fail("jsd {}: beta must be in [0, 1], got {}", name, beta);
+  const Shape lead = leading(shape(h));
+  const DType out = node(h).dtype == DType::F64 ? DType::F64 : DType::F32;
+  Node n = make_node(Op::Jsd, {h, w, ht, wt}, {kJsdStatRows * shape_numel(lead)}, out, name);
+  n.attrs.value = beta;
+  const ValueId packed = push(std::move(n));
+  return view(packed, 0, lead, out, name + ".value");
+}
+
+std::vector<ValueId> Builder::jsd_backward(ValueId h, ValueId w, ValueId ht, ValueId wt, ValueId djsd, ValueId stats, const std::string& name,
+                                           bool with_dw) {
+  check(djsd, "jsd_backward djsd");
+  check(stats, "jsd_backward stats");
+  check_jsd_operands(*this, h, w, ht, wt, "jsd_backward", name);
+  const Node& s = node(stats);
+  if (s.op != Op::Jsd || s.inputs != std::vector<ValueId>{h, w, ht, wt})
+    fail("jsd_backward {}: stats %{} is not the jsd node of the same h, w, ht and wt", name, stats);
+  if (shape(djsd) != leading(shape(h))) fail("jsd_backward {}: djsd {} does not fit h {}", name, shape_str(shape(djsd)), shape_str(shape(h)));
+  const int64_t nh = shape_numel(shape(h)), nw = with_dw ? shape_numel(shape(w)) : 0;
+  const DType dt = node(djsd).dtype;
+  Node n = make_node(Op::JsdBackward, {h, w, ht, wt, djsd, stats}, {nh + nw}, dt, name);
+  n.attrs.value = s.attrs.value;
   n.attrs.dh_only = !with_dw;
   const ValueId packed = push(std::move(n));
   return {view(packed, 0, shape(h), dt, name + ".dh"), with_dw ? view(packed, nh, shape(w), dt, name + ".dw") : kNone};

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -872,6 +873,46 @@ void head_cases(std::vector<OpCase>& t) {
     }
 }
 
+// The generalized JSD of a student head (h, w) and a teacher head (ht, wt) of another width and dtype: β 0 (forward
+// KL), 1 (reverse KL) and in between (the mixture's second pass); every vocabulary size of head_shapes(); the
+// backward reading the jsd node, with and without dw (a frozen head). Teacher logits of a larger scale make the
+// two distributions differ (a KL of order 1).
+void jsd_cases(std::vector<OpCase>& t) {
+  const std::vector<std::pair<DType, DType>> dts = {{F32, F32}, {BF16, BF16}, {BF16, F32}};
+  for (const Head& s : head_shapes()) {
+    if (s.C == 1) continue;
+    Shape hs = s.lead, ts = s.lead;
+    hs.push_back(s.C), ts.push_back(s.C / 2 + 3);
+    const int64_t R = shape_numel(s.lead), Ct = ts.back();
+    for (const auto& [sd, td] : dts)
+      for (double beta : {0.0, 0.5, 1.0, 0.9}) {
+        const std::string shape =
+            fmt::format("student {} {} w {}x{} teacher {} {} beta {}", dn(sd), dims(hs), s.V, s.C, dn(td), dims(ts), beta);
+        const double tol = sd == BF16 || td == BF16 ? kBF16 : kF32;
+        auto heads = [=](Ctx& c) {
+          return std::array<ValueId, 4>{c.rand("h", hs, sd), c.rand("w", {s.V, s.C}, sd), c.rand("ht", ts, td, 2.0), c.rand("wt", {s.V, Ct}, td)};
+        };
+        add_case(t, Op::Jsd, shape, tol, [=](Ctx& c) {
+          const auto [h, w, ht, wt] = heads(c);
+          c.out(c.b.jsd(h, w, ht, wt, beta));
+        }).zeros_expected = s.V == 1;
+        // In f32 the mixture's gradient is a small difference of O(1) terms (dz = (1 − β)·S·(log S/M − KL(S‖M)),
+        // summed over V with random signs): the f32 logits' own rounding leaves 1-2e-5 of the gradient's scale.
+        const double btol = tol == kF32 && beta != 0 && beta != 1 ? 3 * kF32 : tol;
+        for (bool with_dw : {true, false})
+          add_case(t, Op::JsdBackward, shape + (with_dw ? "" : " dh only"), btol, [=](Ctx& c) {
+            const auto [h, w, ht, wt] = heads(c);
+            const ValueId value = c.b.jsd(h, w, ht, wt, beta);
+            std::vector<double> g(static_cast<size_t>(R));
+            for (int64_t r = 0; r < R; ++r) g[static_cast<size_t>(r)] = r % 3 == 2 ? 0.0 : c.rng.normal();
+            c.out(value);
+            for (ValueId v : c.b.jsd_backward(h, w, ht, wt, c.vals("djsd", s.lead, F32, g), c.b.node(value).inputs[0], "", with_dw))
+              if (v != kNone) c.out(v);
+          });
+      }
+  }
+}
+
 std::string param_name(const std::string& op, const std::string& name) {
   std::string s = op + "_";
   for (char ch : name) {
@@ -906,6 +947,7 @@ const std::vector<OpCase>& op_table() {
     norm_backward_cases(t);
     attention_backward_cases(t);
     head_cases(t);
+    jsd_cases(t);
     collective_cases(t);
     make_names_unique(t);
     return t;
@@ -1111,6 +1153,15 @@ const std::vector<VjpCase>& vjp_table() {
        [](Ctx& c, DType dt) { return c.b.token_logprobs(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.ids("t", {2, 3}, 9)); }},
       {Op::Entropy, "frozen head: h 2x3x4 w 9x4, dh only", {"h"}, {Op::EntropyBackward, Op::View},
        [](Ctx& c, DType dt) { return c.b.entropy(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt)); }},
+      // Distillation: the student's gradients of the generalized JSD (the teacher, of another width, is frozen).
+      {Op::Jsd, "beta 0 h 2x3x4 w 9x4 teacher 2x3x5 9x5", {"h", "w"}, {Op::JsdBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.jsd(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.rand("ht", {2, 3, 5}, dt), c.rand("wt", {9, 5}, dt), 0.0); }},
+      {Op::Jsd, "beta 1 h 2x3x4 w 9x4 teacher 2x3x5 9x5", {"h", "w"}, {Op::JsdBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.jsd(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.rand("ht", {2, 3, 5}, dt), c.rand("wt", {9, 5}, dt), 1.0); }},
+      {Op::Jsd, "beta 0.5 h 2x3x4 w 9x4 teacher 2x3x5 9x5", {"h", "w"}, {Op::JsdBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.jsd(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.rand("ht", {2, 3, 5}, dt), c.rand("wt", {9, 5}, dt), 0.5); }},
+      {Op::Jsd, "frozen head: beta 0.2 h 2x3x4 w 9x4 teacher 2x3x5 9x5, dh only", {"h"}, {Op::JsdBackward, Op::View},
+       [](Ctx& c, DType dt) { return c.b.jsd(c.rand("h", {2, 3, 4}, dt), c.rand("w", {9, 4}, dt), c.rand("ht", {2, 3, 5}, dt), c.rand("wt", {9, 5}, dt), 0.2); }},
       {Op::Embedding, "ids 2x3 table 7x4", {"table"}, {Op::EmbeddingBackward},
        [](Ctx& c, DType dt) { return c.b.embedding(c.ids("ids", {2, 3}, 7), c.rand("table", {7, 4}, dt), dt); }},
       {Op::Embedding, "tied: ids 2x3 table 6x4 also the head of token_logprobs (base)", {"table"}, {Op::EmbeddingBackward, Op::TokenLogprobsBackward},
@@ -1332,6 +1383,17 @@ std::vector<PerfCase> perf_table() {
          for (ValueId v : c.b.entropy_backward(c.rand("h", {R, C}, BF16), c.rand("w", {V, C}, BF16), c.rand("dH", {R}, F32))) c.out(v);
        },
        6 * n * V},
+      // Two lm_head GEMMs per pass; beta 0.5 makes two passes forward, and the backward adds dh and dw.
+      {Op::Jsd, "bf16 student 512x1024 teacher 512x1024 w 8192 beta 0.5",
+       [](Ctx& c) { c.out(c.b.jsd(c.rand("h", {R, C}, BF16), c.rand("w", {V, C}, BF16), c.rand("ht", {R, C}, BF16), c.rand("wt", {V, C}, BF16), 0.5)); },
+       8 * n * V},
+      {Op::JsdBackward, "bf16 student 512x1024 teacher 512x1024 w 8192 beta 0.5",
+       [](Ctx& c) {
+         const ValueId h = c.rand("h", {R, C}, BF16), w = c.rand("w", {V, C}, BF16), ht = c.rand("ht", {R, C}, BF16), wt = c.rand("wt", {V, C}, BF16);
+         const ValueId v = c.b.jsd(h, w, ht, wt, 0.5);
+         for (ValueId d : c.b.jsd_backward(h, w, ht, wt, c.rand("dj", {R}, F32), c.b.node(v).inputs[0])) c.out(d);
+       },
+       16 * n * V},
       {Op::TokenArgmaxMatch, "bf16 h 512x1024 w 8192x1024",
        [](Ctx& c) { c.out(c.b.token_argmax_match(c.rand("h", {R, C}, BF16), c.rand("w", {V, C}, BF16), c.ids("t", {R}, V))); }, 2 * n * V},
       {Op::VocabStats, "bf16 h 512x1024 w 8192x1024 targets entropy keep_logits",

@@ -71,6 +71,16 @@ enum class Op : uint8_t {
   Dropout,                // x:[...], seed:[2] i32 -> x·keep/(1 − p), p = attrs.value: element i is kept where
                           //   dropout_keep(seed, attrs.offset, i, p) (core/rng.h): a counter-based mask, so the VJP
                           //   is the same op on dy (linear in x) and a recomputed forward gives the same mask
+  // Distillation (docs/DISTILLATION.md): TRL's generalized Jensen-Shannon divergence between the student's
+  // next-token distribution S = softmax(h·wᵀ) and the teacher's T = softmax(ht·wtᵀ), with β = attrs.value:
+  //   β = 0: KL(T‖S);  β = 1: KL(S‖T);  else β·KL(T‖M) + (1 − β)·KL(S‖M), M = (1 − β)·S + β·T,
+  // summed over the vocabulary, chunked over V: neither model's [R, V] logits are ever formed.
+  Jsd,                    // h:[...,C], w:[V,C], ht:[...,Ct], wt:[V,Ct] -> packed f32 rows (R each, see JsdStat): jsd, then
+                          //   lse, lse_t and kl_sm = KL(S‖M) (the backward's row constants) each as a pair of f32 rows
+                          //   hi + lo (their sum carries f64 precision). Builder::jsd returns the View of jsd;
+                          //   autodiff differentiates that View into a jsd_backward reading this node as its stats
+  JsdBackward,            // h, w, ht, wt, djsd:[...], stats (the jsd node) -> packed [dh | dw] (dh alone with
+                          //   attrs.dh_only): the student's gradients only (the teacher is frozen)
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -108,17 +118,22 @@ struct Attrs {
   bool inverse = false;          // Rope: rotate by -angle (the VJP of a rotation is its inverse)
   int64_t rows = 0;              // EmbeddingBackward: V
   int64_t offset = 0;            // View: element offset into the packed input; Dropout: the mask's stream
-  double value = 0;              // Fill; Dropout: the probability p of zeroing an element
+  double value = 0;              // Fill; Dropout: the probability p of zeroing an element; Jsd: β
   bool entropy = false;          // VocabStats: compute the entropy row
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
   int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
   VocabSplit vocab;              // Embedding, EmbeddingBackward and the vocabulary ops: vocabulary parallel
-  bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward: the head is frozen (LoRA): dh alone, no dw
+  bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward, JsdBackward: the head is frozen (LoRA): dh alone
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
 enum class VocabStat : int64_t { Logprob = 0, Entropy = 1, Match = 2, Lse = 3 };
 constexpr int64_t kVocabStatRows = 4;
+// Jsd's packed result: row k of its per-row values starts at element k·R. The backward's constants are kept as
+// hi + lo pairs of f32 (row k and row k + 3): its gradient is a small difference of O(1) terms, and an f32 lse's
+// rounding (1e-6 at lse ≈ 12) would shift every term of a row by the same amount.
+enum class JsdStat : int64_t { Value = 0, Lse = 1, LseTeacher = 2, KlStudentMixture = 3 };
+constexpr int64_t kJsdStatRows = 7;  // value, 3 hi rows, 3 lo rows
 // Elements (f32) of a VocabStats result over R rows and a vocabulary of V.
 int64_t vocab_stats_numel(int64_t R, int64_t V, bool keep_logits);
 
@@ -182,6 +197,10 @@ class Builder {
   ValueId token_logprobs(ValueId h, ValueId w, ValueId targets, const std::string& name = "", const VocabSplit& split = {});
   ValueId entropy(ValueId h, ValueId w, const std::string& name = "", const VocabSplit& split = {});
   ValueId token_argmax_match(ValueId h, ValueId w, ValueId targets, const std::string& name = "", const VocabSplit& split = {});
+  // The generalized JSD of every row (see Op::Jsd): the View [...] of a Jsd node. Student and teacher share the
+  // vocabulary (w and wt have the same rows); each side's logits are rounded to its own dtype, as each model's
+  // lm_head output is. Not under a vocabulary split.
+  ValueId jsd(ValueId h, ValueId w, ValueId ht, ValueId wt, double beta, const std::string& name = "");
   ValueId weighted_sum(ValueId x, ValueId weights, const std::string& name = "");
   ValueId fill(Shape shape, DType dtype, double value, const std::string& name = "");
   // x with each element zeroed with probability p (0 <= p < 1) and the others scaled by 1/(1 − p): PyTorch's
@@ -213,6 +232,9 @@ class Builder {
                                                ValueId stats = kNone, const VocabSplit& split = {}, bool with_dw = true);
   std::vector<ValueId> entropy_backward(ValueId h, ValueId w, ValueId dent, const std::string& name = "", ValueId stats = kNone,
                                         const VocabSplit& split = {}, bool with_dw = true);
+  // `stats`: the Jsd node (the packed one, not its View) on the same inputs. with_dw false: dh alone.
+  std::vector<ValueId> jsd_backward(ValueId h, ValueId w, ValueId ht, ValueId wt, ValueId djsd, ValueId stats, const std::string& name = "",
+                                    bool with_dw = true);
   // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.
   ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "",
                       const VocabSplit& split = {});

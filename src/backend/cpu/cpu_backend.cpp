@@ -57,6 +57,8 @@ constexpr LowerFn table_entry(Op op) {
     case Op::TokenArgmaxMatch: return lower_vocab_forward;
     case Op::TokenLogprobsBackward:
     case Op::EntropyBackward: return lower_vocab_backward;
+    case Op::Jsd: return lower_jsd;
+    case Op::JsdBackward: return lower_jsd_backward;
     case Op::AllReduce:
     case Op::AllReduceGrad: return lower_collective;
   }

@@ -10,6 +10,7 @@
 //   ops_rope.cpp        rope
 //   ops_attention.cpp   attention (blocked, at cache positions), attention_backward
 //   ops_vocab.cpp       vocab_stats (the fused pass over V), token_logprobs, entropy, token_argmax_match, backward
+//   ops_distill.cpp     jsd, jsd_backward (generalized JSD of a student and a teacher head, chunked over V)
 //   ops_collective.cpp  all_reduce, all_reduce_grad (tensor parallel)
 #pragma once
 
@@ -102,6 +103,9 @@ Kernel lower_attention_backward(ProgramContext* c, graph::ValueId id);
 Kernel lower_vocab_stats(ProgramContext* c, graph::ValueId id);
 Kernel lower_vocab_forward(ProgramContext* c, graph::ValueId id);   // TokenLogprobs, Entropy, TokenArgmaxMatch
 Kernel lower_vocab_backward(ProgramContext* c, graph::ValueId id);  // TokenLogprobsBackward, EntropyBackward
+// ops_distill.cpp
+Kernel lower_jsd(ProgramContext* c, graph::ValueId id);
+Kernel lower_jsd_backward(ProgramContext* c, graph::ValueId id);
 // ops_collective.cpp
 Kernel lower_collective(ProgramContext* c, graph::ValueId id);  // AllReduce, AllReduceGrad
 

@@ -25,6 +25,7 @@
 
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/logits_head.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/vec.h"
 #include "backend/vocab_parallel.h"
@@ -37,82 +38,8 @@ namespace {
 using graph::ValueId;
 using graph::VocabStat;
 
-constexpr int64_t kVocabChunk = 4096;  // logits are formed [rows, 4096] at a time
 constexpr int64_t kRows = graph::kVocabStatRows;
-
-// One vocabulary op's shapes and the GEMMs that form its logits chunk by chunk.
-struct Head {
-  int64_t R = 0, C = 0, V = 0, chunk = 0;
-  DType dh = DType::F32, dw = DType::F32;
-  DType hw = DType::F32;              // the GEMMs' input type: f32 when h and w differ (both are widened)
-  std::shared_ptr<Gemm> full, last;   // logits chunk [R, c] = h[R,C]·w[j0:j0+c, C]ᵀ; last: the shorter tail chunk
-  size_t logits_at = 0;               // scratch: the [R, chunk] f32 logits
-  std::shared_ptr<std::vector<float>> hbuf, wbuf;  // h and one w chunk widened to f32 (mixed dtypes only)
-  graph::VocabSplit split;                         // vocabulary parallel: w is rows [offset, offset + V) of split.size
-  const char* what = "";
-
-  const char* w_chunk(const ProgramContext* cx, ValueId w, int64_t j0, int64_t c) const {
-    const char* wp = static_cast<const char*>(cx->p(w)) + j0 * C * static_cast<int64_t>(dtype_size(dw));
-    if (wbuf->empty()) return wp;
-    for (int64_t i = 0; i < c * C; ++i) (*wbuf)[static_cast<size_t>(i)] = ld(wp, dw, i);
-    return reinterpret_cast<const char*>(wbuf->data());
-  }
-  // h in the GEMM type (widened once per run for mixed dtypes).
-  const char* h_input(const ProgramContext* cx, ValueId h) const {
-    const char* hp = static_cast<const char*>(cx->p(h));
-    if (hbuf->empty()) return hp;
-    for (int64_t i = 0; i < R * C; ++i) (*hbuf)[static_cast<size_t>(i)] = ld(hp, dh, i);
-    return reinterpret_cast<const char*>(hbuf->data());
-  }
-  // The logits of columns [j0, j0 + c) into lg [R, c]; returns the w chunk the GEMM read.
-  const char* logits(const ProgramContext* cx, const char* hp, ValueId w, int64_t j0, int64_t c, float* lg) const {
-    const char* wp = w_chunk(cx, w, j0, c);
-    (c == chunk ? full : last)->run(hp, wp, lg);
-    return wp;
-  }
-  // A row of logits rounded to the model dtype (Transformers stores a bf16 model's logits in bf16 before the f32
-  // loss); called in the kernels' row loops, so the chunk is not read once more.
-  void round_row(float* z, int64_t c) const {
-    if (dh == DType::BF16) vec::round_to_bf16(z, c);
-    else if (dh != DType::F32)
-      for (int64_t j = 0; j < c; ++j) z[j] = rnd(dh, z[j]);
-  }
-  void check_targets(const int32_t* t) const {
-    const int64_t whole = whole_vocab(split, V);
-    if (t)
-      for (int64_t r = 0; r < R; ++r)
-        if (t[r] < 0 || t[r] >= whole) fail("{}: target {} at row {} is outside the vocabulary [0, {})", what, t[r], r, whole);
-  }
-  // The targets as rows of w (themselves without a split; outside [0, V) where another rank holds them), in buf.
-  const int32_t* local_targets(const int32_t* t, std::vector<int32_t>& buf) const {
-    if (!t || !split.split()) return t;
-    buf.resize(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) buf[static_cast<size_t>(r)] = local_target(split, t[r]);
-    return buf.data();
-  }
-};
-
-Head make_head(ProgramContext* cx, const Node& n, ValueId h, ValueId w) {
-  Head hd;
-  hd.what = graph::op_name(n.op);
-  hd.C = cx->nd(h).shape.back();
-  hd.R = shape_numel(cx->nd(h).shape) / hd.C;
-  hd.V = cx->nd(w).shape[0];
-  hd.chunk = std::min(kVocabChunk, hd.V);
-  hd.dh = cx->nd(h).dtype;
-  hd.dw = cx->nd(w).dtype;
-  hd.hw = hd.dh == hd.dw ? hd.dh : DType::F32;
-  hd.split = n.attrs.vocab;
-  hd.full = std::make_shared<Gemm>(hd.R, hd.chunk, hd.C, hd.hw, hd.C, 1, hd.hw, 1, hd.C, DType::F32, false, false);
-  if (const int64_t tail = hd.V % hd.chunk)
-    hd.last = std::make_shared<Gemm>(hd.R, tail, hd.C, hd.hw, hd.C, 1, hd.hw, 1, hd.C, DType::F32, false, false);
-  // In the arena's scratch, not on the heap: a trainer caching a program per length holds one copy of it.
-  hd.logits_at = cx->reserve_scratch(static_cast<size_t>(hd.R * hd.chunk) * sizeof(float));
-  const bool mixed = hd.dh != hd.dw;
-  hd.hbuf = std::make_shared<std::vector<float>>(mixed ? static_cast<size_t>(hd.R * hd.C) : 0);
-  hd.wbuf = std::make_shared<std::vector<float>>(mixed ? static_cast<size_t>(hd.chunk * hd.C) : 0);
-  return hd;
-}
+using Head = LogitsHead;
 
 // The forward pass over V. stats: [logp | H | match | lse] (R each; logp and match 0 without targets, H 0 without
 // want_entropy); keep (or null): the bf16 logits [R, V]; acc: scratch for 4R floats (running max, Σe, Σe·z, argmax).

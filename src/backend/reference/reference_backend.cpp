@@ -325,6 +325,89 @@ void entropy_backward(const Tensor& h, const Tensor& w, const Tensor& dent, cons
   });
 }
 
+// ---- distillation ----
+
+// Row r's log-probabilities of the student (h·wᵀ) and the teacher (ht·wtᵀ), each side's logits rounded to its dtype.
+struct JsdRows {
+  int64_t R = 0, C = 0, Ct = 0, V = 0;
+  std::vector<double> hf, wf, tf, vf;
+  DType hd = DType::F32, td = DType::F32;
+  JsdRows(const Tensor& h, const Tensor& w, const Tensor& ht, const Tensor& wt)
+      : R(h.numel() / std::max<int64_t>(h.size(-1), 1)), C(h.size(-1)), Ct(ht.size(-1)), V(w.size(0)), hf(as_f64(h)), wf(as_f64(w)), tf(as_f64(ht)),
+        vf(as_f64(wt)), hd(h.dtype()), td(ht.dtype()) {}
+  void logprobs(int64_t r, std::vector<double>& ls, std::vector<double>& lt) const {
+    const double a = row_logits(hf, wf, r, C, V, hd, ls), b = row_logits(tf, vf, r, Ct, V, td, lt);
+    for (int64_t v = 0; v < V; ++v) ls[static_cast<size_t>(v)] -= a, lt[static_cast<size_t>(v)] -= b;
+  }
+};
+
+// One row's generalized JSD (graph::Op::Jsd) from the two log-probability rows; *kl_sm receives KL(S‖M) (β = 1:
+// KL(S‖T)), the constant of the row's gradient.
+double jsd_row(const std::vector<double>& ls, const std::vector<double>& lt, double beta, double* kl_sm) {
+  double kt = 0, ks = 0;
+  for (size_t v = 0; v < ls.size(); ++v) {
+    const double S = std::exp(ls[v]), T = std::exp(lt[v]);
+    if (beta == 0) {
+      kt += T * (lt[v] - ls[v]);
+    } else if (beta == 1) {
+      ks += S * (ls[v] - lt[v]);
+    } else {
+      const double lm = std::log((1 - beta) * S + beta * T);
+      kt += T * (lt[v] - lm), ks += S * (ls[v] - lm);
+    }
+  }
+  *kl_sm = beta == 0 ? 0.0 : ks;
+  return beta == 0 ? kt : beta == 1 ? ks : beta * kt + (1 - beta) * ks;
+}
+
+// h, w, ht, wt -> packed [jsd | lse, lse_t, kl_sm as hi rows | their lo rows] (R each).
+void jsd(const Tensor& h, const Tensor& w, const Tensor& ht, const Tensor& wt, double beta, Tensor& out) {
+  const JsdRows j(h, w, ht, wt);
+  std::vector<double> ls(static_cast<size_t>(j.V)), lt(static_cast<size_t>(j.V)), z(static_cast<size_t>(j.V));
+  void* o = out.mutable_data();
+  for (int64_t r = 0; r < j.R; ++r) {
+    j.logprobs(r, ls, lt);
+    double kl = 0;
+    store_element(o, out.dtype(), r, jsd_row(ls, lt, beta, &kl));
+    const double rows[3] = {row_logits(j.hf, j.wf, r, j.C, j.V, j.hd, z), row_logits(j.tf, j.vf, r, j.Ct, j.V, j.td, z), kl};
+    for (int k = 0; k < 3; ++k) {  // hi + lo pairs (graph::JsdStat); f64 holds the whole value in hi
+      const double hi = out.dtype() == DType::F64 ? rows[k] : static_cast<float>(rows[k]);
+      store_element(o, out.dtype(), (k + 1) * j.R + r, hi);
+      store_element(o, out.dtype(), (k + 4) * j.R + r, rows[k] - hi);
+    }
+  }
+}
+
+// djsd:[R] -> packed [dh | dw] of the student: dz_v = ∂J/∂zs_v (see graph::Op::Jsd), dh = dz·w, dw = dzᵀ·h.
+void jsd_backward(const Tensor& h, const Tensor& w, const Tensor& ht, const Tensor& wt, const Tensor& djsd, double beta, Tensor& out) {
+  const JsdRows j(h, w, ht, wt);
+  const int64_t R = j.R, C = j.C, V = j.V;
+  std::vector<double> ls(static_cast<size_t>(V)), lt(static_cast<size_t>(V)), dz(static_cast<size_t>(V)), dh(static_cast<size_t>(R * C), 0.0),
+      dw(static_cast<size_t>(V * C), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const double g = load_element(djsd.data(), djsd.dtype(), r);
+    if (g == 0) continue;
+    j.logprobs(r, ls, lt);
+    double kl = 0;
+    jsd_row(ls, lt, beta, &kl);
+    for (size_t v = 0; v < static_cast<size_t>(V); ++v) {
+      const double S = std::exp(ls[v]), T = std::exp(lt[v]);
+      if (beta == 0) dz[v] = g * (S - T);
+      else if (beta == 1) dz[v] = g * S * (ls[v] - lt[v] - kl);
+      else dz[v] = g * (1 - beta) * S * (ls[v] - std::log((1 - beta) * S + beta * T) - kl);
+    }
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t c = 0; c < C; ++c) {
+        dh[static_cast<size_t>(r * C + c)] += dz[static_cast<size_t>(v)] * j.wf[static_cast<size_t>(v * C + c)];
+        dw[static_cast<size_t>(v * C + c)] += dz[static_cast<size_t>(v)] * j.hf[static_cast<size_t>(r * C + c)];
+      }
+  }
+  void* o = out.mutable_data();
+  for (int64_t i = 0; i < R * C; ++i) store_element(o, out.dtype(), i, dh[static_cast<size_t>(i)]);
+  if (out.numel() > R * C)  // without dw under attrs.dh_only (a frozen head)
+    for (int64_t i = 0; i < V * C; ++i) store_element(o, out.dtype(), R * C + i, dw[static_cast<size_t>(i)]);
+}
+
 // out[r,k] = Σ_n dy[r,n]·w[n,k] (+ addend[r,k])
 void matmul_nn(const Tensor& dy, const Tensor& w, const Tensor* addend, Tensor& out) {
   const int64_t N = w.size(0), K = w.size(1), R = dy.numel() / std::max<int64_t>(N, 1);
@@ -613,6 +696,8 @@ class ReferenceProgram final : public Program {
             all_reduce_in_group(n.attrs.group, out.mutable_data(), out.numel(), out.dtype());
             break;
           case Op::AllReduceGrad: out.copy_from(in(n, 0)); break;
+          case Op::Jsd: jsd(in(n, 0), in(n, 1), in(n, 2), in(n, 3), n.attrs.value, out); break;
+          case Op::JsdBackward: jsd_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), n.attrs.value, out); break;
           case Op::Dropout: {
             const uint64_t seed = dropout_seed(in(n, 1).data_as<int32_t>());
             const uint32_t threshold = dropout_threshold(n.attrs.value);
