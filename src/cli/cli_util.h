@@ -53,6 +53,8 @@ void register_generate(CLI::App& app);
 void register_sft(CLI::App& app);
 void register_dpo(CLI::App& app);
 void register_kto(CLI::App& app);
+void register_gkd(CLI::App& app);
+void register_distill(CLI::App& app);
 void register_grpo(CLI::App& app);
 void register_demo_grpo(CLI::App& app);
 void register_rloo(CLI::App& app);

@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
   trl::cli::register_sft(app);
   trl::cli::register_dpo(app);
   trl::cli::register_kto(app);
+  trl::cli::register_gkd(app);
+  trl::cli::register_distill(app);
   trl::cli::register_grpo(app);
   trl::cli::register_rloo(app);
   trl::cli::register_reward(app);

@@ -613,6 +613,39 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
 
+graph::Graph CausalLM::hidden_graph(int64_t B, int64_t T, double temperature, int64_t logits_to_keep) const {
+  Builder b;
+  ValueId head = kNone;
+  const ValueId h = kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
+  b.output(h, "hidden");
+  return b.finish();
+}
+
+graph::Graph CausalLM::distillation_graph(int64_t B, int64_t T, int64_t logits_to_keep, const TeacherShape& teacher, double beta, double temperature,
+                                          bool gradient_checkpointing, bool backward, bool dropout) const {
+  if (tp_.size > 1) fail("distillation: tensor parallel (tp_size {}) is not supported; use data parallel or FSDP", tp_.size);
+  Builder b;
+  ValueId head = kNone;
+  const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
+  const ValueId h = kept_rows(b, temperature_scaled(b, build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/backward && dropout), temperature, dtype_),
+                              B, T, config_.hidden_size, logits_to_keep, dtype_);
+  const ValueId th = b.input("teacher_hidden", {B, Tk, teacher.hidden_size}, teacher.dtype);
+  const ValueId tw = b.input("teacher_lm_head", {config_.vocab_size, teacher.hidden_size}, teacher.dtype);
+  const ValueId weights = b.input("loss_weights", {B, Tk}, DType::F32);
+  const ValueId jsd = b.jsd(h, head, th, tw, beta, "jsd");
+  const ValueId loss = b.weighted_sum(jsd, weights, "loss");
+  const size_t forward_nodes = b.size();
+  b.output(loss, "loss");
+  if (backward) {
+    const std::vector<std::string> names = trainable_parameters();
+    const auto grads = graph::add_backward(b, loss, names);
+    for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
+  }
+  b.output(jsd, "jsd");
+  graph::Graph g = b.finish();
+  return gradient_checkpointing && backward ? graph::rematerialize(g, forward_nodes) : g;
+}
+
 namespace {
 graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode) {
   if (B <= 0 || T <= 0 || T > S) fail("generation graph: batch {} and {} new tokens do not fit a cache of {}", B, T, S);

@@ -37,6 +37,28 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
 }
 
+FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep) {
+  const ModelConfig &t = teacher.config(), &s = trainer.model().config();
+  if (t.vocab_size != s.vocab_size)
+    fail("the teacher model's vocabulary ({} tokens) differs from the student's ({}): distillation compares the teacher's whole next-token "
+         "distribution with the student's, so both need the same vocabulary (and tokenizer)",
+         t.vocab_size, s.vocab_size);
+  if (teacher.tensor_parallel().size > 1 || trainer.model().tensor_parallel().size > 1) fail("distillation does not support tensor parallel (tp_size > 1)");
+  model_ = std::make_unique<CausalLM>(teacher);  // the weights are shared (tensors are reference-counted), never written
+  backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
+  programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
+  teacher_ = true;
+}
+
+Tensor FrozenModel::hidden_states(const SFTBatch& batch, const Tensor& kept, double temperature) {
+  const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1), K = kept.size(1);
+  const graph::Graph g = model().hidden_graph(B, T, temperature, K);
+  TensorMap in = model().weights();
+  in["input_ids"] = batch.input_ids, in["attention_mask"] = batch.attention_mask, in["position_ids"] = batch.position_ids;
+  in["kept_positions"] = kept;
+  return programs().get(g).run(in).at(0).clone();  // the arena is reused by the next program
+}
+
 const CausalLM& FrozenModel::model() const {
   if (!model_) fail("the reference model was released (precompute_ref_log_probs) and cannot run again");
   return *model_;
@@ -60,7 +82,8 @@ FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
   FrozenMemory m;
   for (const auto& [name, w] : model_->weights()) m.weights += static_cast<uint64_t>(w.nbytes());
   m.weights -= shared_bytes_;  // counted as the policy's
-  if (rows > 0 && tokens > 0) m.arena = backend_->compile(model_->logprobs_graph(rows, tokens))->arena_bytes();
+  if (rows > 0 && tokens > 0)
+    m.arena = backend_->compile(teacher_ ? model_->hidden_graph(rows, tokens) : model_->logprobs_graph(rows, tokens))->arena_bytes();
   return m;
 }
 

@@ -20,10 +20,17 @@ class FrozenModel {
   // weights, as TRL copies the policy when no ref_model is given; with a LoRA adapter on the policy, its base with
   // the adapter disabled (PEFT's reference), sharing the frozen base weights.
   FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep);
+  // A distillation teacher: `teacher` itself (its weights shared, in its own dtype), which must have the policy's
+  // vocabulary.
+  struct Teacher {};
+  FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep);
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
   // log p(labels) at every position [B, T] f32, of logits / temperature (GRPO's reference).
   Tensor token_logprobs(const SFTBatch& batch, double temperature = 1.0, int64_t logits_to_keep = 0);
+  // The final hidden state divided by `temperature` at the kept positions [B, K] i32 (CausalLM::hidden_graph),
+  // [B, K, C] in the model's dtype.
+  Tensor hidden_states(const SFTBatch& batch, const Tensor& kept_positions, double temperature);
   const CausalLM& model() const;
   // Its weights and the arena of its forward-only log-prob program for `rows` × `tokens` (compiled, not cached or
   // allocated); nothing once released.
@@ -41,6 +48,7 @@ class FrozenModel {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ProgramCache> programs_;
   uint64_t shared_bytes_ = 0;  // of the weights shared with the policy (an adapter's frozen base)
+  bool teacher_ = false;
 };
 
 }  // namespace trl

@@ -167,6 +167,23 @@ class CausalLM {
   // and the input kept_positions [B, K] i32 holds those positions' flat indices b·T + t (token_train_step binds it).
   graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
                               bool metrics = false, bool logit_sums = false, double temperature = 1.0, int64_t logits_to_keep = 0) const;
+  // Distillation (docs/DISTILLATION.md). hidden_graph: the teacher's side, forward only: the final hidden state
+  // [B, Tk, C] in the model's dtype ("hidden"), divided by `temperature` and, with logits_to_keep K > 0, gathered at
+  // kept_positions [B, K] i32 as training_graph's. The lm_head it pairs with is the weight named lm_head_name().
+  graph::Graph hidden_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
+  std::string lm_head_name() const { return config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"; }
+  // The student's side: loss = Σ jsd·loss_weights, jsd the generalized JSD (graph::Op::Jsd, β = beta) between
+  // softmax(logits / temperature) of this model and of the teacher, whose hidden state (hidden_graph's output on the
+  // same rows and kept positions) and lm_head are the inputs teacher_hidden [B, Tk, Ct] and teacher_lm_head [V, Ct]
+  // in the teacher's dtype. Other inputs as training_graph's (no labels); loss_weights [B, Tk] f32. Outputs: loss,
+  // grad.<p> of trainable_parameters() (with `backward`), then jsd [B, Tk] f32 per position. dropout false: a LoRA
+  // adapter's dropout is off (TRL's disable_dropout).
+  struct TeacherShape {
+    int64_t hidden_size = 0;
+    DType dtype = DType::F32;
+  };
+  graph::Graph distillation_graph(int64_t batch, int64_t tokens, int64_t logits_to_keep, const TeacherShape& teacher, double beta, double temperature,
+                                  bool gradient_checkpointing = false, bool backward = true, bool dropout = true) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 
