@@ -42,3 +42,7 @@ done
   --dataset_name "$root/assets/demo/chat.jsonl" --output_dir "$tmp/lora-out" >/dev/null 2>&1
 (cd "$root/tests/reference" && /usr/bin/python3 lora_reference.py goldens "$tmp/sft-base" "$root/tests/data/lora/peft_tiny" "$tmp/lora-out" \
   "$out/lora_tiny.json")
+# Distillation (tests/train/gkd_test.cpp): the tiny f32 model above as the student, a one-layer tiny teacher.
+"$build/trl" init-model --preset tiny --dtype f32 --seed 4321 --initializer_range 0.2 --randomize_norms --num_hidden_layers 1 \
+  --out "$tmp/teacher" >/dev/null
+(cd "$root/tests/reference" && /usr/bin/python3 gkd_reference.py "$tmp/pref" "$tmp/teacher" "$out/gkd_train.json")

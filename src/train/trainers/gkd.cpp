@@ -305,10 +305,32 @@ class DistillMethod final : public TrainingMethod {
 // completion), then TRL's collator's truncation: a row longer than max_length keeps its last max_length tokens.
 std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, const GKDConfig& c, const char* split) {
   Dataset converted;
+  std::vector<DistillRow> tokenized;  // rows given as token ids
   for (size_t i = 0; i < data.size(); ++i) {
     const ojson& row = data.rows[i];
     const std::string where = i < data.where.size() ? data.where[i] : fmt::format("{} row {}", split, i + 1);
     if (!row.is_object()) fail("GKD: {}: a row must be a JSON object, got {}", where, row.dump().substr(0, 200));
+    if (row.contains("input_ids")) {  // pre-tokenized, as TRL's collator accepts: the completion where completion_mask is 1
+      DistillRow r;
+      r.where = where;
+      try {
+        const std::vector<int32_t> ids = row.at("input_ids").get<std::vector<int32_t>>();
+        const std::vector<int32_t> mask = row.at("completion_mask").get<std::vector<int32_t>>();
+        if (mask.size() != ids.size()) fail("completion_mask has {} entries for {} input_ids", mask.size(), ids.size());
+        const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), 1) - mask.begin());
+        if (first == 0 || first == ids.size()) fail("completion_mask must mark a non-empty completion after a non-empty prompt");
+        for (size_t t = first; t < mask.size(); ++t)
+          if (mask[t] != 1) fail("completion_mask must be 0 on the prompt, then 1 to the end");
+        r.prompt.assign(ids.begin(), ids.begin() + static_cast<int64_t>(first));
+        r.completion.assign(ids.begin() + static_cast<int64_t>(first), ids.end());
+      } catch (const nlohmann::json::exception& e) {
+        fail("GKD: {}: input_ids and completion_mask must be lists of integers: {}", where, e.what());
+      } catch (const Error& e) {
+        fail("GKD: {}: {}", where, e.what());
+      }
+      tokenized.push_back(std::move(r));
+      continue;
+    }
     ojson r = row;
     if (row.contains("messages") && !row.contains("prompt")) {
       const ojson& m = row["messages"];
@@ -330,7 +352,17 @@ std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, cons
   o.completion_only_loss = true;
   o.eos_token = c.eos_token;
   o.truncate = false;
-  const std::vector<SFTExample> ex = prepare_sft_dataset(converted, tok, o);
+  std::vector<SFTExample> ex = converted.rows.empty() ? std::vector<SFTExample>{} : prepare_sft_dataset(converted, tok, o);
+  for (DistillRow& r : tokenized) {
+    SFTExample e;
+    e.input_ids = r.prompt;
+    e.input_ids.insert(e.input_ids.end(), r.completion.begin(), r.completion.end());
+    e.labels_mask.assign(e.input_ids.size(), 0);
+    std::fill(e.labels_mask.begin() + static_cast<int64_t>(r.prompt.size()), e.labels_mask.end(), 1);
+    e.where = r.where;
+    ex.push_back(std::move(e));
+  }
+  if (ex.empty()) fail("GKD: the {} dataset has no rows", split);
   std::vector<DistillRow> out;
   for (const SFTExample& e : ex) {
     const size_t first = static_cast<size_t>(std::find(e.labels_mask.begin(), e.labels_mask.end(), 1) - e.labels_mask.begin());
