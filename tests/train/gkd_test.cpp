@@ -286,3 +286,61 @@ TEST(Gkd, ErrorsSayWhatAndWhere) {
 
 }  // namespace
 }  // namespace trl
+
+namespace trl {
+namespace {
+
+// Learning: a teacher fine-tuned by SFT on 8 of the demo answers, then a fresh student distilled from it by GKD
+// (half of the micro-batches on-policy) answers as the teacher does, though it never saw an SFT loss.
+TEST(Gkd, AStudentDistilledFromATunedTeacherAnswersAsItDoes) {
+  if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TempDir dir;
+  InitOptions io;
+  io.preset = "tiny";
+  init_model(io, dir.file("base"));
+  io.seed = 7;
+  init_model(io, dir.file("student"));
+  const Dataset ds = chat_rows(dir, 8);
+  SFTConfig s;
+  s.output_dir = dir.file("teacher");
+  s.learning_rate = 1e-2;
+  s.lr_scheduler_type = "constant_with_warmup";
+  s.warmup_steps = 5;
+  s.per_device_train_batch_size = 8;
+  s.max_steps = 100;
+  s.logging_steps = 50;
+  s.save_steps = 1000;
+  s.progress = false;
+  s.report = false;
+  SFTTrainer(CausalLM::from_pretrained(dir.file("base")), tok, ds, s).train();
+  const CausalLM teacher = CausalLM::from_pretrained(s.output_dir);
+  GKDConfig g;
+  g.output_dir = dir.file("distilled");
+  g.learning_rate = 1e-2;
+  g.lr_scheduler_type = "constant_with_warmup";
+  g.warmup_steps = 5;
+  g.per_device_train_batch_size = 8;
+  g.max_steps = 100;
+  g.logging_steps = 10;
+  g.save_steps = 1000;
+  g.progress = false;
+  g.report = false;
+  g.lmbda = 0.5;
+  g.beta = 0.5;
+  g.max_new_tokens = 12;
+  const TrainOutput out = GKDTrainer(CausalLM::from_pretrained(dir.file("student")), teacher, tok, ds, g).train();
+  const double first = out.log_history.front()["loss"].get<double>(), last = out.log_history.back()["loss"].get<double>();
+  EXPECT_LT(last, 0.2 * first);
+  const CausalLM student = CausalLM::from_pretrained(g.output_dir);
+  Generator tg(teacher), sg(student);
+  const auto want = greedy_chat_answers(tg, tok, ds.rows, 10), got = greedy_chat_answers(sg, tok, ds.rows, 10);
+  int same = 0, teacher_right = 0;
+  for (size_t i = 0; i < want.size(); ++i) same += want[i].answer == got[i].answer, teacher_right += want[i].exact;
+  EXPECT_GE(teacher_right, 7);
+  EXPECT_GE(same, 7) << same << " of 8 answers equal the teacher's";
+  std::printf("[ learning ] gkd: loss %.4f -> %.4f, %d of 8 answers equal the teacher's (teacher exact on %d)\n", first, last, same, teacher_right);
+}
+
+}  // namespace
+}  // namespace trl

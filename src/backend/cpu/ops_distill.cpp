@@ -14,6 +14,8 @@
 //     β = 0:  g·(S − T);   β = 1:  g·S·(ls − lt − KL(S‖T));   else  g·(1 − β)·S·(ls − log M − KL(S‖M))
 //   (for the mixture, ∂J/∂S_j = (1 − β)(log S_j − log M_j); softmax's Jacobian subtracts its S-weighted mean), in the
 //   GEMM type, then dh += dz·w_chunk and dw_chunk = dzᵀ·h, in f32. The teacher gets no gradient.
+// The row loops are vec::jsd_pass1_row, jsd_pass2_row and jsd_grad_row (vectorised exp and log); the row constants
+// are kept as hi + lo f32 pairs (graph::JsdStat), so that an lse's f32 rounding does not shift a whole row.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/logits_head.h"
 #include "backend/cpu/lower.h"
+#include "backend/cpu/vec.h"
 #include "trl/core/error.h"
 
 namespace trl::cpu {
@@ -34,32 +37,15 @@ namespace {
 using graph::JsdStat;
 constexpr int64_t kRows = graph::kJsdStatRows;
 
-// log(a + b) from log a and log b.
-inline float log_add_exp(float a, float b) {
-  const float m = std::max(a, b);
-  return m == -INFINITY ? m : m + std::log1p(std::exp(-std::fabs(a - b)));
-}
-
-// log(P/M) for M = (1 − b)·P + b·Q and d = log Q − log P: −log((1 − b) + b·e^d). Accurate where the two
-// distributions agree (d near 0: log1p and expm1, no cancellation of two large log-probabilities) and stable for
-// large |d| (a log-add-exp). log(S/M) is log_ratio(d, β); log(T/M) is log_ratio(−d, 1 − β).
-inline float log_ratio(float d, float b, float log_one_minus_b, float log_b) {
-  if (std::fabs(d) < 16) return -std::log1p(b * std::expm1(d));
-  return -log_add_exp(log_one_minus_b, log_b + d);
-}
-
 // The student's and the teacher's heads of one jsd node.
 struct JsdHeads {
   LogitsHead s, t;
   double beta = 0;
-  float log_one_minus_beta = 0, log_beta = 0;
 };
 
 JsdHeads make_heads(ProgramContext* cx, const Node& n) {
   JsdHeads j{make_head(cx, n, n.inputs[0], n.inputs[1]), make_head(cx, n, n.inputs[2], n.inputs[3]), n.attrs.value};
   if (j.s.split.split()) fail("cpu backend: {} under a vocabulary split is not supported", graph::op_name(n.op));
-  j.log_one_minus_beta = static_cast<float>(std::log1p(-j.beta));
-  j.log_beta = static_cast<float>(std::log(j.beta));
   return j;
 }
 
@@ -68,9 +54,6 @@ void put_stat(float* out, int64_t R, int64_t r, JsdStat k, double v) {
   const float hi = static_cast<float>(v);
   out[static_cast<int64_t>(k) * R + r] = hi;
   out[(static_cast<int64_t>(k) + 3) * R + r] = static_cast<float>(v - hi);
-}
-double get_stat(const float* st, int64_t R, int64_t r, JsdStat k) {
-  return static_cast<double>(st[static_cast<int64_t>(k) * R + r]) + st[(static_cast<int64_t>(k) + 3) * R + r];
 }
 
 // Row r's statistics of pass 1 over every chunk: lse, lse_t and (β 0 or 1) the KL.
@@ -94,18 +77,11 @@ void pass1(const ProgramContext* cx, const JsdHeads& j, const char* hp, const ch
       float *zs = lgs + r * c, *zt = lgt + r * c;
       j.s.round_row(zs, c);
       j.t.round_row(zt, c);
-      float cs = -INFINITY, ct = -INFINITY;
-      for (int64_t k = 0; k < c; ++k) cs = std::max(cs, zs[k]), ct = std::max(ct, zt[k]);
+      const float cs = vec::max(zs, c), ct = vec::max(zt, c);
       const double ms = std::max(p.m[i], static_cast<double>(cs)), mt = std::max(p.mt[i], static_cast<double>(ct));
       const double rs = p.m[i] == -INFINITY ? 0.0 : std::exp(p.m[i] - ms), rt = p.mt[i] == -INFINITY ? 0.0 : std::exp(p.mt[i] - mt);
-      const float fms = static_cast<float>(ms), fmt = static_cast<float>(mt);
-      double ss = 0, st = 0, a = 0;  // f64 sums: a KL is a small difference of large terms
-      for (int64_t k = 0; k < c; ++k) {
-        const float es = std::exp(zs[k] - fms), et = std::exp(zt[k] - fmt);
-        ss += es, st += et;
-        if (fwd_kl) a += et * (zt[k] - zs[k]);
-        else if (rev_kl) a += es * (zs[k] - zt[k]);
-      }
+      double ss = 0, st = 0, a = 0;
+      vec::jsd_pass1_row(zs, zt, c, static_cast<float>(ms), static_cast<float>(mt), fwd_kl ? 0 : rev_kl ? 1 : 2, &ss, &st, &a);
       p.s[i] = p.s[i] * rs + ss, p.st[i] = p.st[i] * rt + st;
       if (fwd_kl) p.a[i] = p.a[i] * rt + a;
       else if (rev_kl) p.a[i] = p.a[i] * rs + a;
@@ -127,13 +103,16 @@ void pass1(const ProgramContext* cx, const JsdHeads& j, const char* hp, const ch
 
 // A row's log-probabilities from its logits and the stats' hi + lo log-sum-exps, and dl = lse_t − lse.
 struct RowShift {
-  float lse_hi, lse_lo, lt_hi, lt_lo, dl;
-  RowShift(const float* st, int64_t R, int64_t r)
-      : lse_hi(st[static_cast<int64_t>(JsdStat::Lse) * R + r]), lse_lo(st[(static_cast<int64_t>(JsdStat::Lse) + 3) * R + r]),
-        lt_hi(st[static_cast<int64_t>(JsdStat::LseTeacher) * R + r]), lt_lo(st[(static_cast<int64_t>(JsdStat::LseTeacher) + 3) * R + r]),
-        dl(static_cast<float>(get_stat(st, R, r, JsdStat::LseTeacher) - get_stat(st, R, r, JsdStat::Lse))) {}
-  float ls(float z) const { return (z - lse_hi) - lse_lo; }
-  float lt(float z) const { return (z - lt_hi) - lt_lo; }
+  float shift[5];  // lse hi, lse lo, lse_t hi, lse_t lo, lse_t − lse (vec::jsd_pass2_row, jsd_grad_row)
+  RowShift(const float* st, int64_t R, int64_t r) {
+    double whole[2];
+    for (int k = 0; k < 2; ++k) {
+      const int64_t row = static_cast<int64_t>(k == 0 ? JsdStat::Lse : JsdStat::LseTeacher);
+      shift[2 * k] = st[row * R + r], shift[2 * k + 1] = st[(row + 3) * R + r];
+      whole[k] = static_cast<double>(shift[2 * k]) + shift[2 * k + 1];
+    }
+    shift[4] = static_cast<float>(whole[1] - whole[0]);
+  }
 };
 
 // Pass 2 (0 < β < 1): kl_t and kl_s over the normalised distributions.
@@ -150,14 +129,9 @@ void pass2(const ProgramContext* cx, const JsdHeads& j, const char* hp, const ch
       float *zs = lgs + r * c, *zt = lgt + r * c;
       j.s.round_row(zs, c);
       j.t.round_row(zt, c);
-      double at = 0, as = 0;
       const RowShift sh(out, R, r);
-      for (int64_t k = 0; k < c; ++k) {
-        const float d = (zt[k] - zs[k]) - sh.dl;  // log T − log S
-        const float ls = sh.ls(zs[k]), lt = sh.lt(zt[k]);
-        at += std::exp(lt) * log_ratio(-d, 1 - beta, j.log_beta, j.log_one_minus_beta);
-        as += std::exp(ls) * log_ratio(d, beta, j.log_one_minus_beta, j.log_beta);
-      }
+      double at = 0, as = 0;
+      vec::jsd_pass2_row(zs, zt, c, sh.shift, beta, &at, &as);
       kt[static_cast<size_t>(r)] += at, ks[static_cast<size_t>(r)] += as;
     }
   }
@@ -231,12 +205,7 @@ Kernel lower_jsd_backward(ProgramContext* cx, ValueId id) {
           j.s.round_row(z, c);
           j.t.round_row(zt, c);
           const RowShift sh(st, R, r);
-          for (int64_t k = 0; k < c; ++k) {
-            const float d = (zt[k] - z[k]) - sh.dl, S = std::exp(sh.ls(z[k]));  // d = log T − log S
-            if (beta == 0) z[k] = -g * S * std::expm1(d);                          // S − T
-            else if (beta == 1) z[k] = g * S * ((-d - kl_hi[r]) - kl_lo[r]);       // log S − log T − KL(S‖T)
-            else z[k] = g * (1 - beta) * S * ((log_ratio(d, beta, j.log_one_minus_beta, j.log_beta) - kl_hi[r]) - kl_lo[r]);
-          }
+          vec::jsd_grad_row(z, zt, c, sh.shift, beta, g, kl_hi[r], kl_lo[r]);
         }
         if (to16)
           for (int64_t k = 0; k < c; ++k) dz16[r * c + k] = f32_to_bf16(z[k]);

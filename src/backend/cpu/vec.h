@@ -44,4 +44,17 @@ void to_bf16(const float* x, int64_t n, uint16_t* out);
 // out[i] = bf16(a[i] + b[i]) for bf16 a, b (the sum in f32, rounded once).
 void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
 
+// The largest element (-inf for n = 0).
+float max(const float* x, int64_t n);
+// Distillation (ops_distill.cpp), one row of a chunk of the student's logits zs and the teacher's zt:
+// pass 1: *ss = Σ e^(zs − ms), *st = Σ e^(zt − mt), and *a = Σ e^(zt − mt)·(zt − zs) (mode 0, forward KL),
+// Σ e^(zs − ms)·(zs − zt) (mode 1, reverse KL) or 0 (other modes).
+void jsd_pass1_row(const float* zs, const float* zt, int64_t n, float ms, float mt, int mode, double* ss, double* st, double* a);
+// With shift = {lse hi, lse lo, lse_t hi, lse_t lo, lse_t − lse}: ls = zs − lse, lt = zt − lse_t, S = e^ls, T = e^lt,
+// M = (1 − beta)·S + beta·T. pass 2: *kt = Σ T·(lt − log M), *ks = Σ S·(ls − log M).
+void jsd_pass2_row(const float* zs, const float* zt, int64_t n, const float* shift, float beta, double* kt, double* ks);
+// The backward: zs ← g·∂J/∂zs: g·(S − T) (beta 0), g·S·(ls − lt − kl) (beta 1), g·(1 − beta)·S·(ls − log M − kl)
+// (else), kl = kl_hi + kl_lo.
+void jsd_grad_row(float* zs, const float* zt, int64_t n, const float* shift, float beta, float g, float kl_hi, float kl_lo);
+
 }  // namespace trl::cpu::vec
