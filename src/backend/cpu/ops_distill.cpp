@@ -207,8 +207,7 @@ Kernel lower_jsd_backward(ProgramContext* cx, ValueId id) {
           const RowShift sh(st, R, r);
           vec::jsd_grad_row(z, zt, c, sh.shift, beta, g, kl_hi[r], kl_lo[r]);
         }
-        if (to16)
-          for (int64_t k = 0; k < c; ++k) dz16[r * c + k] = f32_to_bf16(z[k]);
+        if (to16) vec::to_bf16(z, c, dz16 + r * c);
       }
       const void* dz = to16 ? static_cast<const void*>(dz16) : static_cast<const void*>(lgs);
       (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
