@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <dnnl.hpp>
@@ -161,7 +162,7 @@ void register_bench(CLI::App& app) {
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
     int64_t layers = 0, batch = 1, seq = 512, steps = 3, lora_r = 0;
-    double lora_alpha = 32;
+    double lora_alpha = 32, gkd_beta = -1;
     bool gradient_checkpointing = false;
   };
   auto a = std::make_shared<Args>();
@@ -175,6 +176,9 @@ void register_bench(CLI::App& app) {
   opts.add("gradient_checkpointing", a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
   opts.add("lora_r", a->lora_r, "Train a LoRA adapter of this rank on every linear layer (the base frozen); 0 = full fine-tuning").min(0);
   opts.add("lora_alpha", a->lora_alpha, "LoRA alpha (with --lora_r)").above(0);
+  opts.add("gkd_beta", a->gkd_beta, "A GKD step instead (lmbda 0): a teacher of the same shapes, the generalized JSD with this beta over "
+                                    "the second half of each sequence (the completion); < 0 = SFT")
+      .max(1);
   cmd->callback([a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
@@ -204,13 +208,24 @@ void register_bench(CLI::App& app) {
     }
     auto backend = make_backend("auto");
     ProgramCache cache(*backend);
+    // GKD: the teacher's forward-only program on its own backend, the student's distillation program.
+    const bool gkd = a->gkd_beta >= 0;
+    const int64_t K = T / 2;  // completion positions
+    std::optional<CausalLM> teacher;
+    auto tbackend = make_backend("auto");
+    ProgramCache tcache(*tbackend);
+    if (gkd) teacher = CausalLM::from_weights(cfg, init_weights(cfg, dt, 7, 0.02, false), "teacher");
+    auto trace = [&] {
+      return gkd ? model.distillation_graph(B, T, K, {cfg.hidden_size, dt}, a->gkd_beta, 1.0, a->gradient_checkpointing)
+                 : model.training_graph(B, T, DType::F32, a->gradient_checkpointing);
+    };
     auto t0 = Clock::now();
-    const graph::Graph g = model.training_graph(B, T, DType::F32, a->gradient_checkpointing);
+    const graph::Graph g = trace();
     const double trace_s = since(t0);
     t0 = Clock::now();
     Program* program = &cache.get(g);
     const double compile_s = since(t0);
-    const graph::Graph again = model.training_graph(B, T, DType::F32, a->gradient_checkpointing);  // traced anew, as a trainer would for its next batch
+    const graph::Graph again = trace();  // traced anew, as a trainer would for its next batch
     t0 = Clock::now();
     program = &cache.get(again);
     const double hit_s = since(t0);
@@ -229,9 +244,22 @@ void register_bench(CLI::App& app) {
     const std::vector<std::string> trained = model.trainable_parameters();
     AdamW opt(AdamWConfig{0.9, 0.999, 1e-8, 0.01});
     double loss = 0;
+    Tensor kept = Tensor::zeros(DType::I32, {B, K}), kw = Tensor::zeros(DType::F32, {B, K});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t k = 0; k < K; ++k) {
+        kept.mutable_data_as<int32_t>()[b * K + k] = static_cast<int32_t>(b * T + T - 1 - K + k);
+        kw.mutable_data_as<float>()[b * K + k] = 1.0f / static_cast<float>(B * K);
+      }
     auto step = [&] {
       TensorMap in = compute;
       in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+      if (gkd) {
+        TensorMap tin = teacher->weights();
+        tin["input_ids"] = ids, tin["attention_mask"] = mask, tin["position_ids"] = in["position_ids"], tin["kept_positions"] = kept;
+        in["teacher_hidden"] = tcache.get(teacher->hidden_graph(B, T, 1.0, K)).run(tin).at(0).clone();
+        in["teacher_lm_head"] = teacher->weights().at(teacher->lm_head_name());
+        in["kept_positions"] = kept, in["loss_weights"] = kw;
+      }
       auto out = program->run(in);
       loss = out[0].data_as<float>()[0];
       TensorMap grads;
@@ -262,7 +290,10 @@ void register_bench(CLI::App& app) {
       lora_flops += 3 * 2 * tokens * static_cast<double>(a->lora_r) * static_cast<double>(shape[0] + shape[1]);
     }
     const double base_weights = tokens * 2 * L * (C * q + 2 * C * kv + q * C + 3 * C * F);
-    const double flops = a->lora_r > 0 ? 3 * fwd - base_weights - tokens * 2 * V * C + lora_flops : 3 * fwd;
+    double flops = a->lora_r > 0 ? 3 * fwd - base_weights - tokens * 2 * V * C + lora_flops : 3 * fwd;
+    // GKD: the student's step with its head on the K completion positions only, plus the teacher's forward (its
+    // head on those positions too): what the step must compute, as PyTorch's TRL computes it over all positions.
+    if (gkd) flops = 3 * (fwd - tokens * 2 * V * C) + 3 * 2 * static_cast<double>(B * K) * V * C + (fwd - tokens * 2 * V * C) + 2 * static_cast<double>(B * K) * V * C;
     const double peak = gemm_peak(dt);
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
@@ -276,6 +307,7 @@ void register_bench(CLI::App& app) {
     j["threads"] = num_threads();
     j["gradient_checkpointing"] = a->gradient_checkpointing;
     j["lora_r"] = a->lora_r;
+    if (gkd) j["gkd_beta"] = a->gkd_beta, j["completion_tokens"] = B * K;
     j["trained_parameters"] = [&] {
       int64_t n = 0;
       for (const std::string& t : trained) n += model.weights().at(t).numel();
