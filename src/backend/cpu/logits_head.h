@@ -95,4 +95,33 @@ inline LogitsHead make_head(ProgramContext* cx, const Node& n, ValueId h, ValueI
   return hd;
 }
 
+// The backward's two GEMMs per chunk on dz [R, c] (bf16 for a bf16 head, else f32; dz16_at: scratch for the bf16 dz):
+// dh[R,C] += dz·w_chunk[c,C] and dw_chunk[c,C] = dzᵀ·h[R,C], into the packed f32 [dh | dw] (dw skipped for a
+// frozen head).
+struct HeadGradGemms {
+  std::shared_ptr<Gemm> dh_full, dw_full, dh_last, dw_last;  // last: the shorter tail chunk
+  int64_t R = 0, C = 0, chunk = 0;
+  bool to16 = false;
+  size_t dz16_at = 0;
+  void run(const void* dz, const char* wp, const char* hp, float* out, int64_t j0, int64_t c, bool dh_only) const {
+    (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
+    if (!dh_only) (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
+  }
+};
+
+inline HeadGradGemms make_grad_gemms(ProgramContext* cx, const LogitsHead& hd) {
+  HeadGradGemms g;
+  g.R = hd.R, g.C = hd.C, g.chunk = hd.chunk, g.to16 = hd.hw == DType::BF16;
+  const int64_t R = hd.R, C = hd.C, chunk = hd.chunk, tail = hd.V % chunk;
+  const DType hw = hd.hw;
+  g.dz16_at = g.to16 ? cx->reserve_scratch(static_cast<size_t>(R * chunk) * sizeof(uint16_t)) : 0;
+  g.dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
+  g.dw_full = std::make_shared<Gemm>(chunk, C, R, hw, 1, chunk, hw, C, 1, DType::F32, false, false);
+  if (tail) {
+    g.dh_last = std::make_shared<Gemm>(R, C, tail, hw, tail, 1, hw, C, 1, DType::F32, false, true);
+    g.dw_last = std::make_shared<Gemm>(tail, C, R, hw, 1, tail, hw, C, 1, DType::F32, false, false);
+  }
+  return g;
+}
+
 }  // namespace trl::cpu

@@ -167,18 +167,11 @@ Kernel lower_jsd_backward(ProgramContext* cx, ValueId id) {
   if (n.dtype != DType::F32) fail("cpu backend: jsd_backward produces f32 gradients, not {}", dtype_name(n.dtype));
   const JsdHeads j = make_heads(cx, n);
   const ValueId h = n.inputs[0], w = n.inputs[1], ht = n.inputs[2], wt = n.inputs[3], dj = n.inputs[4], stats_in = n.inputs[5];
-  const int64_t R = j.s.R, C = j.s.C, V = j.s.V, chunk = j.s.chunk, tail = V % chunk;
-  const DType dd = cx->nd(dj).dtype, hw = j.s.hw;
-  const bool to16 = hw == DType::BF16, dh_only = n.attrs.dh_only;
-  const size_t dz16_at = to16 ? cx->reserve_scratch(static_cast<size_t>(R * chunk) * sizeof(uint16_t)) : 0;
-  // dh[R,C] += dz[R,c]·w_chunk[c,C];  dw_chunk[c,C] = dz[R,c]ᵀ·h[R,C]
-  auto dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
-  auto dw_full = std::make_shared<Gemm>(chunk, C, R, hw, 1, chunk, hw, C, 1, DType::F32, false, false);
-  std::shared_ptr<Gemm> dh_last, dw_last;
-  if (tail) {
-    dh_last = std::make_shared<Gemm>(R, C, tail, hw, tail, 1, hw, C, 1, DType::F32, false, true);
-    dw_last = std::make_shared<Gemm>(tail, C, R, hw, 1, tail, hw, C, 1, DType::F32, false, false);
-  }
+  const int64_t R = j.s.R, C = j.s.C, V = j.s.V, chunk = j.s.chunk;
+  const DType dd = cx->nd(dj).dtype;
+  const bool dh_only = n.attrs.dh_only;
+  const HeadGradGemms gg = make_grad_gemms(cx, j.s);
+  const bool to16 = gg.to16;
   return [=] {
     const char* hp = j.s.h_input(cx, h);
     const char* tp = j.t.h_input(cx, ht);
@@ -187,7 +180,7 @@ Kernel lower_jsd_backward(ProgramContext* cx, ValueId id) {
     const float* kl_lo = st + (static_cast<int64_t>(JsdStat::KlStudentMixture) + 3) * R;
     float* lgs = reinterpret_cast<float*>(cx->scratch(j.s.logits_at));
     float* lgt = reinterpret_cast<float*>(cx->scratch(j.t.logits_at));
-    uint16_t* dz16 = to16 ? reinterpret_cast<uint16_t*>(cx->scratch(dz16_at)) : nullptr;
+    uint16_t* dz16 = to16 ? reinterpret_cast<uint16_t*>(cx->scratch(gg.dz16_at)) : nullptr;
     float* out = static_cast<float*>(cx->p(id));
     std::fill(out, out + R * C, 0.0f);
     const float beta = static_cast<float>(j.beta);
@@ -210,8 +203,7 @@ Kernel lower_jsd_backward(ProgramContext* cx, ValueId id) {
         if (to16) vec::to_bf16(z, c, dz16 + r * c);
       }
       const void* dz = to16 ? static_cast<const void*>(dz16) : static_cast<const void*>(lgs);
-      (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
-      if (!dh_only) (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
+      gg.run(dz, wp, hp, out, j0, c, dh_only);
     }
   };
 }

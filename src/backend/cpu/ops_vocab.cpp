@@ -155,23 +155,15 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
   const ValueId stats_in = n.inputs.size() > stats_slot ? n.inputs[stats_slot] : kNone;
   if (n.dtype != DType::F32) fail("cpu backend: {} produces f32 gradients, not {}", graph::op_name(n.op), dtype_name(n.dtype));
   const Head hd = make_head(cx, n, h, w);
-  const int64_t R = hd.R, C = hd.C, V = hd.V, chunk = hd.chunk, tail = V % chunk;
-  const DType dd = cx->nd(dl).dtype, hw = hd.hw;
+  const int64_t R = hd.R, C = hd.C, V = hd.V, chunk = hd.chunk;
+  const DType dd = cx->nd(dl).dtype;
   const bool kept = stats_in != kNone && cx->nd(stats_in).attrs.keep_logits;
   if (stats_in != kNone && entropy && !cx->nd(stats_in).attrs.entropy) fail("cpu backend: entropy_backward's stats have no entropy row");
   // Without a stats input: the forward pass's stats and accumulators in scratch.
   const size_t own_at = stats_in == kNone ? cx->reserve_scratch(static_cast<size_t>((kRows + 4) * R) * sizeof(float)) : 0;
-  const bool to16 = hw == DType::BF16;  // dz in bf16 for a bf16 GEMM
   const bool dh_only = n.attrs.dh_only;  // a frozen head (LoRA): no dw GEMMs
-  const size_t dz16_at = to16 ? cx->reserve_scratch(static_cast<size_t>(R * chunk) * sizeof(uint16_t)) : 0;
-  // dh[R,C] += dz[R,c]·w_chunk[c,C];  dw_chunk[c,C] = dz[R,c]ᵀ·h[R,C]
-  auto dh_full = std::make_shared<Gemm>(R, C, chunk, hw, chunk, 1, hw, C, 1, DType::F32, false, true);
-  auto dw_full = std::make_shared<Gemm>(chunk, C, R, hw, 1, chunk, hw, C, 1, DType::F32, false, false);
-  std::shared_ptr<Gemm> dh_last, dw_last;
-  if (tail) {
-    dh_last = std::make_shared<Gemm>(R, C, tail, hw, tail, 1, hw, C, 1, DType::F32, false, true);
-    dw_last = std::make_shared<Gemm>(tail, C, R, hw, 1, tail, hw, C, 1, DType::F32, false, false);
-  }
+  const HeadGradGemms gg = make_grad_gemms(cx, hd);
+  const bool to16 = gg.to16;  // dz in bf16 for a bf16 GEMM
   return [=] {
     const char* hp = hd.h_input(cx, h);
     hd.check_targets(targets_of(cx, tg));
@@ -192,7 +184,7 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
     const float* lse = stats + static_cast<int64_t>(VocabStat::Lse) * R;
     // Phase 2: dz per chunk, then dh += dz·w_chunk and dw_chunk = dzᵀ·h.
     float* lg = reinterpret_cast<float*>(cx->scratch(hd.logits_at));
-    uint16_t* dz16 = to16 ? reinterpret_cast<uint16_t*>(cx->scratch(dz16_at)) : nullptr;
+    uint16_t* dz16 = to16 ? reinterpret_cast<uint16_t*>(cx->scratch(gg.dz16_at)) : nullptr;
     float* out = static_cast<float*>(cx->p(id));
     std::fill(out, out + R * C, 0.0f);
     for (int64_t j0 = 0; j0 < V; j0 += chunk) {
@@ -231,8 +223,7 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
         }
       }
       const void* dz = to16 ? static_cast<const void*>(dz16) : static_cast<const void*>(lg);
-      (c == chunk ? dh_full : dh_last)->run(dz, wp, out);
-      if (!dh_only) (c == chunk ? dw_full : dw_last)->run(dz, hp, out + R * C + j0 * C);
+      gg.run(dz, wp, hp, out, j0, c, dh_only);
     }
   };
 }
