@@ -74,6 +74,13 @@ void register_gkd(CLI::App& app) {
   add_training_options(*o, c, a->t);
   add_teacher_options(*o, a->teacher);
   o->add("max_length", c.max_length, "Rows longer than this keep their last max_length tokens").min(2);
+  // SFTConfig's options that GKDConfig inherits (pasted YAML files carry them): packing and padding_free are refused
+  // when set; the loss is always on the completions.
+  o->add("packing", c.packing, "Not supported by GKD (refused when true)");
+  o->add("padding_free", c.padding_free, "Not supported by GKD (refused when true)");
+  o->add("completion_only_loss", c.completion_only_loss, "Accepted; GKD's loss is always on the completions").default_text("None");
+  o->add("assistant_only_loss", c.assistant_only_loss, "Accepted; GKD's loss is always on the completion (the last assistant turn)");
+  o->add("dataset_text_field", c.dataset_text_field, "Accepted; GKD rows are conversations or prompt-completion pairs");
   o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N: the prompt and completion buckets (auto = the backend's, 64 on the CPU)");
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
   o->add("temperature", c.temperature, "Sampling temperature of generated completions (the loss uses 1)").above(0);

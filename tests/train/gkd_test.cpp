@@ -166,6 +166,21 @@ TEST(Gkd, DivergenceWithATemperatureEqualsPyTorch) {
   }
 }
 
+// eval_loss: the divergence on the eval rows' own completions, token-weighted: on rows 0 and 1 before any step it is
+// PyTorch's first GKD loss (the batch of those two rows).
+TEST(Gkd, EvalLossIsTheDivergenceOnTheEvalCompletions) {
+  test::GoldenModel student;
+  test::TempDir dir;
+  const CausalLM teacher = golden_teacher(dir);
+  Dataset eval = golden_rows();
+  eval.rows.resize(2), eval.where.resize(2);
+  GKDConfig c = golden_config(dir.file("eval"), 0.5);
+  c.per_device_eval_batch_size = 1;  // the token weighting spans batches
+  GKDTrainer trainer(student.model, teacher, test::qwen3_tokenizer(), golden_rows(), c, eval);
+  const ojson m = trainer.evaluate_metrics();
+  expect_near(m["eval_loss"].get<double>(), golden()["gkd"][0]["steps"][0]["loss"].get<double>(), 1e-5, "eval_loss");
+}
+
 TEST(Gkd, AStudentThatIsItsOwnTeacherHasNoDivergence) {
   test::GoldenModel student;
   test::TempDir dir;

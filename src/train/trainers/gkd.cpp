@@ -142,7 +142,10 @@ class DistillMethod final : public TrainingMethod {
     if (!by_teacher.empty()) generate(*teacher_gen_, by_teacher, micro, rows, ctx);
     const double gen_s = seconds_since(tg);
     if (!by_student.empty() || !by_teacher.empty()) completion_metrics(rows, by_student, by_teacher, metrics);
-    if (!spec_.on_policy_always) metrics.add("on_policy", by_student.empty() ? 0.0 : 1.0);
+    if (!spec_.on_policy_always) {
+      const auto on = std::count(source.begin(), source.end(), Source::Student);
+      metrics.add("on_policy", static_cast<double>(on) / static_cast<double>(source.size()));
+    }
     // 2. num_items_in_batch: the completion tokens of the whole step.
     int64_t items = 0;
     for (const auto& rs : rows)
