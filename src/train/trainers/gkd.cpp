@@ -304,6 +304,28 @@ class DistillMethod final : public TrainingMethod {
 
 // ---- data ----
 
+// A pre-tokenized row {"input_ids": [...], "completion_mask": [0, ..., 0, 1, ..., 1]}.
+DistillRow pretokenized_row(const ojson& row, const std::string& where) {
+  DistillRow r;
+  r.where = where;
+  try {
+    const std::vector<int32_t> ids = row.at("input_ids").get<std::vector<int32_t>>();
+    const std::vector<int32_t> mask = row.at("completion_mask").get<std::vector<int32_t>>();
+    if (mask.size() != ids.size()) fail("completion_mask has {} entries for {} input_ids", mask.size(), ids.size());
+    const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), 1) - mask.begin());
+    if (first == 0 || first == ids.size()) fail("completion_mask must mark a non-empty completion after a non-empty prompt");
+    for (size_t t = first; t < mask.size(); ++t)
+      if (mask[t] != 1) fail("completion_mask must be 0 on the prompt, then 1 to the end");
+    r.prompt.assign(ids.begin(), ids.begin() + static_cast<int64_t>(first));
+    r.completion.assign(ids.begin() + static_cast<int64_t>(first), ids.end());
+  } catch (const nlohmann::json::exception& e) {
+    fail("GKD: {}: input_ids and completion_mask must be lists of integers: {}", where, e.what());
+  } catch (const Error& e) {
+    fail("GKD: {}: {}", where, e.what());
+  }
+  return r;
+}
+
 // GKD's rows: SFT's tokenization of prompt-completion data (a conversation's last turn, the assistant's, is its
 // completion), then TRL's collator's truncation: a row longer than max_length keeps its last max_length tokens.
 std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, const GKDConfig& c, const char* split) {
@@ -314,24 +336,7 @@ std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, cons
     const std::string where = i < data.where.size() ? data.where[i] : fmt::format("{} row {}", split, i + 1);
     if (!row.is_object()) fail("GKD: {}: a row must be a JSON object, got {}", where, row.dump().substr(0, 200));
     if (row.contains("input_ids")) {  // pre-tokenized, as TRL's collator accepts: the completion where completion_mask is 1
-      DistillRow r;
-      r.where = where;
-      try {
-        const std::vector<int32_t> ids = row.at("input_ids").get<std::vector<int32_t>>();
-        const std::vector<int32_t> mask = row.at("completion_mask").get<std::vector<int32_t>>();
-        if (mask.size() != ids.size()) fail("completion_mask has {} entries for {} input_ids", mask.size(), ids.size());
-        const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), 1) - mask.begin());
-        if (first == 0 || first == ids.size()) fail("completion_mask must mark a non-empty completion after a non-empty prompt");
-        for (size_t t = first; t < mask.size(); ++t)
-          if (mask[t] != 1) fail("completion_mask must be 0 on the prompt, then 1 to the end");
-        r.prompt.assign(ids.begin(), ids.begin() + static_cast<int64_t>(first));
-        r.completion.assign(ids.begin() + static_cast<int64_t>(first), ids.end());
-      } catch (const nlohmann::json::exception& e) {
-        fail("GKD: {}: input_ids and completion_mask must be lists of integers: {}", where, e.what());
-      } catch (const Error& e) {
-        fail("GKD: {}: {}", where, e.what());
-      }
-      tokenized.push_back(std::move(r));
+      tokenized.push_back(pretokenized_row(row, where));
       continue;
     }
     ojson r = row;
