@@ -1,4 +1,4 @@
-// Vector kernels of the CPU backend (vec.cpp): one row at a time, f32 arithmetic, run-time ISA dispatch.
+// Vector kernels of the CPU backend (vec.cpp; the distillation rows and max in vec_distill.cpp): one row at a time, f32 arithmetic, run-time ISA dispatch.
 // Names: x, y rows of n elements; w a weight row of K elements; M rows of x stored one after the other.
 #pragma once
 
