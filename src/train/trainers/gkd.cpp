@@ -63,7 +63,7 @@ struct DistillSpec {
   bool seq_kd = false, on_policy_always = false;
   int64_t num_generations = 1;
   bool shuffle_prompts = true;
-  bool dropout = false;  // LoRA dropout stays on (disable_dropout false)
+  bool dropout = false;  // a LoRA adapter's dropout in the training graph (on only with disable_dropout false)
 };
 
 // The [B, K] flat indices b·T + t of the kept positions t in [T − 1 − K, T − 1).
