@@ -18,6 +18,9 @@ packages=(
   libyaml-cpp-dev       # `trl sft --config sft.yaml`: TRL's YAML config files
   libpcre2-dev          # PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes, look-ahead), JIT-compiled
   libutf8proc-dev       # utf8proc: Unicode normalisation (NFC, ...) and case mapping for the tokenizer
+  libsnappy-dev         # Parquet datasets: SNAPPY pages (what the Hub's files use)
+  libzstd-dev           # Parquet datasets: ZSTD pages
+  zlib1g-dev            # Parquet datasets: GZIP pages
   libopenmpi-dev        # Open MPI: the collectives of distributed training (data parallel)
   openmpi-bin           # mpirun: starts the ranks (trl sft --nproc_per_node N runs it)
   python3               # the exec: reward test runs a Python reward script, as TRL users write theirs (tests only)
