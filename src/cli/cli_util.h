@@ -47,6 +47,7 @@ void register_init_model(CLI::App& app);
 void register_score(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_dataset_info(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compile(CLI::App& app);
 void register_generate(CLI::App& app);

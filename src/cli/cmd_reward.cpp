@@ -40,9 +40,9 @@ void register_reward(CLI::App& app) {
     lo.revision = a->t.revision;
     if (a->t.dtype != "auto") lo.dtype = (a->t.dtype == "bf16" || a->t.dtype == "bfloat16") ? DType::BF16 : DType::F32;
     const RewardModel model = load_reward_model(a->t.model, lo, *pad, cfg.seed);
-    Dataset train = load_dataset(a->t.dataset, a->t.train_split);
+    Dataset train = load_dataset(a->t.dataset, a->t.train_split, a->t.compat.dataset_config);
     std::optional<Dataset> eval;
-    if (cfg.eval_strategy != "no") eval = load_dataset(a->t.dataset, a->t.test_split);
+    if (cfg.eval_strategy != "no") eval = load_dataset(a->t.dataset, a->t.test_split, a->t.compat.dataset_config);
     std::fprintf(stderr, "[trl] reward: %s (%s) on %s (%zu rows), output %s\n", a->t.model.c_str(), model.new_head ? "a new score head" : "its score head",
                  a->t.dataset.c_str(), train.size(), cfg.output_dir.c_str());
     RewardTrainer trainer(model, tok, std::move(train), cfg, std::move(eval));

@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   trl::cli::register_demo(app);
   trl::cli::register_demo_grpo(app);
   trl::cli::register_tokenize(app);
+  trl::cli::register_dataset_info(app);
   trl::cli::register_sft(app);
   trl::cli::register_dpo(app);
   trl::cli::register_kto(app);

@@ -24,7 +24,8 @@ void add_compat_options(Options& o, CompatArgs& x) {
   o.add("do_eval", x.do_eval, "Accepted for TRL compatibility (see eval_strategy)");
   o.add("trust_remote_code", x.trust_remote_code, "Accepted for TRL compatibility (no remote code runs here)");
   o.add("attn_implementation", x.attn_implementation, "Accepted for TRL compatibility (trl.cpp's own fused attention is used)");
-  o.add("dataset_config", x.dataset_config, "Hub dataset configuration: not used for local files");
+  o.add("dataset_config", x.dataset_config, "Dataset configuration: a `configs:` entry of the dataset's README.md, or its <config>/ folder");
+  o.add("dataset_streaming", x.dataset_streaming, "Accepted for TRL compatibility (Parquet files are always read a row group at a time)");
   o.add("dataloader_num_workers", x.dataloader_num_workers, "Accepted for TRL compatibility (data loading is in-process)");
   o.add("save_strategy", x.save_strategy, "steps (every save_steps) | no").choices({"steps", "no"});
   o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
@@ -68,7 +69,6 @@ std::optional<LoraConfig> peft_config(const PeftArgs& p) {
 
 void check_compat(const CompatArgs& x) {
   if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
-  if (!x.dataset_config.empty()) std::fprintf(stderr, "[trl] note: --dataset_config %s ignored: local datasets have no configurations\n", x.dataset_config.c_str());
   for (const auto& r : x.report_to) {
     if (r != "none" && r != "all") std::fprintf(stderr, "[trl] note: --report_to %s: no such integration here; logs go to output_dir/log.jsonl and training_report.html\n", r.c_str());
   }
@@ -79,7 +79,7 @@ void check_compat(const CompatArgs& x) {
 void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a) {
   o.add("config", a.config, "A YAML file of options (keys as the flags; flags on the command line win)");
   o.add("model_name_or_path", a.model, "Model folder or Hugging Face id (local cache only; required)");
-  o.add("dataset_name", a.dataset, "A .jsonl/.json file or a folder with <split>.jsonl (required)");
+  o.add("dataset_name", a.dataset, "A Hugging Face dataset id (local cache only), a folder, or a .parquet/.jsonl/.json file (required; docs/DATASETS.md)");
   o.add("dataset_train_split", a.train_split, "Training split");
   o.add("dataset_test_split", a.test_split, "Evaluation split (used when eval_strategy is not no)");
   o.add("torch_dtype,dtype", a.dtype, "Load the weights as").choices({"auto", "f32", "float32", "bf16", "bfloat16"}).default_text("auto (the checkpoint's)");
@@ -138,8 +138,8 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   LoadOptions lo;
   lo.revision = a.revision;
   if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
-  TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split), std::nullopt};
-  if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split);
+  TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
+  if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
   return run;
 }
 

@@ -19,7 +19,7 @@ namespace trl::cli {
 struct CompatArgs {
   std::vector<std::string> report_to;
   std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
-  bool push_to_hub = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
+  bool push_to_hub = false, dataset_streaming = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
   bool logging_first_step = false, save_only_model = false;
   std::optional<int64_t> dataloader_num_workers;
 };

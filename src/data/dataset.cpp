@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include <fmt/format.h>
 
-#include "trl/core/error.h"
 #include "core/fs.h"
+#include "data/data_files.h"
+#include "trl/core/error.h"
+#include "trl/data/parquet.h"
 
 namespace trl {
 
@@ -64,55 +67,92 @@ bool starts_with_array(const std::string& file) {
 
 void read_file(const std::string& file, Dataset& out) {
   const std::string ext = stdfs::path(file).extension().string();
-  if (ext == ".json" && starts_with_array(file)) read_json(file, out);
+  if (ext == ".parquet") out.add_parquet(parquet::File::open(file));
+  else if (ext == ".json" && starts_with_array(file)) read_json(file, out);
   else read_jsonl(file, out);
-}
-
-// The files of `split` in a folder, or none.
-std::vector<std::string> split_files(const std::string& dir, const std::string& split, std::vector<std::string>* looked) {
-  for (const char* ext : {".jsonl", ".json"}) {
-    const std::string f = (stdfs::path(dir) / (split + ext)).string();
-    if (looked) looked->push_back(f);
-    if (stdfs::is_regular_file(f)) return {f};
-  }
-  std::vector<std::string> out;
-  const stdfs::path data = stdfs::path(dir) / "data";
-  if (looked) looked->push_back((data / (split + "*.jsonl")).string());
-  if (stdfs::is_directory(data))
-    for (const auto& e : stdfs::directory_iterator(data)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_regular_file() && name.rfind(split, 0) == 0 && (e.path().extension() == ".jsonl" || e.path().extension() == ".json"))
-        out.push_back(e.path().string());
-    }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace
 
-bool has_split(const std::string& path, const std::string& split) {
-  if (stdfs::is_regular_file(path)) return split == "train";
-  return stdfs::is_directory(path) && !split_files(path, split, nullptr).empty();
+struct Dataset::ParquetPart {
+  parquet::File file;
+  std::vector<int64_t> group_start;  // first row of each row group, then the file's row count
+  std::mutex mu;                     // guards the decoded row group
+  int group = -1;
+  std::vector<ojson> rows;
+};
+
+size_t Dataset::size() const { return rows.size() + parquet_rows_; }
+
+void Dataset::add_parquet(const parquet::File& file) {
+  auto part = std::make_shared<ParquetPart>();
+  part->file = file;
+  int64_t at = 0;
+  for (int g = 0; g < file.num_row_groups(); ++g) {
+    part->group_start.push_back(at);
+    at += file.row_group_rows(g);
+  }
+  part->group_start.push_back(at);
+  parquet_start_.push_back(parquet_rows_);
+  parquet_rows_ += static_cast<size_t>(at);
+  parquet_.push_back(std::move(part));
 }
 
-Dataset load_dataset(const std::string& path, const std::string& split) {
-  Dataset out;
-  if (stdfs::is_regular_file(path)) {
-    if (split != "train") fail("dataset {}: a single file is the \"train\" split; there is no \"{}\" split", path, split);
-    read_file(path, out);
-  } else if (stdfs::is_directory(path)) {
-    std::vector<std::string> looked;
-    const auto files = split_files(path, split, &looked);
-    if (files.empty()) {
-      std::string where;
-      for (const auto& l : looked) where += "\n  " + l;
-      fail("dataset {}: no \"{}\" split; looked for:{}", path, split, where);
-    }
-    for (const auto& f : files) read_file(f, out);
-  } else {
-    fail("dataset {}: no such file or folder (datasets are local JSON lines or JSON files; nothing is downloaded)", path);
+ojson Dataset::row(size_t i) const {
+  if (i < rows.size()) return rows[i];
+  if (i >= size()) fail("dataset row {} of {}", i, size());
+  const size_t k = i - rows.size();
+  const size_t p = static_cast<size_t>(std::upper_bound(parquet_start_.begin(), parquet_start_.end(), k) - parquet_start_.begin()) - 1;
+  ParquetPart& part = *parquet_[p];
+  const auto r = static_cast<int64_t>(k - parquet_start_[p]);
+  const int g = static_cast<int>(std::upper_bound(part.group_start.begin(), part.group_start.end(), r) - part.group_start.begin()) - 1;
+  std::lock_guard<std::mutex> lock(part.mu);
+  if (part.group != g) {
+    part.rows.clear();
+    part.group = -1;
+    part.rows = part.file.read_row_group(g);
+    part.group = g;
   }
-  if (out.rows.empty()) fail("dataset {}: the \"{}\" split has no rows", path, split);
+  return part.rows[static_cast<size_t>(r - part.group_start[static_cast<size_t>(g)])];
+}
+
+std::string Dataset::location(size_t i) const {
+  if (i < rows.size()) return i < where.size() ? where[i] : fmt::format("row {}", i + 1);
+  if (i >= size()) return fmt::format("row {}", i + 1);
+  const size_t k = i - rows.size();
+  const size_t p = static_cast<size_t>(std::upper_bound(parquet_start_.begin(), parquet_start_.end(), k) - parquet_start_.begin()) - 1;
+  const ParquetPart& part = *parquet_[p];
+  const auto r = static_cast<int64_t>(k - parquet_start_[p]);
+  const int g = static_cast<int>(std::upper_bound(part.group_start.begin(), part.group_start.end(), r) - part.group_start.begin()) - 1;
+  return fmt::format("{}, row group {}, row {}", part.file.path(), g, r - part.group_start[static_cast<size_t>(g)]);
+}
+
+std::string Dataset::source_file() const {
+  if (!rows.empty()) {
+    if (where.empty()) return "";
+    const std::string& w = where.front();
+    if (const size_t b = w.rfind('['); b != std::string::npos && w.back() == ']') return w.substr(0, b);
+    const size_t c = w.rfind(':');
+    if (c == std::string::npos || c + 1 == w.size()) return w;
+    for (size_t j = c + 1; j < w.size(); ++j)
+      if (w[j] < '0' || w[j] > '9') return w;
+    return w.substr(0, c);
+  }
+  return parquet_.empty() ? "" : parquet_.front()->file.path();
+}
+
+bool has_split(const std::string& name, const std::string& split, const std::string& config, const std::string& revision) {
+  return !split_files(resolve_dataset(name, config, revision), split, false).empty();
+}
+
+Dataset load_dataset(const std::string& name, const std::string& split, const std::string& config, const std::string& revision) {
+  std::error_code ec;
+  if (stdfs::is_regular_file(name, ec) && split != "train")
+    fail("dataset {}: a single file is the \"train\" split; there is no \"{}\" split", name, split);
+  const DatasetLayout layout = resolve_dataset(name, config, revision);
+  Dataset out;
+  for (const auto& f : split_files(layout, split, true)) read_file(f, out);
+  if (out.empty()) fail("dataset {}: the \"{}\" split has no rows", name, split);
   return out;
 }
 

@@ -131,9 +131,9 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
   if (eos.empty()) fail("preference data: the tokenizer has no eos_token; set eos_token");
   PreferenceDataStats st;
   std::vector<PreferenceExample> out;
-  for (size_t r = 0; r < data.rows.size(); ++r) {
-    const ojson& row = data.rows[r];
-    const std::string& where = data.where[r];
+  for (size_t r = 0; r < data.size(); ++r) {
+    const ojson row = data.row(r);
+    const std::string where = data.location(r);
     if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
     if (row.contains("prompt_ids") && row.contains("chosen_ids") && row.contains("rejected_ids")) {  // already tokenized
       PreferenceExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "chosen_ids", where), ids_field(row, "rejected_ids", where), where,
@@ -177,7 +177,7 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
     out.push_back(std::move(ex));
   }
   if (stats) *stats = st;
-  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.rows.size(), st.dropped, o.max_length);
+  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.size(), st.dropped, o.max_length);
   return out;
 }
 
@@ -216,12 +216,12 @@ std::vector<SFTExample> preference_rows(const std::vector<const PreferenceExampl
 Dataset unpair_preference_rows(const Dataset& data) {
   Dataset out;
   const size_t chunk = 1000;
-  for (size_t start = 0; start < data.rows.size(); start += chunk) {
-    const size_t end = std::min(data.rows.size(), start + chunk);
+  for (size_t start = 0; start < data.size(); start += chunk) {
+    const size_t end = std::min(data.size(), start + chunk);
     for (int side = 0; side < 2; ++side)
       for (size_t r = start; r < end; ++r) {
-        const ojson& row = data.rows[r];
-        const std::string& where = data.where[r];
+        const ojson row = data.row(r);
+        const std::string where = data.location(r);
         if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
         const char* field = side == 0 ? "chosen" : "rejected";
         kind_of(row, "chosen", where), kind_of(row, "rejected", where);
@@ -245,13 +245,14 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
     fail("truncation_mode: '{}' is not supported (keep_start or keep_end)", o.truncation_mode);
   const std::string eos = o.eos_token.empty() ? tok.eos_token() : o.eos_token;
   if (eos.empty()) fail("preference data: the tokenizer has no eos_token; set eos_token");
-  const bool paired = !input.rows.empty() && input.rows[0].is_object() && input.rows[0].contains("chosen") && input.rows[0].contains("rejected");
+  const ojson first = input.empty() ? ojson() : input.row(0);
+  const bool paired = first.is_object() && first.contains("chosen") && first.contains("rejected");
   const Dataset data = paired ? unpair_preference_rows(input) : input;
   PreferenceDataStats st;
   std::vector<UnpairedExample> out;
-  for (size_t r = 0; r < data.rows.size(); ++r) {
-    const ojson& row = data.rows[r];
-    const std::string& where = data.where[r];
+  for (size_t r = 0; r < data.size(); ++r) {
+    const ojson row = data.row(r);
+    const std::string where = data.location(r);
     if (!row.is_object()) fail("{}: an unpaired preference row must be a JSON object", where);
     if (row.contains("prompt_ids") && row.contains("completion_ids")) {  // already tokenized
       if (!row.contains("label") || !row["label"].is_boolean()) fail("{}: \"label\" must be true or false", where);
@@ -291,7 +292,7 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
     out.push_back(std::move(ex));
   }
   if (stats) *stats = st;
-  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.rows.size(), st.dropped, o.max_length);
+  if (out.empty()) fail("preference data: no usable rows ({} rows, {} dropped because the prompt alone reaches max_length {})", data.size(), st.dropped, o.max_length);
   return out;
 }
 

@@ -61,9 +61,9 @@ std::vector<SFTExample> prepare_sft_dataset(const Dataset& data, const Tokenizer
   if (eos.empty()) fail("SFT: the tokenizer has no eos_token; set eos_token");
   std::vector<SFTExample> out;
   int64_t n_dropped = 0;
-  for (size_t r = 0; r < data.rows.size(); ++r) {
-    const ojson& row = data.rows[r];
-    const std::string& where = data.where[r];
+  for (size_t r = 0; r < data.size(); ++r) {
+    const ojson row = data.row(r);
+    const std::string where = data.location(r);
     const std::string fmt = sft_format(row, o.dataset_text_field, where);
     const bool completion_only = o.completion_only_loss.value_or(fmt == "prompt_completion" || fmt == "conversational_prompt_completion");
     SFTExample ex;

@@ -82,16 +82,7 @@ std::string jsonl(const std::vector<ojson>& entries) {
 
 }  // namespace
 
-std::string dataset_source_file(const Dataset& d) {
-  if (d.where.empty()) return "";
-  const std::string& w = d.where.front();
-  if (const size_t b = w.rfind('['); b != std::string::npos && w.back() == ']') return w.substr(0, b);
-  const size_t c = w.rfind(':');
-  if (c == std::string::npos || c + 1 == w.size()) return w;
-  for (size_t i = c + 1; i < w.size(); ++i)
-    if (w[i] < '0' || w[i] > '9') return w;
-  return w.substr(0, c);
-}
+std::string dataset_source_file(const Dataset& d) { return d.source_file(); }
 
 namespace {
 

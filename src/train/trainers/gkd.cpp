@@ -332,8 +332,8 @@ std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, cons
   Dataset converted;
   std::vector<DistillRow> tokenized;  // rows given as token ids
   for (size_t i = 0; i < data.size(); ++i) {
-    const ojson& row = data.rows[i];
-    const std::string where = i < data.where.size() ? data.where[i] : fmt::format("{} row {}", split, i + 1);
+    const ojson row = data.row(i);
+    const std::string where = data.location(i);
     if (!row.is_object()) fail("GKD: {}: a row must be a JSON object, got {}", where, row.dump().substr(0, 200));
     if (row.contains("input_ids")) {  // pre-tokenized, as TRL's collator accepts: the completion where completion_mask is 1
       tokenized.push_back(pretokenized_row(row, where));
@@ -401,8 +401,8 @@ std::vector<DistillRow> prompt_rows(const Dataset& data, const Tokenizer& tok, c
   co.extra = c.chat_template_kwargs;
   std::vector<DistillRow> out;
   for (size_t i = 0; i < data.size(); ++i) {
-    const ojson& row = data.rows[i];
-    const std::string where = i < data.where.size() ? data.where[i] : fmt::format("row {}", i + 1);
+    const ojson row = data.row(i);
+    const std::string where = data.location(i);
     if (!row.is_object() || !row.contains("prompt")) fail("Distillation: {}: a row needs a \"prompt\" (text, or a list of messages)", where);
     const ojson& p = row["prompt"];
     DistillRow r;

@@ -126,7 +126,7 @@ class OnlineMethod final : public TrainingMethod {
   // One of grpo / rloo is set.
   OnlineMethod(const GRPOConfig* grpo, const RLOOConfig* rloo, const Tokenizer& tok, std::vector<NamedRewardFunction> rewards, const Dataset& train,
                const CausalLM* ref, const Trainer& trainer, std::function<void(const RolloutRecord&)>* on_rollout)
-      : train_rows_(train.rows), rloo_(rloo != nullptr), tok_(tok), rewards_(std::move(rewards)), on_rollout_(on_rollout) {
+      : rloo_(rloo != nullptr), tok_(tok), rewards_(std::move(rewards)), on_rollout_(on_rollout) {
     if (grpo) cfg_ = *grpo, grpo_ = *grpo;
     else cfg_ = *rloo, rloo_cfg_ = *rloo;
     name_ = rloo_ ? "RLOO" : "GRPO";
@@ -251,8 +251,8 @@ class OnlineMethod final : public TrainingMethod {
     co.add_generation_prompt = true;
     co.extra = cfg_.chat_template_kwargs;
     for (size_t i = 0; i < train.size(); ++i) {
-      const ojson& row = train.rows[i];
-      const std::string where = i < train.where.size() ? train.where[i] : fmt::format("row {}", i + 1);
+      const ojson row = train.row(i);
+      const std::string where = train.location(i);
       if (!row.is_object() || !row.contains("prompt"))
         fail("{}: {}: a row needs a \"prompt\" (text, or a list of messages); it has {}", name_, where, row.is_object() ? fmt::format("keys {}", keys_of(row)) : row.dump());
       const ojson& p = row["prompt"];
@@ -276,9 +276,10 @@ class OnlineMethod final : public TrainingMethod {
              where, pr.ids.size(), cfg_.max_completion_length, need, mc.max_position_embeddings);
       longest_prompt_ = std::max<int64_t>(longest_prompt_, static_cast<int64_t>(pr.ids.size()));
       prompts_.push_back(std::move(pr));
+      train_rows_.push_back(row);
     }
     if (prompts_.empty()) fail("{}: the training dataset has no rows", name_);
-    for (const auto& [k, v] : train.rows[0].items())
+    for (const auto& [k, v] : train_rows_[0].items())
       if (k != "prompt" && k != "completion") columns_.push_back(k);
   }
 
@@ -578,7 +579,7 @@ class OnlineMethod final : public TrainingMethod {
     return r.loss;
   }
 
-  std::vector<ojson> train_rows_;  // the dataset's rows (the reward functions' extra columns)
+  std::vector<ojson> train_rows_;  // the dataset's rows, kept for the reward functions' extra columns
   bool rloo_;
   std::string name_;
   OnlineRLConfig cfg_;

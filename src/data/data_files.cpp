@@ -1,0 +1,296 @@
+// Which files hold a dataset's split (docs/DATASETS.md), decided the way Hugging Face `datasets` decides it for a
+// repository without a loading script:
+//  1. README.md's YAML header lists `configs:` with `data_files` per split (glob patterns): used when present;
+//  2. else, with a config name, only the files under `<config>/` count (the Hub's Parquet conversion layout);
+//  3. a file belongs to the split its path names: the first component after `data/` (or the config folder) up to a
+//     '-', '.' or '/', so data/train-00000-of-00001.parquet, train.jsonl and train/0000.parquet are all "train";
+//     "validation" also takes valid/dev/val files, "test" takes testing/eval/evaluation, "train" takes training;
+//  4. files that name no known split are all "train".
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/fs.h"
+#include "trl/core/error.h"
+#include "trl/data/dataset.h"
+#include "trl/io/hub.h"
+#include "data/data_files.h"
+
+namespace trl {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+bool is_data_file(const stdfs::path& p) {
+  const std::string ext = p.extension().string(), name = p.filename().string();
+  if (name.empty() || name[0] == '.') return false;
+  if (name == "dataset_info.json" || name == "dataset_dict.json" || name == "state.json" || name == "config.json") return false;
+  return ext == ".parquet" || ext == ".jsonl" || ext == ".json";
+}
+
+// Data files under `root`, relative, sorted; hidden folders (.git, .cache) skipped.
+std::vector<std::string> data_files(const stdfs::path& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = stdfs::recursive_directory_iterator(root, stdfs::directory_options::follow_directory_symlink, ec); it != stdfs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && !name.empty() && name[0] == '.') {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file() && is_data_file(it->path())) out.push_back(stdfs::relative(it->path(), root).generic_string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool has_arrow_files(const stdfs::path& root) {
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(root, ec))
+    if (e.path().extension() == ".arrow") return true;
+  return false;
+}
+
+// Glob matching as `datasets` patterns use it: '*' within a path component, '**' across components, '?', [...].
+bool glob_match(std::string_view pat, std::string_view s) {
+  if (pat.empty()) return s.empty();
+  if (pat.substr(0, 2) == "**") {
+    std::string_view rest = pat.substr(2);
+    if (!rest.empty() && rest[0] == '/') {  // "**/x" also matches "x"
+      if (glob_match(rest.substr(1), s)) return true;
+    }
+    for (size_t i = 0; i <= s.size(); ++i)
+      if (glob_match(rest, s.substr(i))) return true;
+    return false;
+  }
+  if (pat[0] == '*') {
+    for (size_t i = 0; i <= s.size(); ++i) {
+      if (glob_match(pat.substr(1), s.substr(i))) return true;
+      if (i < s.size() && s[i] == '/') break;
+    }
+    return false;
+  }
+  if (s.empty()) return false;
+  if (pat[0] == '?') return s[0] != '/' && glob_match(pat.substr(1), s.substr(1));
+  if (pat[0] == '[') {
+    const size_t close = pat.find(']', 1);
+    if (close != std::string_view::npos) {
+      std::string_view set = pat.substr(1, close - 1);
+      const bool negate = !set.empty() && (set[0] == '!' || set[0] == '^');
+      if (negate) set.remove_prefix(1);
+      bool in = false;
+      for (size_t i = 0; i < set.size(); ++i) {
+        if (i + 2 < set.size() && set[i + 1] == '-') {
+          in = in || (s[0] >= set[i] && s[0] <= set[i + 2]);
+          i += 2;
+        } else {
+          in = in || s[0] == set[i];
+        }
+      }
+      return in != negate && glob_match(pat.substr(close + 1), s.substr(1));
+    }
+  }
+  return pat[0] == s[0] && glob_match(pat.substr(1), s.substr(1));
+}
+
+// The split a file names (see the top of this file), or "" for none.
+std::string split_named_by(const std::string& rel) {
+  std::string_view p = rel;
+  if (p.substr(0, 5) == "data/") p.remove_prefix(5);
+  const size_t end = p.find_first_of("-./");
+  return std::string(p.substr(0, end));
+}
+
+const std::vector<std::vector<std::string>>& split_synonyms() {
+  static const std::vector<std::vector<std::string>> groups = {
+      {"train", "training"}, {"validation", "valid", "dev", "val"}, {"test", "testing", "eval", "evaluation"}};
+  return groups;
+}
+
+// The canonical name of a split ("dev" -> "validation"), or the name itself.
+std::string canonical_split(const std::string& s) {
+  for (const auto& g : split_synonyms())
+    if (std::find(g.begin(), g.end(), s) != g.end()) return g[0];
+  return s;
+}
+
+// README.md's YAML header, or a null node.
+YAML::Node readme_header(const stdfs::path& root) {
+  const stdfs::path readme = root / "README.md";
+  std::error_code ec;
+  if (!stdfs::is_regular_file(readme, ec)) return {};
+  const std::string text = read_text_file(readme.string());
+  if (text.rfind("---", 0) != 0) return {};
+  const size_t end = text.find("\n---", 3);
+  if (end == std::string::npos) return {};
+  try {
+    return YAML::Load(text.substr(3, end - 3));
+  } catch (const YAML::Exception& e) {
+    fail("{}: the YAML header does not parse: {}", readme.string(), e.what());
+  }
+}
+
+std::vector<std::string> as_patterns(const YAML::Node& n) {
+  std::vector<std::string> out;
+  if (n.IsScalar()) out.push_back(n.as<std::string>());
+  else if (n.IsSequence())
+    for (size_t i = 0; i < n.size(); ++i) out.push_back(n[i].as<std::string>());
+  return out;
+}
+
+// Splits from the `configs:` of README.md; false when there are none.
+bool splits_from_readme(const stdfs::path& root, const std::string& config, const std::vector<std::string>& files, DatasetLayout& out) {
+  const YAML::Node header = readme_header(root);
+  if (!header || !header.IsMap() || !header["configs"] || !header["configs"].IsSequence()) return false;
+  const std::string readme = (root / "README.md").string();
+  try {
+    YAML::Node chosen;
+    bool found = false;
+    std::vector<std::string> names;
+    const YAML::Node configs = header["configs"];
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const YAML::Node c = configs[i];
+      const std::string name = c["config_name"] ? c["config_name"].as<std::string>() : "default";
+      names.push_back(name);
+      const bool is_default = c["default"] && c["default"].as<bool>();
+      if (config.empty() ? (is_default || (!found && (name == "default" || configs.size() == 1))) : name == config) chosen = c, found = true;
+      if (config.empty() && is_default) break;
+    }
+    if (!found) {
+      if (config.empty()) fail("{}: several configs ({}) and none is the default: pass --dataset_config", readme, fmt::join(names, ", "));
+      fail("{}: no config \"{}\"; the configs are: {}", readme, config, fmt::join(names, ", "));
+    }
+    const YAML::Node df = chosen["data_files"];
+    std::vector<std::pair<std::string, std::vector<std::string>>> splits;
+    if (!df) return false;
+    if (df.IsScalar() || (df.IsSequence() && df.size() > 0 && df[0].IsScalar())) {
+      splits.push_back({"train", as_patterns(df)});
+    } else if (df.IsSequence()) {
+      for (size_t i = 0; i < df.size(); ++i) {
+        const YAML::Node s = df[i];
+        splits.push_back({s["split"] ? s["split"].as<std::string>() : "train", as_patterns(s["path"])});
+      }
+    } else if (df.IsMap()) {
+      for (const auto& kv : df) splits.push_back({kv.first.as<std::string>(), as_patterns(kv.second)});
+    }
+    for (const auto& [split, patterns] : splits) {
+      DatasetSplit s{split, {}};
+      for (const auto& f : files)
+        for (const auto& p : patterns)
+          if (glob_match(p, f)) {
+            s.files.push_back((root / f).string());
+            break;
+          }
+      out.splits.push_back(std::move(s));
+    }
+  } catch (const YAML::Exception& e) {
+    fail("{}: unexpected `configs:` entry: {}", readme, e.what());
+  }
+  return true;
+}
+
+void splits_from_names(const stdfs::path& root, const std::string& config, std::vector<std::string> files, DatasetLayout& out) {
+  if (!config.empty()) {
+    std::vector<std::string> under;
+    std::set<std::string> folders;
+    for (const auto& f : files) {
+      if (f.rfind(config + "/", 0) == 0) under.push_back(f.substr(config.size() + 1));
+      if (const size_t slash = f.find('/'); slash != std::string::npos) folders.insert(f.substr(0, slash));
+    }
+    if (under.empty())
+      fail("dataset {}: no config \"{}\" (no folder {}/ and no `configs:` in README.md); folders there: {}", root.string(), config, config,
+           folders.empty() ? "none" : fmt::format("{}", fmt::join(folders, ", ")));
+    files = std::move(under);
+  }
+  const stdfs::path base = config.empty() ? root : root / config;
+  std::vector<DatasetSplit> splits;
+  bool any_known = false;
+  for (const auto& f : files) {
+    std::string name = split_named_by(f);
+    const std::string canon = canonical_split(name);
+    if (canon != name || canon == "train" || canon == "validation" || canon == "test") any_known = true;
+    auto it = std::find_if(splits.begin(), splits.end(), [&](const DatasetSplit& s) { return s.name == canon; });
+    if (it == splits.end()) splits.push_back({canon, {}}), it = splits.end() - 1;
+    it->files.push_back((base / f).string());
+  }
+  if (!any_known && !files.empty()) {  // no file names a split: all of them are "train"
+    DatasetSplit train{"train", {}};
+    for (const auto& f : files) train.files.push_back((base / f).string());
+    splits = {train};
+  }
+  out.splits = std::move(splits);
+}
+
+std::string resolve_hub_dataset(const std::string& name, const std::string& revision) {
+  std::vector<std::string> looked{fmt::format("{} (no such local file or folder)", name)};
+  const bool repo_like = !name.empty() && name[0] != '.' && name[0] != '/' && name[0] != '~' && std::count(name.begin(), name.end(), '/') <= 1 &&
+                         name.find("..") == std::string::npos;
+  if (repo_like) {
+    std::string folder = "datasets--" + name;
+    for (size_t p = folder.find('/'); p != std::string::npos; p = folder.find('/')) folder.replace(p, 1, "--");
+    std::error_code ec;
+    for (const std::string& cache : hub_cache_dirs()) {
+      const stdfs::path repo = stdfs::path(cache) / folder;
+      std::string commit = revision;
+      const stdfs::path ref = repo / "refs" / revision;
+      if (stdfs::is_regular_file(ref, ec)) {
+        commit = read_text_file(ref.string());
+        while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r' || commit.back() == ' ')) commit.pop_back();
+      }
+      const stdfs::path snap = repo / "snapshots" / commit;
+      if (stdfs::is_directory(snap, ec)) return snap.string();
+      looked.push_back(snap.string());
+    }
+  }
+  fail("dataset '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local file or folder, or fetch the dataset into the Hugging Face "
+       "cache first (for example `huggingface-cli download --repo-type dataset {}`), or set HF_HUB_CACHE / HF_HOME.",
+       name, fmt::join(looked, "\n  "), name);
+}
+
+}  // namespace
+
+DatasetLayout resolve_dataset(const std::string& name, const std::string& config, const std::string& revision) {
+  std::error_code ec;
+  DatasetLayout out;
+  if (stdfs::is_regular_file(name, ec)) {
+    if (!is_data_file(name) && stdfs::path(name).extension() != ".json")
+      fail("dataset {}: not a .parquet, .jsonl or .json file", name);
+    out.root = name;
+    out.splits.push_back({"train", {name}});
+    return out;
+  }
+  out.root = stdfs::is_directory(name, ec) ? name : resolve_hub_dataset(name, revision);
+  const stdfs::path root(out.root);
+  const std::vector<std::string> files = data_files(root);
+  if (!splits_from_readme(root, config, files, out)) splits_from_names(root, config, files, out);
+  if (out.splits.empty()) {
+    if (has_arrow_files(root))
+      fail("dataset {}: holds Arrow files (Dataset.save_to_disk); trl.cpp reads Parquet, JSON lines and JSON: write the dataset with "
+           "to_parquet() or to_json()",
+           out.root);
+    fail("dataset {}: no .parquet, .jsonl or .json files", out.root);
+  }
+  return out;
+}
+
+std::vector<std::string> split_files(const DatasetLayout& layout, const std::string& split, bool required) {
+  const std::string want = canonical_split(split);
+  for (const auto& s : layout.splits)
+    if (s.name == split || s.name == want) {
+      if (s.files.empty() && required) fail("dataset {}: the \"{}\" split's patterns match no files", layout.root, split);
+      return s.files;
+    }
+  if (!required) return {};
+  std::vector<std::string> names;
+  for (const auto& s : layout.splits) names.push_back(s.name);
+  fail("dataset {}: no \"{}\" split; the splits are: {} (pass --dataset_train_split / --dataset_test_split)", layout.root, split, fmt::join(names, ", "));
+}
+
+}  // namespace trl

@@ -1,0 +1,14 @@
+// The files of one split of a resolved dataset (data_files.cpp); with `required`, a missing split is an error that
+// lists the splits there are.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trl/data/dataset.h"
+
+namespace trl {
+
+std::vector<std::string> split_files(const DatasetLayout& layout, const std::string& split, bool required);
+
+}  // namespace trl

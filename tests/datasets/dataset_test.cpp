@@ -1,0 +1,178 @@
+// Finding a dataset's split (hub cache, folders, README configs, shards) and reading its rows, Parquet or JSON
+// lines, the same way; and a training run on Parquet rows equals one on the same rows in JSON lines.
+#include "trl/data/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+#include "trl/core/error.h"
+#include "trl/data/parquet.h"
+#include "trl/train/sft_trainer.h"
+
+namespace trl {
+namespace {
+
+namespace stdfs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+const std::string kFixtures = std::string(TRL_TEST_DATA_DIR) + "/parquet/";
+
+void copy(const std::string& fixture, const std::string& to) {
+  stdfs::create_directories(stdfs::path(to).parent_path());
+  stdfs::copy_file(kFixtures + fixture, to, stdfs::copy_options::overwrite_existing);
+}
+
+std::vector<ojson> expected(const std::string& name) { return ojson::parse(test::read_file(kFixtures + name + ".json")).get<std::vector<ojson>>(); }
+
+// Sets an environment variable for the scope of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// A hub cache holding trl-lib/Capybara as the Hub lays it out: refs/main -> a commit, the files under snapshots/.
+struct HubCache {
+  test::TempDir dir;
+  std::string snapshot;
+  HubCache() {
+    const stdfs::path repo = stdfs::path(dir.path()) / "datasets--trl-lib--Capybara";
+    snapshot = (repo / "snapshots" / "0123abcd").string();
+    stdfs::create_directories(repo / "refs");
+    test::write_file((repo / "refs" / "main").string(), "0123abcd\n");
+    copy("capybara.parquet", snapshot + "/data/train-00000-of-00002.parquet");
+    copy("types_snappy.parquet", snapshot + "/data/train-00001-of-00002.parquet");
+    copy("prompt_only.parquet", snapshot + "/data/test-00000-of-00001.parquet");
+    test::write_file(snapshot + "/README.md", "# no YAML header here\n");
+  }
+};
+
+TEST(Datasets, HubIdResolvesInTheLocalCacheWithShardsInOrder) {
+  HubCache hub;
+  ScopedEnv env("HF_HUB_CACHE", hub.dir.path());
+  const Dataset train = load_dataset("trl-lib/Capybara", "train");
+  const auto capy = expected("capybara"), types = expected("types_snappy");
+  ASSERT_EQ(train.size(), capy.size() + types.size());
+  for (size_t i = 0; i < capy.size(); ++i) ASSERT_EQ(train.row(i).dump(), capy[i].dump()) << i;
+  EXPECT_EQ(train.row(capy.size())["id"], 0);  // the second shard follows the first
+  EXPECT_EQ(train.location(0), hub.snapshot + "/data/train-00000-of-00002.parquet, row group 0, row 0");
+  EXPECT_EQ(train.source_file(), hub.snapshot + "/data/train-00000-of-00002.parquet");
+  const Dataset test = load_dataset("trl-lib/Capybara", "test");
+  EXPECT_EQ(test.size(), expected("prompt_only").size());
+  EXPECT_TRUE(has_split("trl-lib/Capybara", "test"));
+  EXPECT_FALSE(has_split("trl-lib/Capybara", "validation"));
+  const std::string e = test::error_of([] { load_dataset("trl-lib/Capybara", "validation"); });
+  EXPECT_NE(e.find("no \"validation\" split; the splits are: test, train"), std::string::npos) << e;
+  const std::string missing = test::error_of([] { load_dataset("trl-lib/NoSuch", "train"); });
+  EXPECT_NE(missing.find("datasets--trl-lib--NoSuch/snapshots/main"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("never downloads"), std::string::npos);
+}
+
+TEST(Datasets, RowsAreReadInOrderAndOnlyTheAskedRowGroupIsDecoded) {
+  Dataset d;
+  d.add_parquet(parquet::File::open(kFixtures + "types_zstd.parquet"));
+  const auto want = expected("types_zstd");
+  ASSERT_EQ(d.size(), want.size());
+  for (size_t i = want.size(); i-- > 0;) ASSERT_EQ(d.row(i).dump(), want[i].dump()) << i;  // backwards: every row group again
+  EXPECT_NE(test::error_of([&] { d.row(want.size()); }), "");
+  EXPECT_EQ(d.location(17), kFixtures + "types_zstd.parquet, row group 1, row 1");
+}
+
+TEST(Datasets, ReadmeConfigsChooseTheFiles) {
+  test::TempDir dir;
+  const std::string root = dir.path();
+  copy("capybara.parquet", root + "/sft/part-0.parquet");
+  copy("preference.parquet", root + "/prefs/train.parquet");
+  copy("prompt_only.parquet", root + "/prefs/eval.parquet");
+  test::write_file(root + "/README.md",
+                   "---\nlicense: apache-2.0\nconfigs:\n- config_name: sft\n  default: true\n  data_files:\n  - split: train\n    path: sft/*.parquet\n"
+                   "- config_name: prefs\n  data_files:\n  - split: train\n    path: prefs/train.parquet\n  - split: test\n    path: \"prefs/eval*\"\n---\n# card\n");
+  EXPECT_EQ(load_dataset(root, "train").size(), expected("capybara").size());  // the default config
+  EXPECT_EQ(load_dataset(root, "train", "prefs").size(), expected("preference").size());
+  EXPECT_EQ(load_dataset(root, "test", "prefs").size(), expected("prompt_only").size());
+  const std::string e = test::error_of([&] { load_dataset(root, "train", "nope"); });
+  EXPECT_NE(e.find("no config \"nope\"; the configs are: sft, prefs"), std::string::npos) << e;
+}
+
+TEST(Datasets, ConfigFoldersSynonymsAndJsonLinesBesideParquet) {
+  test::TempDir dir;
+  const std::string root = dir.path();
+  copy("capybara.parquet", root + "/default/train/0000.parquet");  // the Hub's Parquet conversion layout
+  copy("preference.parquet", root + "/default/validation/0000.parquet");
+  EXPECT_EQ(load_dataset(root, "train", "default").size(), expected("capybara").size());
+  EXPECT_EQ(load_dataset(root, "validation", "default").size(), expected("preference").size());
+  EXPECT_NE(test::error_of([&] { load_dataset(root, "train", "other"); }).find("folders there: default"), std::string::npos);
+
+  test::TempDir flat;
+  test::write_file(flat.file("train.jsonl"), "{\"text\": \"a\"}\n{\"text\": \"b\"}\n");
+  test::write_file(flat.file("dev.jsonl"), "{\"text\": \"c\"}\n");
+  EXPECT_EQ(load_dataset(flat.path(), "validation").size(), 1u);  // dev.jsonl is the validation split
+  EXPECT_EQ(load_dataset(flat.path(), "dev").size(), 1u);
+  EXPECT_EQ(load_dataset(flat.path(), "train").location(1), flat.file("train.jsonl") + ":2");
+
+  test::TempDir loose;  // files that name no split are all "train"
+  copy("preference.parquet", loose.file("pairs.parquet"));
+  test::write_file(loose.file("more.jsonl"), "{\"prompt\": \"p\", \"chosen\": \"c\", \"rejected\": \"r\"}\n");
+  EXPECT_EQ(load_dataset(loose.path(), "train").size(), expected("preference").size() + 1);
+}
+
+TEST(Datasets, BrokenParquetInASplitNamesTheFile) {
+  test::TempDir dir;
+  std::string bytes = test::read_file(kFixtures + "capybara.parquet");
+  bytes.resize(bytes.size() / 2);
+  test::write_file(dir.file("train.parquet"), bytes);
+  const std::string e = test::error_of([&] { load_dataset(dir.path(), "train"); });
+  EXPECT_NE(e.find(dir.file("train.parquet") + ": not a Parquet file"), std::string::npos) << e;
+  test::TempDir arrow;
+  test::write_file(arrow.file("data-00000-of-00001.arrow"), "x");
+  test::write_file(arrow.file("state.json"), "{}");
+  EXPECT_NE(test::error_of([&] { load_dataset(arrow.path(), "train"); }).find("save_to_disk"), std::string::npos);
+}
+
+// The same conversations as Parquet (from the hub cache) and as JSON lines train to the same losses.
+TEST(Datasets, TrainingOnParquetEqualsTrainingOnTheSameRowsAsJsonLines) {
+  HubCache hub;
+  ScopedEnv env("HF_HUB_CACHE", hub.dir.path());
+  stdfs::remove(hub.snapshot + "/data/train-00001-of-00002.parquet");  // capybara rows only
+  test::TinyModel t;
+  std::string jsonl;
+  for (const ojson& row : expected("capybara")) jsonl += row.dump() + "\n";
+  test::write_file(t.dir.file("capybara.jsonl"), jsonl);
+  auto run = [&](const Dataset& data, const std::string& out) {
+    SFTConfig c;
+    c.output_dir = t.dir.file(out);
+    c.bf16 = false;
+    c.max_length = 64;
+    c.per_device_train_batch_size = 2;
+    c.max_steps = 3;
+    c.logging_steps = 1;
+    c.report = false;
+    c.progress = false;
+    SFTTrainer tr(t.model, test::qwen3_tokenizer(), data, c);
+    std::vector<double> losses;
+    for (const auto& l : tr.train().log_history)
+      if (l.contains("loss")) losses.push_back(l["loss"].get<double>());
+    return losses;
+  };
+  const auto a = run(load_dataset("trl-lib/Capybara"), "pq"), b = run(load_dataset(t.dir.file("capybara.jsonl")), "js");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(a[i]));
+    EXPECT_EQ(a[i], b[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace trl
