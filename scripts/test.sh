@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds trl.cpp and runs every test: a Release build with warnings as errors, then the same unit tests built with
-# AddressSanitizer + UndefinedBehaviorSanitizer. Set TRL_SKIP_SANITIZERS=1 to run only the first pass.
+# Builds trl.cpp and runs every test: a Release build with warnings as errors, a short fuzzing pass of the Parquet
+# reader (TRL_FUZZ_SECONDS, default 60), then the same unit tests built with AddressSanitizer + UndefinedBehaviorSanitizer. Set TRL_SKIP_SANITIZERS=1 to run only the first pass.
 # The backend and model tests also run with oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA), as on a CPU without
 # AVX-512: bf16 GEMMs then take the widen-to-f32 path; TRL_NO_AVX512BF16=1 turns off the AVX512-BF16 decode kernel.
 set -euo pipefail
@@ -16,6 +16,13 @@ cmake --build build
 ctest --test-dir build --output-on-failure -j "$jobs"
 echo "== the installed library: headers on their own, find_package(trl) and pkg-config consumers"
 bash scripts/check-install.sh build
+echo "== the Parquet reader under libFuzzer (clang, ASan + UBSan), ${TRL_FUZZ_SECONDS:-60} s from the seed corpus"
+if ! TRL_FUZZ_BUILD=build-fuzz bash fuzz/run.sh "${TRL_FUZZ_SECONDS:-60}" > build-fuzz.log 2>&1; then
+  tail -n 80 build-fuzz.log
+  echo "fuzzing found a problem: the input is in crash-*/leak-*/timeout-*/oom-* (docs/TESTING.md, Fuzzing)"
+  exit 1
+fi
+grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' build-fuzz.log
 echo "== backend and model tests with oneDNN limited to AVX2 (no AVX-512, no bf16 GEMM)"
 ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512BF16=1 ctest --test-dir build --output-on-failure -j "$jobs" -R 'Cpu|OpTable|Golden|ProgramCache|Checkpointing|Generat'
 

@@ -4,7 +4,7 @@
 //   @dsnp/parquetjs:  data pages v1 (what pyarrow and so the Hub's datasets write), legacy repeated groups;
 //   hyparquet:        reads every fixture; its rows, checked against the rows written, are the expected JSON.
 // Each fixture NAME.parquet comes with NAME.json (the rows). Run (needs node and npm; CI does not):
-//   cd tests/reference && npm install --no-save hyparquet@1.33.0 hyparquet-writer@0.17.0 hyparquet-compressors@1.1.1 @dsnp/parquetjs@1.8.8
+//   cd tests/reference && npm install --no-save hyparquet@1.33.0 hyparquet-writer@0.17.0 hyparquet-compressors@1.1.2 @dsnp/parquetjs@1.8.8
 //   node parquet_fixtures.mjs            # writes tests/data/parquet/
 //   node parquet_fixtures.mjs --big FILE # a ~100 MB conversational file for bench/run_parquet.sh
 //   node parquet_fixtures.mjs --read FILE  # hyparquet's read time and rows/s of FILE (one JSON line)
@@ -268,7 +268,7 @@ async function v1Fixtures() {
 // ---- the benchmark file and hyparquet's read time ----
 
 async function bigFile(file) {
-  const rows = capybaraRows(60000, 17, 6, 160);
+  const rows = capybaraRows(92000, 17, 6, 160);
   const bytes = parquetWriteBuffer({ columnData: columnsOf(rows), schema: capybaraSchema, rowGroupSize: 10000 });
   fs.writeFileSync(file, Buffer.from(bytes));
   console.log(`${file}: ${rows.length} rows, ${(bytes.byteLength / 1e6).toFixed(1)} MB`);

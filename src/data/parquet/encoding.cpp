@@ -235,7 +235,7 @@ void decode_rle_hybrid(Bytes in, int bit_width, size_t count, uint32_t* out) {
       const size_t have = bit_width == 0 ? values : std::min(values, avail * 8 / static_cast<size_t>(bit_width));
       const size_t take = std::min(have, count - n);
       if (take == 0) bad("RLE: a bit-packed run at byte {} has no bytes", c.pos);
-      unpack_bits(in.data + c.pos, c.pos + avail, bit_width, take, out + n);
+      unpack_bits(in.data + c.pos, avail, bit_width, take, out + n);
       c.pos += avail;
       n += take;
     } else {  // a repeated value

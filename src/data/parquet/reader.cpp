@@ -389,8 +389,12 @@ class Assembler {
           *slot = leaf_value(*leaf_.element, values, vi++);
           return;
         case Node::Kind::Struct:
-          if (slot->is_null()) *slot = ojson::object();
-          else if (!slot->is_object()) disagree(n);
+          if (slot->is_null()) {
+            *slot = ojson::object();
+            slot->get_ref<ojson::object_t&>().reserve(n.children.size());  // no regrowth: keys are copied when it moves
+          } else if (!slot->is_object()) {
+            disagree(n);
+          }
           break;
         case Node::Kind::List:
         case Node::Kind::Map:
@@ -454,6 +458,7 @@ std::vector<ojson> read_group(const File::Impl& f, int g) {
   if (rg.num_rows > f.limits.max_values_per_row_group)
     fail("{}: row group {} has {} rows, past the limit of {} (ReadLimits::max_values_per_row_group)", f.path, g, rg.num_rows, f.limits.max_values_per_row_group);
   std::vector<ojson> rows(static_cast<size_t>(rg.num_rows), ojson::object());
+  for (ojson& row : rows) row.get_ref<ojson::object_t&>().reserve(f.schema.root.children.size());
   int64_t budget = f.limits.max_values_per_row_group;
   Page page;
   for (size_t c = 0; c < f.schema.leaves.size(); ++c) {
