@@ -140,6 +140,20 @@ TEST(Datasets, BrokenParquetInASplitNamesTheFile) {
   EXPECT_NE(test::error_of([&] { load_dataset(arrow.path(), "train"); }).find("save_to_disk"), std::string::npos);
 }
 
+TEST(Datasets, DatasetInfoPrintsSplitsColumnsAndFirstRows) {
+  HubCache hub;
+  std::string out;
+  ASSERT_EQ(test::run_command("HF_HUB_CACHE=" + hub.dir.path() + " " + std::string(TRL_BINARY) + " dataset-info trl-lib/Capybara --rows 1 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("at " + hub.snapshot), std::string::npos) << out;
+  EXPECT_NE(out.find("split test: 12 rows in 1 file"), std::string::npos) << out;
+  EXPECT_NE(out.find("split train: 100 rows in 2 files"), std::string::npos) << out;
+  EXPECT_NE(out.find("data/train-00000-of-00002.parquet: 40 rows, 3 row groups"), std::string::npos) << out;
+  EXPECT_NE(out.find("  messages: list<struct<content: string, role: string>>"), std::string::npos) << out;
+  EXPECT_NE(out.find("  {\"source\":\"Airoboros\",\"messages\":[{\"content\":\"group a\""), std::string::npos) << out;
+  ASSERT_NE(test::run_command("HF_HUB_CACHE=" + hub.dir.path() + " " + std::string(TRL_BINARY) + " dataset-info trl-lib/Capybara --split dev 2>&1", &out), 0);
+  EXPECT_NE(out.find("no \"dev\" split; the splits are: test, train"), std::string::npos) << out;
+}
+
 // The same conversations as Parquet (from the hub cache) and as JSON lines train to the same losses.
 TEST(Datasets, TrainingOnParquetEqualsTrainingOnTheSameRowsAsJsonLines) {
   HubCache hub;

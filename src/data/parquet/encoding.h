@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "data/parquet/metadata.h"
 
 namespace trl::parquet {
@@ -17,6 +19,12 @@ namespace trl::parquet {
 struct DecodeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// throw DecodeError with a fmt-style message.
+template <typename... Args>
+[[noreturn]] void decode_error(fmt::format_string<Args...> f, Args&&... args) {
+  throw DecodeError(fmt::format(f, std::forward<Args>(args)...));
+}
 
 struct Bytes {
   const uint8_t* data = nullptr;
