@@ -2,10 +2,11 @@
 // repository without a loading script:
 //  1. README.md's YAML header lists `configs:` with `data_files` per split (glob patterns): used when present;
 //  2. else, with a config name, only the files under `<config>/` count (the Hub's Parquet conversion layout);
-//  3. a file belongs to the split its path names: the first component after `data/` (or the config folder) up to a
-//     '-', '.' or '/', so data/train-00000-of-00001.parquet, train.jsonl and train/0000.parquet are all "train";
-//     "validation" also takes valid/dev/val files, "test" takes testing/eval/evaluation, "train" takes training;
-//  4. files that name no known split are all "train".
+//  3. files named data/<split>-00000-of-00001.* (what push_to_hub writes) give their splits, any names;
+//  4. else a split keyword in a file name, between separators ("-._ 0-9"), or as a folder: train.jsonl,
+//     my_train-1.json and train/0000.parquet are "train"; "validation" also takes valid/dev/val, "test" takes
+//     testing/eval/evaluation, "train" takes training;
+//  5. else every file is "train".
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -100,12 +101,32 @@ bool glob_match(std::string_view pat, std::string_view s) {
   return pat[0] == s[0] && glob_match(pat.substr(1), s.substr(1));
 }
 
-// The split a file names (see the top of this file), or "" for none.
-std::string split_named_by(const std::string& rel) {
-  std::string_view p = rel;
-  if (p.substr(0, 5) == "data/") p.remove_prefix(5);
-  const size_t end = p.find_first_of("-./");
-  return std::string(p.substr(0, end));
+// datasets' first rule: data/<split>-NNNNN-of-NNNNN* (what push_to_hub writes, any split name): the name, or "".
+std::string sharded_split_name(const std::string& rel) {
+  if (rel.rfind("data/", 0) != 0 || rel.find('/', 5) != std::string::npos) return "";
+  const std::string_view name = std::string_view(rel).substr(5);
+  auto digits = [&](size_t at) {
+    for (size_t i = at; i < at + 5; ++i)
+      if (i >= name.size() || name[i] < '0' || name[i] > '9') return false;
+    return true;
+  };
+  for (size_t dash = name.find('-'); dash != std::string_view::npos && dash > 0; dash = name.find('-', dash + 1))
+    if (digits(dash + 1) && name.substr(dash + 6, 4) == "-of-" && digits(dash + 10)) return std::string(name.substr(0, dash));
+  return "";
+}
+
+// datasets' keyword patterns: `keyword` in the file name, after the start or a separator ("-._ 0-9", or a folder) and
+// before a separator; or a folder named `keyword` (or ending in a separator and `keyword`).
+bool names_keyword(const std::string& rel, const std::string& keyword) {
+  constexpr std::string_view kSep = "-._ 0123456789";
+  for (size_t at = rel.find(keyword); at != std::string::npos; at = rel.find(keyword, at + 1)) {
+    if (at > 0 && rel[at - 1] != '/' && kSep.find(rel[at - 1]) == std::string_view::npos) continue;
+    const size_t after = at + keyword.size();
+    if (after >= rel.size()) continue;
+    if (rel[after] == '/') return true;                                                                  // a folder
+    if (kSep.find(rel[after]) != std::string_view::npos && rel.find('/', after) == std::string::npos) return true;  // the file name
+  }
+  return false;
 }
 
 const std::vector<std::vector<std::string>>& split_synonyms() {
@@ -211,20 +232,19 @@ void splits_from_names(const stdfs::path& root, const std::string& config, std::
   }
   const stdfs::path base = config.empty() ? root : root / config;
   std::vector<DatasetSplit> splits;
-  bool any_known = false;
-  for (const auto& f : files) {
-    std::string name = split_named_by(f);
-    const std::string canon = canonical_split(name);
-    if (canon != name || canon == "train" || canon == "validation" || canon == "test") any_known = true;
-    auto it = std::find_if(splits.begin(), splits.end(), [&](const DatasetSplit& s) { return s.name == canon; });
-    if (it == splits.end()) splits.push_back({canon, {}}), it = splits.end() - 1;
+  auto add = [&](const std::string& split, const std::string& f) {
+    auto it = std::find_if(splits.begin(), splits.end(), [&](const DatasetSplit& x) { return x.name == split; });
+    if (it == splits.end()) splits.push_back({split, {}}), it = splits.end() - 1;
     it->files.push_back((base / f).string());
-  }
-  if (!any_known && !files.empty()) {  // no file names a split: all of them are "train"
-    DatasetSplit train{"train", {}};
-    for (const auto& f : files) train.files.push_back((base / f).string());
-    splits = {train};
-  }
+  };
+  for (const auto& f : files)  // 1. data/<split>-00000-of-00001.parquet, any split name
+    if (const std::string name = sharded_split_name(f); !name.empty()) add(name, f);
+  if (splits.empty())  // 2. the split keywords and their synonyms
+    for (const auto& group : split_synonyms())
+      for (const auto& f : files)
+        if (std::any_of(group.begin(), group.end(), [&](const std::string& k) { return names_keyword(f, k); })) add(group[0], f);
+  if (splits.empty())  // 3. no file names a split: all of them are "train"
+    for (const auto& f : files) add("train", f);
   out.splits = std::move(splits);
 }
 

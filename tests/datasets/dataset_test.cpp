@@ -121,6 +121,20 @@ TEST(Datasets, ConfigFoldersSynonymsAndJsonLinesBesideParquet) {
   EXPECT_EQ(load_dataset(flat.path(), "dev").size(), 1u);
   EXPECT_EQ(load_dataset(flat.path(), "train").location(1), flat.file("train.jsonl") + ":2");
 
+  test::TempDir pushed;  // push_to_hub's shard names give any split name; keywords then no longer apply
+  copy("preference.parquet", pushed.file("data/train_prefs-00000-of-00001.parquet"));
+  copy("prompt_only.parquet", pushed.file("data/test_prefs-00000-of-00001.parquet"));
+  copy("capybara.parquet", pushed.file("data/train.parquet"));
+  EXPECT_EQ(load_dataset(pushed.path(), "train_prefs").size(), expected("preference").size());
+  const std::string e = test::error_of([&] { load_dataset(pushed.path(), "train"); });
+  EXPECT_NE(e.find("no \"train\" split; the splits are: test_prefs, train_prefs"), std::string::npos) << e;
+  test::TempDir keywords;
+  test::write_file(keywords.file("my_train-1.jsonl"), "{\"text\": \"a\"}\n");
+  test::write_file(keywords.file("evaluation.jsonl"), "{\"text\": \"b\"}\n");
+  test::write_file(keywords.file("trainer.jsonl"), "{\"text\": \"not a split name\"}\n");
+  EXPECT_EQ(load_dataset(keywords.path(), "train").size(), 1u);
+  EXPECT_EQ(load_dataset(keywords.path(), "test").size(), 1u);
+
   test::TempDir loose;  // files that name no split are all "train"
   copy("preference.parquet", loose.file("pairs.parquet"));
   test::write_file(loose.file("more.jsonl"), "{\"prompt\": \"p\", \"chosen\": \"c\", \"rejected\": \"r\"}\n");
