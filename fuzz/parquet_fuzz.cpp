@@ -13,6 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   trl::parquet::ReadLimits limits;
   limits.max_page_bytes = int64_t{1} << 22;            // small limits: a finding is a bug, not a big allocation
   limits.max_values_per_row_group = int64_t{1} << 18;
+  limits.max_bytes_per_row_group = int64_t{1} << 26;
   try {
     const trl::parquet::File f = trl::parquet::File::from_bytes(std::string(reinterpret_cast<const char*>(data), size), "fuzz.parquet", limits);
     (void)f.columns();

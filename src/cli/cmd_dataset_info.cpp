@@ -9,6 +9,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
+#include "data/data_files.h"
 #include "trl/core/error.h"
 #include "trl/data/dataset.h"
 #include "trl/data/parquet.h"
@@ -45,7 +46,10 @@ std::string shorten(std::string s, size_t n) {
   return s.substr(0, cut) + " ...";
 }
 
-std::string megabytes(uintmax_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+std::string megabytes(uintmax_t bytes) {
+  if (bytes == static_cast<uintmax_t>(-1)) return "size unknown";
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
 
 }  // namespace
 
@@ -69,14 +73,14 @@ void register_dataset_info(CLI::App& app) {
     std::printf("dataset %s\n  at %s\n", a->name.c_str(), layout.root.c_str());
     bool shown = false;
     for (const DatasetSplit& s : layout.splits) {
-      if (!a->split.empty() && s.name != a->split) continue;
+      if (!a->split.empty() && s.name != a->split && canonical_split_name(a->split) != s.name) continue;
       shown = true;
       const Dataset d = load_dataset(a->name, s.name, a->config, a->revision);
       std::printf("\nsplit %s: %zu rows in %zu file%s\n", s.name.c_str(), d.size(), s.files.size(), s.files.size() == 1 ? "" : "s");
       std::string columns;
       for (const std::string& f : s.files) {
-        const std::string rel = std::filesystem::relative(f, std::filesystem::is_directory(layout.root) ? layout.root : ".").generic_string();
         std::error_code ec;
+        const std::string rel = std::filesystem::is_directory(layout.root, ec) ? std::filesystem::path(f).lexically_relative(layout.root).generic_string() : f;
         const uintmax_t bytes = std::filesystem::file_size(f, ec);
         if (std::filesystem::path(f).extension() == ".parquet") {
           const parquet::File pf = parquet::File::open(f);

@@ -34,20 +34,22 @@ bool is_data_file(const stdfs::path& p) {
   return ext == ".parquet" || ext == ".jsonl" || ext == ".json";
 }
 
-// Data files under `root`, relative, sorted; hidden folders (.git, .cache) skipped.
+// Data files under `root`, relative, sorted; hidden folders (.git, .cache) skipped. Paths stay the names in the
+// folder: in the hub cache every snapshot file is a symlink into blobs/, so nothing here resolves links.
 std::vector<std::string> data_files(const stdfs::path& root) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (auto it = stdfs::recursive_directory_iterator(root, stdfs::directory_options::follow_directory_symlink, ec); it != stdfs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (ec) break;
+  auto it = stdfs::recursive_directory_iterator(root, ec);
+  for (; !ec && it != stdfs::recursive_directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (it->is_directory() && !name.empty() && name[0] == '.') {
+    std::error_code st;
+    if (it->is_directory(st) && !name.empty() && name[0] == '.') {
       it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file() && is_data_file(it->path())) out.push_back(stdfs::relative(it->path(), root).generic_string());
+    if (it->is_regular_file(st) && is_data_file(it->path())) out.push_back(it->path().lexically_relative(root).generic_string());
   }
+  if (ec) fail("dataset {}: cannot list the folder: {}", root.string(), ec.message());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -166,6 +168,8 @@ std::vector<std::string> as_patterns(const YAML::Node& n) {
   return out;
 }
 
+void splits_from_names(const stdfs::path& root, const std::string& config, std::vector<std::string> files, DatasetLayout& out);
+
 // Splits from the `configs:` of README.md; false when there are none.
 bool splits_from_readme(const stdfs::path& root, const std::string& config, const std::vector<std::string>& files, DatasetLayout& out) {
   const YAML::Node header = readme_header(root);
@@ -190,7 +194,17 @@ bool splits_from_readme(const stdfs::path& root, const std::string& config, cons
     }
     const YAML::Node df = chosen["data_files"];
     std::vector<std::pair<std::string, std::vector<std::string>>> splits;
-    if (!df) return false;
+    if (!df) {
+      if (!chosen["data_dir"]) return false;
+      // A config with only a data_dir: the split rules below, inside that folder.
+      const std::string dir = chosen["data_dir"].as<std::string>();
+      std::vector<std::string> under;
+      for (const auto& f : files)
+        if (f.rfind(dir + "/", 0) == 0) under.push_back(f.substr(dir.size() + 1));
+      if (under.empty()) fail("{}: config \"{}\" has data_dir {} and no data files there", readme, found ? chosen["config_name"].as<std::string>("default") : "", dir);
+      splits_from_names(root / dir, "", under, out);
+      return true;
+    }
     if (df.IsScalar() || (df.IsSequence() && df.size() > 0 && df[0].IsScalar())) {
       splits.push_back({"train", as_patterns(df)});
     } else if (df.IsSequence()) {
@@ -299,6 +313,8 @@ DatasetLayout resolve_dataset(const std::string& name, const std::string& config
   }
   return out;
 }
+
+std::string canonical_split_name(const std::string& split) { return canonical_split(split); }
 
 std::vector<std::string> split_files(const DatasetLayout& layout, const std::string& split, bool required) {
   const std::string want = canonical_split(split);

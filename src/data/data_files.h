@@ -11,4 +11,7 @@ namespace trl {
 
 std::vector<std::string> split_files(const DatasetLayout& layout, const std::string& split, bool required);
 
+// A split's canonical name, as `datasets` groups them: "dev" -> "validation", "training" -> "train", ...
+std::string canonical_split_name(const std::string& split);
+
 }  // namespace trl

@@ -75,6 +75,7 @@ void read_file(const std::string& file, Dataset& out) {
 }  // namespace
 
 struct Dataset::ParquetPart {
+  explicit ParquetPart(parquet::File f) : file(std::move(f)) {}
   parquet::File file;
   std::vector<int64_t> group_start;  // first row of each row group, then the file's row count
   std::mutex mu;                     // guards the decoded row group
@@ -85,8 +86,7 @@ struct Dataset::ParquetPart {
 size_t Dataset::size() const { return rows.size() + parquet_rows_; }
 
 void Dataset::add_parquet(const parquet::File& file) {
-  auto part = std::make_shared<ParquetPart>();
-  part->file = file;
+  auto part = std::make_shared<ParquetPart>(file);
   int64_t at = 0;
   for (int g = 0; g < file.num_row_groups(); ++g) {
     part->group_start.push_back(at);

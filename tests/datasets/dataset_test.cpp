@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -42,7 +43,8 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-// A hub cache holding trl-lib/Capybara as the Hub lays it out: refs/main -> a commit, the files under snapshots/.
+// A hub cache holding trl-lib/Capybara as huggingface_hub lays it out: refs/main holds a commit, and each file of
+// snapshots/<commit>/ is a symlink to blobs/<hash> (names out of order with the files', as hashes are).
 struct HubCache {
   test::TempDir dir;
   std::string snapshot;
@@ -51,10 +53,19 @@ struct HubCache {
     snapshot = (repo / "snapshots" / "0123abcd").string();
     stdfs::create_directories(repo / "refs");
     test::write_file((repo / "refs" / "main").string(), "0123abcd\n");
-    copy("capybara.parquet", snapshot + "/data/train-00000-of-00002.parquet");
-    copy("types_snappy.parquet", snapshot + "/data/train-00001-of-00002.parquet");
-    copy("prompt_only.parquet", snapshot + "/data/test-00000-of-00001.parquet");
+    link("capybara.parquet", "ff01", "data/train-00000-of-00002.parquet");
+    link("types_snappy.parquet", "0a02", "data/train-00001-of-00002.parquet");
+    link("prompt_only.parquet", "5c03", "data/test-00000-of-00001.parquet");
     test::write_file(snapshot + "/README.md", "# no YAML header here\n");
+  }
+  void link(const std::string& fixture, const std::string& blob, const std::string& name) {
+    const stdfs::path blobs = stdfs::path(snapshot).parent_path().parent_path() / "blobs";
+    copy(fixture, (blobs / blob).string());
+    stdfs::create_directories((stdfs::path(snapshot) / name).parent_path());
+    const int depth = static_cast<int>(std::count(name.begin(), name.end(), '/'));
+    std::string up = "../../";
+    for (int i = 0; i < depth; ++i) up += "../";
+    stdfs::create_symlink(up + "blobs/" + blob, stdfs::path(snapshot) / name);
   }
 };
 

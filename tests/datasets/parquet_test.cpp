@@ -3,6 +3,7 @@
 // fixture must be equal. Then malformed files: every one is a trl::Error that names the file, never a crash.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -171,6 +172,57 @@ TEST(Parquet, LimitsStopRowGroupsThatExpandTooFar) {
   parquet::ReadLimits pages;
   pages.max_page_bytes = 16;
   EXPECT_NE(read_error(slurp(kDir + "types_gzip.parquet"), pages).find("past the limit of 16 bytes per page"), std::string::npos);
+}
+
+// A file whose footer is `footer` (PAR1, footer, length, PAR1).
+std::string with_footer(const std::string& footer) {
+  std::string f = "PAR1" + footer;
+  const auto n = static_cast<uint32_t>(footer.size());
+  f.append(reinterpret_cast<const char*>(&n), 4);
+  return f + "PAR1";
+}
+
+TEST(Parquet, DeeplyNestedThriftIsAnErrorNotAStackOverflow) {
+  // Field 5 of FileMetaData as a list of lists of lists ...: skipped field, nested 200,000 deep.
+  const std::string e = read_error(with_footer("\x59" + std::string(200000, '\x19')));
+  EXPECT_NE(e.find("bad.parquet: corrupt footer (FileMetaData): "), std::string::npos) << e;
+  EXPECT_NE(e.find("nested deeper than 64 levels"), std::string::npos) << e;
+}
+
+TEST(Parquet, BytesOfRowsAreBounded) {
+  parquet::ReadLimits small;
+  small.max_bytes_per_row_group = 2000;
+  const std::string e = read_error(slurp(kDir + "capybara.parquet"), small);
+  EXPECT_NE(e.find("row group 0, column '"), std::string::npos) << e;
+  EXPECT_NE(e.find("max_bytes_per_row_group"), std::string::npos) << e;
+  parquet::ReadLimits footer;
+  footer.max_footer_bytes = 100;
+  EXPECT_NE(read_error(slurp(kDir + "capybara.parquet"), footer).find("ReadLimits::max_footer_bytes"), std::string::npos);
+}
+
+TEST(Parquet, StringsThatAreNotUtf8AreErrors) {
+  std::string bytes = slurp(kDir + "types_uncompressed.parquet");
+  size_t replaced = 0;
+  for (size_t at = bytes.find("Qwen"); at != std::string::npos; at = bytes.find("Qwen", at + 1)) bytes[at + 1] = '\xFF', ++replaced;
+  ASSERT_GT(replaced, 0u);
+  const std::string e = read_error(bytes);
+  EXPECT_NE(e.find("not valid UTF-8"), std::string::npos) << e;
+  EXPECT_NE(e.find("column '"), std::string::npos) << e;
+}
+
+// The fuzz corpus (fuzz/corpus/parquet: the seeds and every finding, kept as regression inputs): each file reads or
+// fails with a trl::Error; under the sanitizer pass, without a report.
+TEST(Parquet, FuzzCorpusReadsOrFailsCleanly) {
+  parquet::ReadLimits limits;  // the fuzz target's
+  limits.max_page_bytes = int64_t{1} << 22;
+  limits.max_values_per_row_group = int64_t{1} << 18;
+  limits.max_bytes_per_row_group = int64_t{1} << 26;
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(TRL_TEST_DATA_DIR) + "/../../fuzz/corpus/parquet")) {
+    read_error(slurp(e.path().string()), limits);
+    ++files;
+  }
+  EXPECT_GT(files, 10);
 }
 
 TEST(Parquet, MissingFileIsAnError) {

@@ -19,6 +19,8 @@ namespace trl::parquet {
 struct ReadLimits {
   int64_t max_page_bytes = int64_t{1} << 30;            // a page's compressed or uncompressed size
   int64_t max_values_per_row_group = int64_t{1} << 28;  // level entries of all columns of one row group together
+  int64_t max_bytes_per_row_group = int64_t{1} << 33;   // the decoded rows: string bytes plus ~16-64 per value
+  int64_t max_footer_bytes = int64_t{1} << 28;           // the footer (FileMetaData)
 };
 
 struct ColumnInfo {
@@ -47,6 +49,7 @@ class File {
   struct Impl;
 
  private:
+  File() = default;  // from open() or from_bytes() only
   std::shared_ptr<const Impl> impl_;
 };
 

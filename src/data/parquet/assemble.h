@@ -16,7 +16,11 @@ using ojson = nlohmann::ordered_json;
 
 class Assembler {
  public:
-  Assembler(const Leaf& leaf, std::vector<ojson>& rows) : leaf_(leaf), rows_(rows), index_(static_cast<size_t>(leaf.max_rep) + 1, 0) {}
+  // The first column of a row group creates its rows (up to num_rows); the others fill them. Every row, object,
+  // array and value is charged to the budget (ReadLimits::max_bytes_per_row_group).
+  Assembler(const Leaf& leaf, std::vector<ojson>& rows, int64_t num_rows, size_t row_fields, bool creates_rows, RowGroupBudget& budget)
+      : leaf_(leaf), rows_(rows), num_rows_(num_rows), row_fields_(row_fields), creates_rows_(creates_rows), budget_(budget),
+        index_(static_cast<size_t>(leaf.max_rep) + 1, 0) {}
 
   void add(const Page& p) {
     size_t vi = 0;
@@ -24,7 +28,14 @@ class Assembler {
       const int r = p.rep.empty() ? 0 : static_cast<int>(p.rep[i]);
       const int d = p.def.empty() ? leaf_.max_def : static_cast<int>(p.def[i]);
       if (r == 0) {
-        if (++row_ >= static_cast<int64_t>(rows_.size())) decode_error("the column holds more rows than the row group's {}", rows_.size());
+        ++row_;
+        if (creates_rows_) {
+          if (row_ >= num_rows_) decode_error("the column holds more rows than the row group's {}", num_rows_);
+          budget_.take_bytes(64 + 48 * static_cast<int64_t>(row_fields_));
+          rows_.emplace_back(ojson::object()).get_ref<ojson::object_t&>().reserve(row_fields_);
+        } else if (row_ >= static_cast<int64_t>(rows_.size())) {
+          decode_error("the column holds more rows than the row group's first column ({})", rows_.size());
+        }
       } else if (row_ < 0) {
         decode_error("the column's first entry continues a row (repetition level {})", r);
       }
@@ -70,7 +81,7 @@ class Assembler {
         if (r < parent.elem_rep) idx = 0;
         else if (r == parent.elem_rep) ++idx;
         auto& arr = slot->get_ref<ojson::array_t&>();
-        if (idx == arr.size()) arr.emplace_back(nullptr);
+        if (idx == arr.size()) budget_.take_bytes(16), arr.emplace_back(nullptr);
         else if (idx > arr.size()) decode_error("row {}: list '{}' skips from {} to element {}", row_, parent.name, arr.size(), idx);
         slot = &arr[idx];
       }
@@ -81,10 +92,12 @@ class Assembler {
       switch (n.kind) {
         case Node::Kind::Leaf:
           if (vi >= values.size()) decode_error("more present entries than the page's {} values", values.size());
+          budget_.take_bytes(16 + (values.bytes.empty() ? 0 : 32 + static_cast<int64_t>(values.bytes[vi].size())));
           *slot = leaf_value(*leaf_.element, values, vi++);
           return;
         case Node::Kind::Struct:
           if (slot->is_null()) {
+            budget_.take_bytes(64 + 48 * static_cast<int64_t>(n.children.size()));
             *slot = ojson::object();
             slot->get_ref<ojson::object_t&>().reserve(n.children.size());  // no regrowth: keys are copied when it moves
           } else if (!slot->is_object()) {
@@ -107,6 +120,10 @@ class Assembler {
 
   const Leaf& leaf_;
   std::vector<ojson>& rows_;
+  int64_t num_rows_;
+  size_t row_fields_;
+  bool creates_rows_;
+  RowGroupBudget& budget_;
   std::vector<size_t> index_;  // per repetition level: the element being written
   int64_t row_ = -1;
 };

@@ -19,7 +19,8 @@ void gunzip(Bytes in, size_t expected, std::vector<uint8_t>& out) {
   if (inflateInit2(&z, 32 + MAX_WBITS) != Z_OK) throw DecodeError("GZIP: zlib could not start");
   z.next_in = const_cast<Bytef*>(in.data);
   z.avail_in = static_cast<uInt>(in.size);
-  z.next_out = out.data();
+  uint8_t none = 0;  // an empty page: zlib wants somewhere to write even nothing
+  z.next_out = expected ? out.data() : &none;
   z.avail_out = static_cast<uInt>(expected);
   int rc = Z_OK;
   // A GZIP page may hold several gzip members one after another.

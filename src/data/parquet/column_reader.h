@@ -13,6 +13,22 @@
 
 namespace trl::parquet {
 
+// What one row group may still decode (ReadLimits): level entries of all its columns, and bytes of its rows.
+struct RowGroupBudget {
+  const ReadLimits& limits;
+  int64_t values = limits.max_values_per_row_group;
+  int64_t bytes = limits.max_bytes_per_row_group;
+  void take_values(int64_t n) {
+    if (n < 0) decode_error("{} values", n);
+    values -= n;
+    if (values < 0) decode_error("the row group expands to more than {} values (ReadLimits::max_values_per_row_group)", limits.max_values_per_row_group);
+  }
+  void take_bytes(int64_t n) {
+    bytes -= n;
+    if (bytes < 0) decode_error("the row group's rows grow past {} bytes (ReadLimits::max_bytes_per_row_group)", limits.max_bytes_per_row_group);
+  }
+};
+
 // Decoded levels and values of one data page.
 struct Page {
   std::vector<uint32_t> rep, def;  // empty when the column has no such levels
@@ -22,7 +38,7 @@ struct Page {
 
 class ChunkReader {
  public:
-  ChunkReader(const Source& source, const ReadLimits& limits, const ColumnMetaData& m, const Leaf& leaf, int64_t& budget)
+  ChunkReader(const Source& source, const ReadLimits& limits, const ColumnMetaData& m, const Leaf& leaf, RowGroupBudget& budget)
       : source_(source), limits_(limits), m_(m), leaf_(leaf), budget_(budget) {
     const SchemaElement& e = *leaf.element;
     if (m.type != *e.type) decode_error("the column chunk holds {} values, the schema says {}", physical_type_name(m.type), physical_type_name(*e.type));
@@ -89,8 +105,7 @@ class ChunkReader {
 
   void take_budget(int64_t n) {
     if (n < 0) decode_error("page {}: {} values", page_index_, n);
-    budget_ -= n;
-    if (budget_ < 0) decode_error("the row group expands to more than {} values (ReadLimits::max_values_per_row_group)", limits_.max_values_per_row_group);
+    budget_.take_values(n);
   }
 
   void read_dictionary(const PageHeader& h) {
@@ -182,7 +197,7 @@ class ChunkReader {
       gather_dictionary(dict_, indices_.data(), count, page.values);
       return;
     }
-    decode_values(in, enc, *leaf_.element->type, leaf_.element->type_length, count, page.values);
+    decode_values(in, enc, *leaf_.element->type, leaf_.element->type_length, count, page.values, static_cast<size_t>(std::max<int64_t>(budget_.bytes, 0)));
     if (page.values.size() != count) decode_error("page {}: {} values decoded, {} expected", page_index_, page.values.size(), count);
   }
 
@@ -190,7 +205,7 @@ class ChunkReader {
   const ReadLimits& limits_;
   const ColumnMetaData& m_;
   const Leaf& leaf_;
-  int64_t& budget_;
+  RowGroupBudget& budget_;
   uint64_t pos_ = 0, end_ = 0;
   int page_index_ = -1;
   std::vector<uint8_t> raw_, body_, header_buf_, dict_buf_;

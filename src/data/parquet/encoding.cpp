@@ -88,7 +88,7 @@ size_t decode_delta_binary(Bytes in, bool is_int32, size_t count, std::vector<in
   int64_t value = c.zigzag("DELTA_BINARY_PACKED first value");
   if (block == 0 || minis == 0 || block % minis != 0 || (block / minis) % 8 != 0 || block > (1u << 20))
     bad("DELTA_BINARY_PACKED: block size {} with {} miniblocks", block, minis);
-  if (total < count) bad("DELTA_BINARY_PACKED holds {} values, the page needs {}", total, count);
+  if (total != count) bad("DELTA_BINARY_PACKED holds {} values, the page needs {}", total, count);
   const size_t per_mini = static_cast<size_t>(block / minis);
   out.reserve(out.size() + count);
   size_t produced = 0;
@@ -131,7 +131,7 @@ void decode_delta_length(Bytes in, size_t count, Values& out) {
   }
 }
 
-void decode_delta_byte_array(Bytes in, size_t count, Values& out) {
+void decode_delta_byte_array(Bytes in, size_t count, size_t max_bytes, Values& out) {
   std::vector<int64_t> prefixes;
   const size_t used = decode_delta_binary(in, true, count, prefixes);
   Values suffixes;
@@ -140,9 +140,12 @@ void decode_delta_byte_array(Bytes in, size_t count, Values& out) {
   if (!out.owned.empty()) bad("DELTA_BYTE_ARRAY: a second run of values into one buffer");
   out.owned.reserve(count);
   std::string_view prev;
+  size_t total = 0;
   for (size_t i = 0; i < count; ++i) {
     if (prefixes[i] < 0 || static_cast<size_t>(prefixes[i]) > prev.size())
       bad("DELTA_BYTE_ARRAY: value {} keeps {} bytes of a {}-byte previous value", i, prefixes[i], prev.size());
+    total += static_cast<size_t>(prefixes[i]) + suffixes.bytes[i].size();
+    if (total > max_bytes) bad("DELTA_BYTE_ARRAY: the values grow past {} bytes (ReadLimits::max_bytes_per_row_group)", max_bytes);
     std::string v(prev.substr(0, static_cast<size_t>(prefixes[i])));
     v += suffixes.bytes[i];
     out.owned.push_back(std::move(v));
@@ -271,7 +274,7 @@ void decode_plain(Bytes in, PhysicalType type, int32_t type_length, size_t count
       const uint8_t* p = c.take(count * 8, "PLAIN INT64 values");
       const size_t base = out.ints.size();
       out.ints.resize(base + count);
-      std::memcpy(out.ints.data() + base, p, count * 8);
+      if (count) std::memcpy(out.ints.data() + base, p, count * 8);
       return;
     }
     case PhysicalType::Float: {
@@ -288,7 +291,7 @@ void decode_plain(Bytes in, PhysicalType type, int32_t type_length, size_t count
       const uint8_t* p = c.take(count * 8, "PLAIN DOUBLE values");
       const size_t base = out.floats.size();
       out.floats.resize(base + count);
-      std::memcpy(out.floats.data() + base, p, count * 8);
+      if (count) std::memcpy(out.floats.data() + base, p, count * 8);
       return;
     }
     case PhysicalType::Int96:
@@ -314,7 +317,7 @@ void decode_plain(Bytes in, PhysicalType type, int32_t type_length, size_t count
   bad("PLAIN: physical type {}", static_cast<int>(type));
 }
 
-void decode_values(Bytes in, Encoding encoding, PhysicalType type, int32_t type_length, size_t count, Values& out) {
+void decode_values(Bytes in, Encoding encoding, PhysicalType type, int32_t type_length, size_t count, Values& out, size_t max_bytes) {
   switch (encoding) {
     case Encoding::Plain: return decode_plain(in, type, type_length, count, out);
     case Encoding::Rle: {
@@ -335,7 +338,7 @@ void decode_values(Bytes in, Encoding encoding, PhysicalType type, int32_t type_
       return decode_delta_length(in, count, out);
     case Encoding::DeltaByteArray:
       if (type != PhysicalType::ByteArray && type != PhysicalType::FixedLenByteArray) bad("DELTA_BYTE_ARRAY for {} values", physical_type_name(type));
-      return decode_delta_byte_array(in, count, out);
+      return decode_delta_byte_array(in, count, max_bytes, out);
     case Encoding::ByteStreamSplit: return decode_byte_stream_split(in, type, type_length, count, out);
     default: break;
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,8 +55,10 @@ int bit_width_of(uint32_t max_value);
 // PLAIN-encoded values of `type` (`type_length` for FIXED_LEN_BYTE_ARRAY) appended to out.
 void decode_plain(Bytes in, PhysicalType type, int32_t type_length, size_t count, Values& out);
 
-// `count` values in `encoding` (anything but the dictionary encodings) appended to out.
-void decode_values(Bytes in, Encoding encoding, PhysicalType type, int32_t type_length, size_t count, Values& out);
+// `count` values in `encoding` (anything but the dictionary encodings) appended to out. DELTA_BYTE_ARRAY rebuilds its
+// values from prefixes (a few bytes can stand for long strings): more than `max_bytes` of them is an error.
+void decode_values(Bytes in, Encoding encoding, PhysicalType type, int32_t type_length, size_t count, Values& out,
+                   size_t max_bytes = SIZE_MAX);
 
 // out gets dict[indices[i]] for each index (checked against the dictionary's size).
 void gather_dictionary(const Values& dict, const uint32_t* indices, size_t count, Values& out);

@@ -49,6 +49,8 @@ void read_footer(File::Impl& f) {
   uint32_t footer_len;
   std::memcpy(&footer_len, tail.data(), 4);
   if (footer_len > size - 12) fail("{}: the footer claims {} bytes, the file has {} (truncated or corrupt)", f.path, footer_len, size);
+  if (footer_len > f.limits.max_footer_bytes)
+    fail("{}: a footer of {} bytes, past the limit of {} (ReadLimits::max_footer_bytes)", f.path, footer_len, f.limits.max_footer_bytes);
   std::vector<uint8_t> footer;
   f.source->read(size - 8 - footer_len, footer_len, footer);
   try {
@@ -56,7 +58,10 @@ void read_footer(File::Impl& f) {
     f.meta = read_file_metadata(r);
   } catch (const ThriftError& e) {
     fail("{}: corrupt footer (FileMetaData): {}", f.path, e.what());
+  } catch (const std::bad_alloc&) {
+    fail("{}: the footer (FileMetaData) needs more memory than there is", f.path);
   }
+  if (f.meta.row_groups.size() > static_cast<size_t>(INT32_MAX)) fail("{}: {} row groups", f.path, f.meta.row_groups.size());
   if (f.meta.encrypted) fail("{}: an encrypted Parquet file; encryption is not supported", f.path);
   try {
     build_schema(f.meta.schema, f.schema);
@@ -70,8 +75,14 @@ void read_footer(File::Impl& f) {
     if (rg.num_rows < 0) fail("{}: row group {} has {} rows", f.path, g, rg.num_rows);
     if (rg.columns.size() != f.schema.leaves.size())
       fail("{}: row group {} has {} column chunks, the schema has {} columns", f.path, g, rg.columns.size(), f.schema.leaves.size());
-    rows += rg.num_rows;
-    if (rows < 0) fail("{}: row counts overflow", f.path);
+    if (__builtin_add_overflow(rows, rg.num_rows, &rows)) fail("{}: the row groups' row counts overflow", f.path);
+    for (size_t c = 0; c < rg.columns.size(); ++c) {  // chunks in schema order: a path out of place would misread silently
+      if (!rg.columns[c].meta || rg.columns[c].meta->path_in_schema.empty()) continue;
+      std::string path;
+      for (const auto& part : rg.columns[c].meta->path_in_schema) path += (path.empty() ? "" : ".") + part;
+      if (path != f.schema.leaves[c].path)
+        fail("{}: row group {}: column chunk {} is '{}', the schema's column {} is '{}'", f.path, g, c, path, c, f.schema.leaves[c].path);
+    }
   }
   if (rows != f.meta.num_rows) fail("{}: the row groups hold {} rows, the footer says {}", f.path, rows, f.meta.num_rows);
 }
@@ -80,9 +91,9 @@ std::vector<ojson> read_group(const File::Impl& f, int g) {
   const RowGroup& rg = f.meta.row_groups[static_cast<size_t>(g)];
   if (rg.num_rows > f.limits.max_values_per_row_group)
     fail("{}: row group {} has {} rows, past the limit of {} (ReadLimits::max_values_per_row_group)", f.path, g, rg.num_rows, f.limits.max_values_per_row_group);
-  std::vector<ojson> rows(static_cast<size_t>(rg.num_rows), ojson::object());
-  for (ojson& row : rows) row.get_ref<ojson::object_t&>().reserve(f.schema.root.children.size());
-  int64_t budget = f.limits.max_values_per_row_group;
+  std::vector<ojson> rows;  // made by the first column as its rows appear (the footer's count is only a promise)
+  rows.reserve(static_cast<size_t>(std::min<int64_t>(rg.num_rows, 1 << 16)));
+  RowGroupBudget budget{f.limits};
   Page page;
   for (size_t c = 0; c < f.schema.leaves.size(); ++c) {
     const Leaf& leaf = f.schema.leaves[c];
@@ -93,7 +104,7 @@ std::vector<ojson> read_group(const File::Impl& f, int g) {
       if (chunk.encrypted) decode_error("the column chunk is encrypted, which is not supported");
       if (!chunk.meta) decode_error("the column chunk has no metadata");
       ChunkReader reader(*f.source, f.limits, *chunk.meta, leaf, budget);
-      Assembler assembler(leaf, rows);
+      Assembler assembler(leaf, rows, rg.num_rows, f.schema.root.children.size(), c == 0, budget);
       while (reader.next(page)) {
         page_index = reader.page_index();
         assembler.add(page);
@@ -101,6 +112,10 @@ std::vector<ojson> read_group(const File::Impl& f, int g) {
       if (assembler.rows_seen() != rg.num_rows) decode_error("the column holds {} rows, the row group {}", assembler.rows_seen(), rg.num_rows);
     } catch (const DecodeError& e) {
       fail("{}: row group {}, column '{}'{}: {}", f.path, g, leaf.path, page_index >= 0 ? fmt::format(" (after page {})", page_index) : "", e.what());
+    } catch (const std::bad_alloc&) {
+      fail("{}: row group {}, column '{}': out of memory (the file asks for more than this machine has; ReadLimits bounds it)", f.path, g, leaf.path);
+    } catch (const std::length_error& e) {
+      fail("{}: row group {}, column '{}': a size past what can be allocated ({})", f.path, g, leaf.path, e.what());
     } catch (const ojson::exception& e) {
       fail("{}: row group {}, column '{}': the column's nesting does not fit its schema ({})", f.path, g, leaf.path, e.what());
     }
@@ -137,8 +152,14 @@ File File::from_bytes(std::string bytes, const std::string& name, ReadLimits lim
 const std::string& File::path() const { return impl_->path; }
 int64_t File::num_rows() const { return impl_->meta.num_rows; }
 int File::num_row_groups() const { return static_cast<int>(impl_->meta.row_groups.size()); }
-int64_t File::row_group_rows(int g) const { return impl_->meta.row_groups.at(static_cast<size_t>(g)).num_rows; }
-int64_t File::row_group_bytes(int g) const { return impl_->meta.row_groups.at(static_cast<size_t>(g)).total_byte_size; }
+int64_t File::row_group_rows(int g) const {
+  if (g < 0 || g >= num_row_groups()) fail("{}: no row group {} (the file has {})", impl_->path, g, num_row_groups());
+  return impl_->meta.row_groups[static_cast<size_t>(g)].num_rows;
+}
+int64_t File::row_group_bytes(int g) const {
+  if (g < 0 || g >= num_row_groups()) fail("{}: no row group {} (the file has {})", impl_->path, g, num_row_groups());
+  return impl_->meta.row_groups[static_cast<size_t>(g)].total_byte_size;
+}
 const std::string& File::created_by() const { return impl_->meta.created_by; }
 
 std::vector<ColumnInfo> File::columns() const {

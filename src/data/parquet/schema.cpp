@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 namespace trl::parquet {
 
@@ -199,6 +200,15 @@ double big_endian_signed(std::string_view b) {
   return v;
 }
 
+bool is_text(const SchemaElement& e) {
+  if (e.logical == Logical::String || e.logical == Logical::Enum || e.logical == Logical::Json) return true;
+  return e.converted_type && (*e.converted_type == kUtf8 || *e.converted_type == kEnum || *e.converted_type == kJson);
+}
+
+// Whether s is well-formed UTF-8: simdjson's validator (SIMD, several GB/s; the reader's text is mostly this check
+// and a copy).
+bool valid_utf8(std::string_view s) { return simdjson::validate_utf8(s.data(), s.size()); }
+
 double half_to_double(uint16_t h) {
   const int exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
   const double sign = (h & 0x8000) ? -1.0 : 1.0;
@@ -261,18 +271,23 @@ ojson leaf_value(const SchemaElement& e, const Values& v, size_t i) {
     case PhysicalType::Double: return ojson(v.floats[i]);
     case PhysicalType::Int96: {  // nanoseconds of the day, then the Julian day: nanoseconds since the Unix epoch
       const std::string_view b = v.bytes[i];
-      int64_t nanos;
+      int64_t nanos, out;
       uint32_t day;
       std::memcpy(&nanos, b.data(), 8);
       std::memcpy(&day, b.data() + 8, 4);
-      return ojson((static_cast<int64_t>(day) - 2440588) * 86400LL * 1000000000LL + nanos);
+      if (__builtin_mul_overflow(static_cast<int64_t>(day) - 2440588, int64_t{86400} * 1000000000, &out) || __builtin_add_overflow(out, nanos, &out))
+        decode_error("an INT96 timestamp (Julian day {}) past the range of nanoseconds since 1970 in 64 bits", day);
+      return ojson(out);
     }
     case PhysicalType::ByteArray:
     case PhysicalType::FixedLenByteArray: {
       const std::string_view b = v.bytes[i];
       if (is_decimal(e)) return ojson(big_endian_signed(b) * std::pow(10.0, -e.scale));
       if (e.logical == Logical::Float16 && b.size() == 2) return ojson(half_to_double(static_cast<uint16_t>(static_cast<uint8_t>(b[0]) | static_cast<uint8_t>(b[1]) << 8)));
-      return ojson(std::string(b));
+      if (valid_utf8(b)) return ojson(std::string(b));
+      // Text that is not UTF-8 is corrupt; other bytes (images, audio) stay bytes: a JSON binary value.
+      if (is_text(e)) decode_error("a string value (value {} of the page) that is not valid UTF-8", i);
+      return ojson::binary(std::vector<uint8_t>(b.begin(), b.end()));
     }
   }
   return ojson();

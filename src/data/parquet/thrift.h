@@ -36,7 +36,7 @@ class CompactReader {
     bool bool_value = false;  // booleans live in the field header
   };
   void begin_struct() {
-    if (++depth_ > kMaxDepth) error("structures nested deeper than 64 levels");
+    enter();
     last_id_stack_[depth_] = 0;
   }
   void end_struct() { --depth_; }
@@ -79,6 +79,8 @@ class CompactReader {
     uint64_t n = h >> 4;
     if (n == 15) n = varint();
     if (n > remaining()) error("a list of " + std::to_string(n) + " elements in " + std::to_string(remaining()) + " bytes");
+    if (n > elements_left_) error("more than " + std::to_string(kMaxElements) + " list elements in all");
+    elements_left_ -= n;
     return static_cast<uint32_t>(n);
   }
 
@@ -97,7 +99,9 @@ class CompactReader {
       case TType::Set: {
         TType elem;
         const uint32_t n = list(elem);
+        enter();
         for (uint32_t i = 0; i < n; ++i) skip_element(elem);
+        --depth_;
         return;
       }
       case TType::Map: {
@@ -105,10 +109,12 @@ class CompactReader {
         if (n == 0) return;
         if (n > remaining()) error("a map of " + std::to_string(n) + " entries in " + std::to_string(remaining()) + " bytes");
         const uint8_t kv = byte();
+        enter();
         for (uint64_t i = 0; i < n; ++i) {
           skip_element(static_cast<TType>(kv >> 4));
           skip_element(static_cast<TType>(kv & 0x0F));
         }
+        --depth_;
         return;
       }
       case TType::Struct: {
@@ -127,6 +133,14 @@ class CompactReader {
 
  private:
   static constexpr int kMaxDepth = 64;
+  // List elements of one decode in all: each becomes a struct of up to ~150 bytes, so a footer of 1-byte elements
+  // would otherwise ask for 150 times its size (real footers hold thousands to hundreds of thousands).
+  static constexpr uint64_t kMaxElements = uint64_t{1} << 22;
+
+  void enter() {  // a struct, list, set or map one level deeper (the stack of skip() and the struct decoders)
+    if (++depth_ > kMaxDepth) error("values nested deeper than 64 levels");
+    last_id_stack_[depth_] = 0;
+  }
 
   void need(uint64_t n) const {
     if (n > remaining()) error("needs " + std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left");
@@ -156,6 +170,7 @@ class CompactReader {
   const uint8_t* end_;
   int depth_ = 0;
   int16_t last_id_stack_[kMaxDepth + 2] = {};
+  uint64_t elements_left_ = kMaxElements;
 };
 
 }  // namespace trl::parquet
