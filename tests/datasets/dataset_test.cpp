@@ -114,6 +114,14 @@ TEST(Datasets, ReadmeConfigsChooseTheFiles) {
   EXPECT_EQ(load_dataset(root, "test", "prefs").size(), expected("prompt_only").size());
   const std::string e = test::error_of([&] { load_dataset(root, "train", "nope"); });
   EXPECT_NE(e.find("no config \"nope\"; the configs are: sft, prefs"), std::string::npos) << e;
+
+  test::TempDir dirs;  // a config with a data_dir: the split rules inside that folder
+  copy("capybara.parquet", dirs.file("chat/train.parquet"));
+  copy("prompt_only.parquet", dirs.file("chat/test.parquet"));
+  copy("preference.parquet", dirs.file("other/train.parquet"));
+  test::write_file(dirs.file("README.md"), "---\nconfigs:\n- config_name: chat\n  data_dir: chat\n---\n");
+  EXPECT_EQ(load_dataset(dirs.path(), "train").size(), expected("capybara").size());
+  EXPECT_EQ(load_dataset(dirs.path(), "test").size(), expected("prompt_only").size());
 }
 
 TEST(Datasets, ConfigFoldersSynonymsAndJsonLinesBesideParquet) {
