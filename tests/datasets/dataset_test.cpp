@@ -90,7 +90,7 @@ TEST(Datasets, HubIdResolvesInTheLocalCacheWithShardsInOrder) {
   EXPECT_NE(missing.find("never downloads"), std::string::npos);
 }
 
-TEST(Datasets, RowsAreReadInOrderAndOnlyTheAskedRowGroupIsDecoded) {
+TEST(Datasets, ParquetRowsReadInAnyOrderEqualTheFixture) {
   Dataset d;
   d.add_parquet(parquet::File::open(kFixtures + "types_zstd.parquet"));
   const auto want = expected("types_zstd");
