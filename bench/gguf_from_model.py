@@ -106,10 +106,15 @@ def main():
             if array.ndim == 1:  # norms: llama.cpp multiplies them as F32 (its converter stores them so)
                 array, qtype = to_f32(array, qtype), gguf.GGMLQuantizationType.F32
             writer.add_tensor(gguf_name(name), array, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:  # written under a temporary name: a failure never leaves a half-written OUT.gguf
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    except BaseException:
+        if os.path.exists(out + ".tmp"):
+            os.remove(out + ".tmp")
+        raise
     os.replace(out + ".tmp", out)
     print(f"wrote {out}")
 
