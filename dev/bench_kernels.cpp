@@ -5,10 +5,14 @@
 //   build/dev/trl_bench_kernels --benchmark_filter=dot
 #include <benchmark/benchmark.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/amx.h"
 #include "backend/cpu/vec.h"
 #include "core/cpu_features.h"
 #include "trl/core/dtype.h"
@@ -71,6 +75,76 @@ void BM_dots_bf16bf16(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2 * M * K);
 }
 BENCHMARK(BM_dots_bf16bf16)->DenseRange(1, 8);
+
+// The AMX GEMV on OpenMP's threads (each a contiguous share of the weight rows, as gemv_node splits them): M rows
+// of x against N weight rows of K = 1024; bytes = the weight's. N = 64 per thread stays in L2 (the tile unit's
+// rate); N = 262144 is a 512 MiB weight, streamed from memory: compare with BM_read.
+void BM_amx_dots(benchmark::State& state) {
+  if (!cpu_features().amx_bf16) {
+    state.SkipWithError("no AMX-BF16 on this CPU (or TRL_NO_AMX)");
+    return;
+  }
+  const int64_t M = state.range(0), N = state.range(1) * omp_get_max_threads(), K = 1024;
+  const auto x = bf16(row(M * K, 5));
+  std::vector<uint16_t> w(static_cast<size_t>(N * K), 0x3f80);
+  std::vector<uint16_t> xp(cpu::amx::packed_x_size(M, K));
+  cpu::amx::pack_x(x.data(), M, K, xp.data());
+  for (auto _ : state) {
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num(), blocks = N / 16;
+      const int64_t b0 = blocks * t / threads, b1 = blocks * (t + 1) / threads;
+      alignas(64) float c[4 * 256];
+      cpu::amx::TileScope tiles(M);
+      for (int64_t b = b0; b < b1; b += 4) cpu::amx::dots(xp.data(), M, K, w.data() + b * 16 * K, std::min<int64_t>(4, b1 - b), c);
+      benchmark::DoNotOptimize(c);
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * N * K * 2);
+}
+BENCHMARK(BM_amx_dots)->ArgsProduct({{1, 8, 16}, {64, 262144}})->UseRealTime();
+// The vector kernels over the same streamed weight, one weight row per call (gemv_node without AMX).
+void BM_dots_bf16bf16_stream(benchmark::State& state) {
+  if (!cpu_features().avx512bf16) {
+    state.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  const int64_t M = state.range(0), N = 262144 * omp_get_max_threads(), K = 1024;
+  const auto x = bf16(row(M * K, 5));
+  std::vector<uint16_t> w(static_cast<size_t>(N * K), 0x3f80);
+  for (auto _ : state) {
+#pragma omp parallel
+    {
+      float out[8];
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        cpu::vec::dots_bf16bf16(x.data(), M, K, w.data() + n * K, out);
+        benchmark::DoNotOptimize(out);
+      }
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * N * K * 2);
+}
+BENCHMARK(BM_dots_bf16bf16_stream)->Arg(1)->Arg(8)->UseRealTime();
+// A plain read of 512 MiB per thread on OpenMP's threads: the bound of BM_amx_dots/M/262144.
+void BM_read(benchmark::State& state) {
+  const int64_t n = 262144 * 1024 / 2 * omp_get_max_threads();
+  std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+  for (auto _ : state) {
+    double total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      float acc[16] = {};
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; i += 16)
+        for (int64_t k = 0; k < 16; ++k) acc[k] += buf[static_cast<size_t>(i + k)];
+      for (float v : acc) total += v;
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetBytesProcessed(state.iterations() * n * 4);
+}
+BENCHMARK(BM_read)->UseRealTime();
 #endif
 
 // The softmax's exponentials over one vocabulary chunk.

@@ -2,7 +2,8 @@
 # Builds trl.cpp and runs every test: a Release build with warnings as errors, a short fuzzing pass of the Parquet
 # reader (TRL_FUZZ_SECONDS, default 60), then the same unit tests built with AddressSanitizer + UndefinedBehaviorSanitizer. Set TRL_SKIP_SANITIZERS=1 to run only the first pass.
 # The backend and model tests also run with oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA), as on a CPU without
-# AVX-512: bf16 GEMMs then take the widen-to-f32 path; TRL_NO_AVX512BF16=1 turns off the AVX512-BF16 decode kernel.
+# AVX-512: bf16 GEMMs then take the widen-to-f32 path; TRL_NO_AVX512BF16=1 turns off the AVX512-BF16 decode kernel,
+# TRL_NO_AMX=1 the AMX-BF16 one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -24,7 +25,7 @@ if ! TRL_FUZZ_BUILD=build-fuzz bash fuzz/run.sh "${TRL_FUZZ_SECONDS:-60}" > buil
 fi
 grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' build-fuzz.log
 echo "== backend and model tests with oneDNN limited to AVX2 (no AVX-512, no bf16 GEMM)"
-ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512BF16=1 ctest --test-dir build --output-on-failure -j "$jobs" -R 'Cpu|OpTable|Golden|ProgramCache|Checkpointing|Generat'
+ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512BF16=1 TRL_NO_AMX=1 ctest --test-dir build --output-on-failure -j "$jobs" -R 'Cpu|OpTable|Golden|ProgramCache|Checkpointing|Generat'
 
 if [ "${TRL_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"

@@ -30,7 +30,7 @@ nlohmann::ordered_json env_info() {
   j["isa"] = best_isa();
   j["cpu"] = f.brand;
   j["cpu_features"] = {{"avx2", f.avx2}, {"fma", f.fma}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
-                       {"avx512vl", f.avx512vl}, {"avx512bf16", f.avx512bf16}};
+                       {"avx512vl", f.avx512vl}, {"avx512bf16", f.avx512bf16}, {"amx_bf16", f.amx_bf16}};
   j["devices"] = available_devices();
   std::vector<std::string> backends;
   for (const BackendInfo& b : backend_registry())

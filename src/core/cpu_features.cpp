@@ -1,10 +1,15 @@
 #include "core/cpu_features.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace trl {
@@ -16,6 +21,17 @@ uint64_t read_xcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// Linux (5.16+) hands out the 8 KiB tile data state only to processes that ask: ARCH_REQ_XCOMP_PERM (0x1023) for
+// XFEATURE_XTILEDATA (18). The grant covers every thread of the process, present and future.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 CpuFeatures detect() {
@@ -44,6 +60,9 @@ CpuFeatures detect() {
     f.avx512f = os_avx512 && ((ebx >> 16) & 1u);
     f.avx512bw = os_avx512 && ((ebx >> 30) & 1u);
     f.avx512vl = os_avx512 && ((ebx >> 31) & 1u);
+    const bool amx_tile = (edx >> 24) & 1u, amx_bf16 = (edx >> 22) & 1u;
+    const bool os_amx = (xcr0 & 0x60000u) == 0x60000u;  // XTILECFG, XTILEDATA
+    f.amx_bf16 = amx_tile && amx_bf16 && os_amx && !std::getenv("TRL_NO_AMX") && request_amx_permission();
     __cpuid_count(7, 1, eax, ebx, ecx, edx);
     f.avx512bf16 = f.avx512f && ((eax >> 5) & 1u);
   }

@@ -13,6 +13,10 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512bf16 = false;
+  // AMX-BF16 tiles usable by this process: the CPU has AMX-TILE and AMX-BF16, the OS saves the tile state (XCR0
+  // bits 17, 18), and Linux granted the permission (arch_prctl ARCH_REQ_XCOMP_PERM, asked for once here).
+  // TRL_NO_AMX=1 turns it off.
+  bool amx_bf16 = false;
   std::string vendor;
   std::string brand;
 };

@@ -369,10 +369,12 @@ void embedding_cases(std::vector<OpCase>& t) {
 
 void matmul_cases(std::vector<OpCase>& t) {
   // x:[..., K] rows M = 1..8 take the GEMV path of the CPU backend, M > 8 the GEMM; K = 300 crosses the 128- and
-  // 32-wide blocks of the bf16 dot kernels with a tail.
-  const std::vector<std::pair<Shape, int64_t>> shapes = {{{1, 1}, 1},    {{1, 129}, 7},   {{1, 300}, 129}, {{7, 7}, 129},
-                                                         {{8, 129}, 7},  {{8, 300}, 33},  {{9, 129}, 7},   {{129, 7}, 129},
-                                                         {{129, 129}, 1}, {{2, 7, 33}, 7}, {{3, 1, 64}, 5}};
+  // 32-wide blocks of the bf16 dot kernels with a tail. On a CPU with AMX tiles, bf16 x bf16 with M = 2..16, K >= 32
+  // and N >= 16 takes the tile GEMV: 16-row weight blocks four at a time (N = 129: 8 blocks and 1 row; N = 80: 4 + 1
+  // blocks), then one at a time, the K % 32 columns (300, 40) and the N % 16 rows finished by the vector kernel.
+  const std::vector<std::pair<Shape, int64_t>> shapes = {{{1, 1}, 1},      {{1, 129}, 7},   {{1, 300}, 129}, {{7, 7}, 129},  {{8, 129}, 7},
+                                                         {{8, 300}, 33},   {{9, 129}, 7},   {{129, 7}, 129}, {{129, 129}, 1}, {{2, 7, 33}, 7},
+                                                         {{3, 1, 64}, 5},  {{2, 64}, 16},   {{5, 96}, 80},   {{16, 300}, 129}, {{2, 8, 40}, 70}};
   struct D {
     DType x, w, out;
     bool bias;
@@ -396,14 +398,14 @@ void matmul_cases(std::vector<OpCase>& t) {
   });
   // An addend the GEMM accumulates into (LoRA's B into the base output): an input (copied first) or a computed value
   // nothing else reads (written over in place); GEMV rows and GEMM rows.
-  for (const int64_t M : {3, 65})
+  for (const int64_t M : {3, 12, 65})
     for (DType dt : {F32, BF16})
       for (const bool computed : {false, true})
-        add_case(t, Op::MatMul, fmt::format("{} x {}x16 w 40x16 + {} addend", dn(dt), M, computed ? "computed (in place)" : "input"), tol_of(dt),
+        add_case(t, Op::MatMul, fmt::format("{} x {}x32 w 40x32 + {} addend", dn(dt), M, computed ? "computed (in place)" : "input"), tol_of(dt),
                  [=](Ctx& c) {
                    ValueId addend = c.rand("addend", {M, 40}, dt);
                    if (computed) addend = c.b.add(addend, c.rand("addend2", {M, 40}, dt));
-                   c.out(c.b.matmul(c.rand("x", {M, 16}, dt), c.rand("w", {40, 16}, dt), kNone, dt, "", addend));
+                   c.out(c.b.matmul(c.rand("x", {M, 32}, dt), c.rand("w", {40, 32}, dt), kNone, dt, "", addend));
                  });
 }
 

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "core/cpu_features.h"
 #include "trl/core/dtype.h"
 
@@ -77,6 +78,30 @@ TEST(Vec, MultiRowDotsReadTheWeightOnceAndMatchEachRow) {
       }
     }
   }
+}
+
+// The AMX GEMV's blocks (amx.h) against double loops: M = 1..16 rows of x, 1..9 blocks of 16 weight rows (the
+// four-at-a-time loop and the single blocks), K = 32 and 96 (whole k-blocks: the tail is the caller's).
+TEST(Vec, AmxTileDotsMatchDoubleLoops) {
+  if (!cpu_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 on this CPU (or TRL_NO_AMX)";
+  for (int64_t K : {32, 96})
+    for (int64_t M = 1; M <= amx::kMaxRows; ++M)
+      for (int64_t blocks : {1, 4, 5, 9}) {
+        const auto x16 = to_bf16(random_row(M * K, 11)), w16 = to_bf16(random_row(blocks * 16 * K, 12));
+        std::vector<uint16_t> xp(amx::packed_x_size(M, K));
+        amx::pack_x(x16.data(), M, K, xp.data());
+        std::vector<float> c(static_cast<size_t>(blocks * 256), NAN);
+        {
+          amx::TileScope tiles(M);
+          amx::dots(xp.data(), M, K, w16.data(), blocks, c.data());
+        }
+        for (int64_t r = 0; r < blocks * 16; ++r)
+          for (int64_t m = 0; m < M; ++m) {
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k) want += static_cast<double>(bf16_to_f32(x16[m * K + k])) * bf16_to_f32(w16[r * K + k]);
+            ASSERT_TRUE(close(c[r * 16 + m], want, 1e-5)) << "M=" << M << " K=" << K << " blocks=" << blocks << " row " << r << " x row " << m;
+          }
+      }
 }
 
 TEST(Vec, ExponentialsAndTheirSums) {

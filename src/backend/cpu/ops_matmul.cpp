@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/lower.h"
@@ -19,40 +20,97 @@ namespace trl::cpu {
 
 namespace {
 
-constexpr int64_t kGemvRows = 8;
+// Rows of x that take the GEMV rather than a GEMM: up to 8 on the vector kernels (vec::dots_bf16*: 8 x 16-lane
+// accumulators stay in registers), 2 to 16 on AMX tiles (one C tile is 16 weight rows x up to 16 rows of x). One
+// row stays on the vector kernel, which streams the weight a little faster than the tiles (measured: batch-1
+// decode 20.5 vs 19.4 tok/s, docs/PERFORMANCE.md).
+constexpr int64_t kGemvRowsVec = 8;
+bool amx_gemv(DType ta, DType tb, int64_t M, int64_t N, int64_t K) {
+  return ta == DType::BF16 && tb == DType::BF16 && cpu_features().amx_bf16 && M >= 2 && M <= amx::kMaxRows && K >= 32 && N >= amx::kBlockRows;
+}
 
-// y[m, n] = x[m, :]·w[n, :] (+ bias[n]) for M <= kGemvRows: one pass over w, split by rows of w across threads.
+// The GEMV's kernels for one (x dtype, w dtype) pair, chosen once when the program is built.
+enum class GemvPath { kAmx, kBf16Dot, kWidenX };
+
+// y[m, n] = x[m, :]·w[n, :] (+ bias[n]) (+ addend[m, n]) for M <= 8 (2..16 on AMX tiles): one pass over w, split by rows of w
+// across threads.
+//   kAmx: blocks of 16 weight rows on the tile unit (amx.h), x packed once per call; the K % 32 columns and the
+//     N % 16 rows are finished here with vec::dots_bf16bf16.
+//   kBf16Dot: vec::dots_bf16bf16 per weight row (AVX512-BF16).
+//   kWidenX: x widened to f32 once, then vec::dots_bf16 (bf16 w) or vec::dot (f32 w) per weight row.
 Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph::ValueId b, graph::ValueId bias, graph::ValueId addend, int64_t M,
                  int64_t N, int64_t K) {
   const DType ta = cx->nd(a).dtype, tb = cx->nd(b).dtype, tc = cx->nd(id).dtype, tbias = bias != kNone ? cx->nd(bias).dtype : DType::F32;
-  auto xf = std::make_shared<std::vector<float>>(static_cast<size_t>(M * K));
+  GemvPath path = GemvPath::kWidenX;
 #if defined(__x86_64__)
-  const bool bf16dot = ta == DType::BF16 && tb == DType::BF16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
-#else
-  const bool bf16dot = false;
+  if (amx_gemv(ta, tb, M, N, K))
+    path = GemvPath::kAmx;
+  else if (ta == DType::BF16 && tb == DType::BF16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16"))
+    path = GemvPath::kBf16Dot;
 #endif
-  return [cx, id, a, b, bias, addend, M, N, K, ta, tb, tc, tbias, xf, bf16dot] {
-    if (!bf16dot)
-      for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(cx->p(a), ta, i);
-    const float* x = xf->data();
-#pragma omp parallel for schedule(static)
-      for (int64_t n = 0; n < N; ++n) {
-        const float bv = bias != kNone ? ld(cx->p(bias), tbias, n) : 0.0f;
-        float dots[kGemvRows];
+  if (path != GemvPath::kAmx && M > kGemvRowsVec) fail("internal: a GEMV of {} rows without AMX tiles (at most {})", M, kGemvRowsVec);
+  auto xf = std::make_shared<std::vector<float>>(path == GemvPath::kWidenX ? static_cast<size_t>(M * K) : 0);
+  auto xp = std::make_shared<std::vector<uint16_t>>(path == GemvPath::kAmx ? amx::packed_x_size(M, K) : 0);
+  return [cx, id, a, b, bias, addend, M, N, K, ta, tb, tc, tbias, xf, xp, path] {
+    const void* y_in = addend != kNone ? cx->p(addend) : nullptr;
+    void* y = cx->p(id);
+    // y[:, n] from the dot products of weight row n: + bias, + addend, stored in the result's dtype.
+    auto store_column = [&](int64_t n, const float* dots, int64_t dots_stride) {
+      const float bv = bias != kNone ? ld(cx->p(bias), tbias, n) : 0.0f;
+      for (int64_t m = 0; m < M; ++m) st(y, tc, m * N + n, dots[m * dots_stride] + bv + (y_in ? ld(y_in, tc, m * N + n) : 0.0f));
+    };
+    // Weight row n on the vector kernels, into dots[0..M).
+    auto vector_dots = [&](int64_t n, float* dots) {
+      const auto* w = static_cast<const uint16_t*>(cx->p(b)) + n * K;
 #if defined(__x86_64__)
-        if (bf16dot) {
-          vec::dots_bf16bf16(static_cast<const uint16_t*>(cx->p(a)), M, K, static_cast<const uint16_t*>(cx->p(b)) + n * K, dots);
-        } else
+      if (path != GemvPath::kWidenX) return vec::dots_bf16bf16(static_cast<const uint16_t*>(cx->p(a)), M, K, w, dots);
 #endif
-        if (tb == DType::BF16 && M == 1) {
-          dots[0] = vec::dot_bf16(x, static_cast<const uint16_t*>(cx->p(b)) + n * K, K);
-        } else if (tb == DType::BF16) {
-          vec::dots_bf16(x, M, K, static_cast<const uint16_t*>(cx->p(b)) + n * K, dots);
-        } else {
-          for (int64_t m = 0; m < M; ++m) dots[m] = vec::dot(x + m * K, static_cast<const float*>(cx->p(b)) + n * K, K);
+      const float* x = xf->data();
+      if (tb == DType::BF16) return vec::dots_bf16(x, M, K, w, dots);
+      for (int64_t m = 0; m < M; ++m) dots[m] = vec::dot(x + m * K, static_cast<const float*>(cx->p(b)) + n * K, K);
+    };
+
+    if (path == GemvPath::kAmx) {
+      const auto* x = static_cast<const uint16_t*>(cx->p(a));
+      const auto* w = static_cast<const uint16_t*>(cx->p(b));
+      amx::pack_x(x, M, K, xp->data());
+      const int64_t blocks = N / amx::kBlockRows, k_whole = K / 32 * 32;
+#pragma omp parallel
+      {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t b0 = blocks * t / threads, b1 = blocks * (t + 1) / threads;
+        constexpr int64_t kChunk = 4;  // blocks per call: 64 weight rows, 4 KiB of results on the stack
+        alignas(64) float c[kChunk * 256];
+        amx::TileScope tiles(M);
+        for (int64_t bb = b0; bb < b1; bb += kChunk) {
+          const int64_t nb = std::min(kChunk, b1 - bb);
+          amx::dots(xp->data(), M, K, w + bb * amx::kBlockRows * K, nb, c);
+          for (int64_t r = 0; r < nb * amx::kBlockRows; ++r) {
+            const int64_t n = bb * amx::kBlockRows + r;
+            float* cr = c + r * 16;
+            for (int64_t k = k_whole; k < K; ++k)  // the K % 32 tail
+              for (int64_t m = 0; m < M; ++m) cr[m] += bf16_to_f32(x[m * K + k]) * bf16_to_f32(w[n * K + k]);
+            store_column(n, cr, 1);
+          }
         }
-        for (int64_t m = 0; m < M; ++m) st(cx->p(id), tc, m * N + n, dots[m] + bv + (addend != kNone ? ld(cx->p(addend), tc, m * N + n) : 0.0f));
       }
+      for (int64_t n = blocks * amx::kBlockRows; n < N; ++n) {  // the N % 16 rows
+        float dots[amx::kMaxRows];
+        for (int64_t m0 = 0; m0 < M; m0 += kGemvRowsVec)
+          vec::dots_bf16bf16(x + m0 * K, std::min(kGemvRowsVec, M - m0), K, w + n * K, dots + m0);
+        store_column(n, dots, 1);
+      }
+      return;
+    }
+
+    if (path == GemvPath::kWidenX)
+      for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(cx->p(a), ta, i);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float dots[kGemvRowsVec];
+      vector_dots(n, dots);
+      store_column(n, dots, 1);
+    }
   };
 }
 
@@ -66,7 +124,7 @@ Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
   const DType tc = cx->nd(id).dtype;
   // A few rows against a weight in nn.Linear layout (decoding) is memory-bound: read each weight row once for
   // all rows (dots_bf16 widens it in registers).
-  if (M <= kGemvRows && sa_m == K && sa_k == 1 && sb_k == 1 && sb_n == K && (tb == DType::BF16 || tb == DType::F32))
+  if ((M <= kGemvRowsVec || amx_gemv(ta, tb, M, N, K)) && sa_m == K && sa_k == 1 && sb_k == 1 && sb_n == K && (tb == DType::BF16 || tb == DType::F32))
     return gemv_node(cx, id, a, b, bias, addend, M, N, K);
   const bool widen_a = ta != tb && ta != DType::F32, widen_b = ta != tb && tb != DType::F32;
   if (widen_a) ta = DType::F32;
