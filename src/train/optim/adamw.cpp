@@ -3,10 +3,112 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 
+#include <omp.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/cpu_features.h"
+#include "trl/core/dtype.h"
 #include "trl/core/error.h"
 
 namespace trl {
+
+namespace {
+
+// One step's constants of torch.optim.AdamW's update (see AdamW::step).
+struct Update {
+  float keep, b1, b2, eps, step_size, inv_sqrt_bc2;
+};
+
+// Elements [i0, i1) of one tensor: the moments m, v (read unless fresh: then they start at 0), the f32 weight w,
+// and its bf16 compute copy w16 (when given). The vector version below does the same operations in the same order
+// (no fused multiply-add: GCC would otherwise contract the intrinsics' mul + add), so both give the same bits.
+template <bool kFresh>
+__attribute__((optimize("fp-contract=off"))) void update_scalar(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1, const Update& u) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float gi = g[i];
+    const float m0 = kFresh ? 0.0f : m[i], v0 = kFresh ? 0.0f : v[i];
+    const float mi = m0 + (1.0f - u.b1) * (gi - m0);
+    const float vi = u.b2 * v0 + (1.0f - u.b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float wi = w[i] * u.keep - u.step_size * mi / (std::sqrt(vi) * u.inv_sqrt_bc2 + u.eps);
+    w[i] = wi;
+    if (w16 != nullptr) w16[i] = f32_to_bf16(wi);
+  }
+}
+
+#if defined(__x86_64__)
+// AVX-512, 16 elements at a time. The pass streams ~30 bytes per parameter through memory (gigabytes for a 0.6B
+// model): with every stored array aligned, the stores bypass the cache (non-temporal), which saves reading each
+// destination line before writing it. Measured on the qwen3-0.6b step: docs/PERFORMANCE.md.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, falsely, inside _mm512_sqrt_ps
+template <bool kFresh>
+__attribute__((target("avx512f,avx512bw"), optimize("fp-contract=off"))) void update_avx512(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
+                                                                const Update& u) {
+  auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
+  int64_t i = i0;
+  // Scalar head up to a 64-byte boundary of m; then non-temporal stores if w, v (and w16 at 32 bytes) line up too.
+  while (i < i1 && !aligned(m + i, 64)) ++i;
+  update_scalar<kFresh>(g, m, v, w, w16, i0, i, u);
+  const bool nt = aligned(v + i, 64) && aligned(w + i, 64) && (w16 == nullptr || aligned(w16 + i, 32));
+  const __m512 one_b1 = _mm512_set1_ps(1.0f - u.b1), b2 = _mm512_set1_ps(u.b2), one_b2 = _mm512_set1_ps(1.0f - u.b2);
+  const __m512 keep = _mm512_set1_ps(u.keep), step = _mm512_set1_ps(u.step_size), isb = _mm512_set1_ps(u.inv_sqrt_bc2), eps = _mm512_set1_ps(u.eps);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x00400000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
+  for (; i + 16 <= i1; i += 16) {
+    const __m512 gi = _mm512_loadu_ps(g + i);
+    const __m512 m0 = kFresh ? _mm512_setzero_ps() : _mm512_loadu_ps(m + i), v0 = kFresh ? _mm512_setzero_ps() : _mm512_loadu_ps(v + i);
+    const __m512 mi = _mm512_add_ps(m0, _mm512_mul_ps(one_b1, _mm512_sub_ps(gi, m0)));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, v0), _mm512_mul_ps(_mm512_mul_ps(one_b2, gi), gi));
+    const __m512 den = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), isb), eps);
+    const __m512 wi = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + i), keep), _mm512_div_ps(_mm512_mul_ps(step, mi), den));
+    if (nt) {
+      _mm512_stream_ps(m + i, mi), _mm512_stream_ps(v + i, vi), _mm512_stream_ps(w + i, wi);
+    } else {
+      _mm512_storeu_ps(m + i, mi), _mm512_storeu_ps(v + i, vi), _mm512_storeu_ps(w + i, wi);
+    }
+    if (w16 != nullptr) {  // f32_to_bf16: round to nearest even; a NaN keeps its sign and becomes quiet
+      const __m512i bits = _mm512_castps_si512(wi);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs_mask), inf);
+      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(bits, 16), lsb)));
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, quiet)), 16));
+      if (nt)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(w16 + i), h);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w16 + i), h);
+    }
+  }
+  if (nt) _mm_sfence();  // order the streaming stores before whatever reads these tensors next
+  update_scalar<kFresh>(g, m, v, w, w16, i, i1, u);
+}
+#pragma GCC diagnostic pop
+#endif
+
+template <bool kFresh>
+void update(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t n, const Update& u) {
+#if defined(__x86_64__)
+  static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw;
+#endif
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t i0 = n * t / threads / 16 * 16, i1 = t + 1 == threads ? n : n * (t + 1) / threads / 16 * 16;
+#if defined(__x86_64__)
+    if (avx512)
+      update_avx512<kFresh>(g, m, v, w, w16, i0, i1, u);
+    else
+#endif
+      update_scalar<kFresh>(g, m, v, w, w16, i0, i1, u);
+  }
+}
+
+}  // namespace
 
 bool applies_weight_decay(const std::string& name) {
   std::string n = name;
@@ -59,18 +161,11 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
     }
     float* m = m_[name].mutable_data_as<float>();
     float* v = v_[name].mutable_data_as<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = gr[i];
-      const float m0 = fresh ? 0.0f : m[i], v0 = fresh ? 0.0f : v[i];
-      const float mi = m0 + (1.0f - b1) * (gi - m0);
-      const float vi = b2 * v0 + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float wi = w[i] * keep - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-      w[i] = wi;
-      if (w16 != nullptr) w16[i] = f32_to_bf16(wi);
-    }
+    const Update u{keep, b1, b2, eps, step_size, inv_sqrt_bc2};
+    if (fresh)
+      update<true>(gr, m, v, w, w16, n, u);
+    else
+      update<false>(gr, m, v, w, w16, n, u);
   }
 }
 
