@@ -104,6 +104,16 @@ TEST(Vec, AmxTileDotsMatchDoubleLoops) {
       }
 }
 
+TEST(Vec, ScaledBf16CastRoundsOnce) {
+  for (int64_t n : kLengths) {
+    auto x = random_row(n, 13, 3.0f);
+    if (n > 2) x[1] = NAN, x[2] = INFINITY;
+    std::vector<uint16_t> out(static_cast<size_t>(n));
+    vec::scale_to_bf16(x.data(), n, -0.37f, out.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], f32_to_bf16(-0.37f * x[i])) << "n=" << n << " i=" << i;
+  }
+}
+
 TEST(Vec, ExponentialsAndTheirSums) {
   for (int64_t n : kLengths) {
     auto x = random_row(n, 5, 4.0f);

@@ -274,7 +274,10 @@ TEST(GrpoTrainer, TinyModelLearnsAFormatAndALength) {
     // -0.015 with each row sampling from its own stream (-0.343 -> -0.108 with one stream for the round).
     EXPECT_GT(r1, r0);
     EXPECT_LT(-r1, 0.5 * -r0);
-    EXPECT_LT(std::fabs(l1 - 9.0), std::fabs(l0 - 9.0));  // " one two ... eight" + EOS is 9 tokens
+    // " one two ... eight" + EOS is 9 tokens, but 40 characters can also take 10: the lengths stay about 9 (the
+    // reward, in characters, is what must improve; "closer to 9 than at the start" was a coin toss: 8.71 -> 9.48
+    // tokens with the reward -0.082 -> -0.032 after a change of exp's last bits).
+    EXPECT_LT(std::fabs(l1 - 9.0), 1.0);
   }
   // The same run's first two rounds with the Python script: the same rewards.
   {

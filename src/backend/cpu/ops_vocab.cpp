@@ -215,7 +215,7 @@ Kernel lower_vocab_backward(ProgramContext* cx, ValueId id) {
         vec::exp_shift(z, c, lse[r]);  // softmax of the chunk
         const bool hit = t[r] >= j0 && t[r] < j0 + c;
         if (to16) {
-          for (int64_t j = 0; j < c; ++j) z16[j] = f32_to_bf16(-g * z[j]);
+          vec::scale_to_bf16(z, c, -g, z16);
           if (hit) z16[t[r] - j0] = f32_to_bf16(g * (1.0f - z[t[r] - j0]));
         } else {
           for (int64_t j = 0; j < c; ++j) z[j] = -g * z[j];

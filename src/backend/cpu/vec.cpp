@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "backend/cpu/vec_math.h"
+#include "core/cpu_features.h"
 #include "trl/core/dtype.h"
 
 namespace trl::cpu::vec {
@@ -95,13 +96,12 @@ TRL_MULTIVERSION void bf16_bits(const float* x, int64_t n, uint16_t* out) {
     out[i] = static_cast<uint16_t>(b >> 16);
   }
 }
-// x[i] = exp(x[i] - shift).
-TRL_MULTIVERSION void exp_shift(float* x, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i] - shift);
-}
-// x ← e^(x - shift), and returns Σ e^(x-shift); with ey, also *ey = Σ e^(x-shift)·(x-shift) (entropy): one pass.
-template <bool kEy>
-__attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t n, float shift, float* ey) {
+// The exponentials of the softmaxes (attention rows, vocabulary chunks): x ← e^(x − shift), with Σ e and, for the
+// entropy, Σ e·(x − shift) in the same pass. GCC does not vectorise the generic loops (the clamps and the masked
+// sum are control flow to it), so CPUs with AVX-512 take the explicit version below; same polynomial, with fused
+// multiply-adds, and masked loads and stores for the tail. Measured: docs/PERFORMANCE.md.
+template <bool kSum, bool kEy>
+__attribute__((always_inline)) inline float exp_shift_generic(float* x, int64_t n, float shift, float* ey) {
   float acc[16] = {}, acc2[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -120,10 +120,65 @@ __attribute__((always_inline)) inline float exp_shift_sum_impl(float* x, int64_t
     if (kEy) s2 += e > 0.0f ? e * v : 0.0f;
   }
   if (kEy) *ey = s2;
-  return s;
+  return kSum ? s : 0.0f;
 }
-TRL_MULTIVERSION float exp_shift_sum(float* x, int64_t n, float shift) { return exp_shift_sum_impl<false>(x, n, shift, nullptr); }
-TRL_MULTIVERSION float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) { return exp_shift_sum_impl<true>(x, n, shift, ey); }
+TRL_MULTIVERSION void exp_shift_any(float* x, int64_t n, float shift) { exp_shift_generic<false, false>(x, n, shift, nullptr); }
+TRL_MULTIVERSION float exp_shift_sum_any(float* x, int64_t n, float shift) { return exp_shift_generic<true, false>(x, n, shift, nullptr); }
+TRL_MULTIVERSION float exp_shift_sum_ey_any(float* x, int64_t n, float shift, float* ey) { return exp_shift_generic<true, true>(x, n, shift, ey); }
+
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, falsely, inside the AVX-512 intrinsics
+// exp_nonpositive on 16 lanes: v = k·ln2 + r, k = floor(v·log2e + ½), e^r by the same degree-6 polynomial, 2^k in
+// the exponent bits; v < −87 (and −inf) gives 0, a NaN stays NaN.
+__attribute__((target("avx512f"), always_inline)) inline __m512 exp_nonpositive16(__m512 v) {
+  const __m512 vc = _mm512_max_ps(_mm512_set1_ps(-87.0f), v);  // (max returns its second operand for a NaN)
+  const __m512 kf = _mm512_roundscale_ps(_mm512_fmadd_ps(vc, _mm512_set1_ps(1.44269504f), _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(1.428606765330187e-06f), _mm512_fnmadd_ps(kf, _mm512_set1_ps(0.693145751953125f), vc));
+  __m512 p = _mm512_set1_ps(0.00138888892f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.00833333377f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.0416666679f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.166666672f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(kf), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.0f), _CMP_LT_OQ), _mm512_setzero_ps());
+}
+template <bool kSum, bool kEy>
+__attribute__((target("avx512f"))) float exp_shift_avx512(float* x, int64_t n, float shift, float* ey) {
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), sh);
+    const __m512 e = exp_nonpositive16(v);
+    _mm512_mask_storeu_ps(x + i, lanes, e);
+    if (kSum) acc = _mm512_mask_add_ps(acc, lanes, acc, e);
+    if (kEy) acc2 = _mm512_mask_add_ps(acc2, _mm512_mask_cmp_ps_mask(lanes, e, _mm512_setzero_ps(), _CMP_GT_OQ), acc2, _mm512_mul_ps(e, v));
+  }
+  alignas(64) float lanes[2][16];  // (not _mm512_reduce_add_ps: GCC 12 warns falsely inside it)
+  _mm512_store_ps(lanes[0], acc);
+  _mm512_store_ps(lanes[1], acc2);
+  float s = 0, s2 = 0;
+  for (int k = 0; k < 16; ++k) s += lanes[0][k], s2 += lanes[1][k];
+  if (kEy) *ey = s2;
+  return kSum ? s : 0.0f;
+}
+#pragma GCC diagnostic pop
+const bool use_avx512_exp = cpu_features().avx512f;
+#else
+constexpr bool use_avx512_exp = false;
+template <bool kSum, bool kEy>
+float exp_shift_avx512(float*, int64_t, float, float*) { __builtin_trap(); }
+#endif
+
+void exp_shift(float* x, int64_t n, float shift) { use_avx512_exp ? (void)exp_shift_avx512<false, false>(x, n, shift, nullptr) : exp_shift_any(x, n, shift); }
+float exp_shift_sum(float* x, int64_t n, float shift) { return use_avx512_exp ? exp_shift_avx512<true, false>(x, n, shift, nullptr) : exp_shift_sum_any(x, n, shift); }
+float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) {
+  return use_avx512_exp ? exp_shift_avx512<true, true>(x, n, shift, ey) : exp_shift_sum_ey_any(x, n, shift, ey);
+}
 
 // The weight rows of a decoding GEMV stream from memory one after the other: reading kPrefetchAhead elements (1 KiB of
 // bf16) ahead of the loads keeps more cache misses in flight than the hardware prefetcher alone (measured on
@@ -282,6 +337,14 @@ TRL_MULTIVERSION void to_bf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t b;
     __builtin_memcpy(&b, x + i, 4);
+    out[i] = round_bits(b);
+  }
+}
+TRL_MULTIVERSION void scale_to_bf16(const float* x, int64_t n, float a, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = a * x[i];
+    uint32_t b;
+    __builtin_memcpy(&b, &v, 4);
     out[i] = round_bits(b);
   }
 }

@@ -41,6 +41,8 @@ void round_to_bf16(float* x, int64_t n);
 void bf16_bits(const float* x, int64_t n, uint16_t* out);
 // out[i] = bf16(x[i]) (nearest even; NaN stays NaN): the vectorised f32 → bf16 cast.
 void to_bf16(const float* x, int64_t n, uint16_t* out);
+// out[i] = bf16(a·x[i]) (the product in f32, rounded once).
+void scale_to_bf16(const float* x, int64_t n, float a, uint16_t* out);
 // out[i] = bf16(a[i] + b[i]) for bf16 a, b (the sum in f32, rounded once).
 void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out);
 
