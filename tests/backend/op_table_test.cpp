@@ -715,6 +715,9 @@ void norm_backward_cases(std::vector<OpCase>& t) {
   add_case(t, Op::SwiGLUBackward, "gate/up f32 129 saturated gates dy f32", kF32, [](Ctx& c) {
     for (ValueId v : c.b.swiglu_backward(c.rand("gate", {129}, F32, 30.0), c.rand("up", {129}, F32), c.rand("dy", {129}, F32))) c.out(v);
   });
+  add_case(t, Op::SwiGLUBackward, "gate/up bf16 129 saturated gates dy bf16", kBF16, [](Ctx& c) {
+    for (ValueId v : c.b.swiglu_backward(c.rand("gate", {129}, BF16, 30.0), c.rand("up", {129}, BF16), c.rand("dy", {129}, BF16))) c.out(v);
+  });
 }
 
 void attention_backward_cases(std::vector<OpCase>& t) {

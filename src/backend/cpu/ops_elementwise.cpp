@@ -91,7 +91,16 @@ Kernel lower_swiglu(ProgramContext* cx, graph::ValueId id) {
   const graph::ValueId a = n.inputs[0], b = n.inputs[1];
   const DType da = cx->nd(a).dtype, db = cx->nd(b).dtype;
   const int64_t count = shape_numel(n.shape);
-  return [cx, id, a, b, da, db, od, count] {
+  const bool fast = da == DType::BF16 && db == DType::BF16 && od == DType::BF16 && vec::swiglu_bf16_available();
+  return [cx, id, a, b, da, db, od, count, fast] {
+    if (fast) {  // bf16 training: the AVX-512 kernel, in chunks of 4096 across the threads
+      const auto* g = static_cast<const uint16_t*>(cx->p(a));
+      const auto* u = static_cast<const uint16_t*>(cx->p(b));
+      auto* out = static_cast<uint16_t*>(cx->p(id));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; i += 4096) vec::swiglu_bf16(g + i, u + i, std::min<int64_t>(4096, count - i), out + i);
+      return;
+    }
     dispatch(da, cx->p(a), db, cx->p(b), od, cx->p(id), [&](auto ga, auto ub, auto out) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < count; ++i) {
@@ -109,7 +118,20 @@ Kernel lower_swiglu_backward(ProgramContext* cx, graph::ValueId id) {
   const graph::ValueId a = n.inputs[0], b = n.inputs[1], dy = n.inputs[2];
   const DType da = cx->nd(a).dtype, db = cx->nd(b).dtype, dd = cx->nd(dy).dtype;
   const int64_t count = shape_numel(cx->nd(a).shape);
-  return [cx, id, a, b, dy, da, db, dd, od, count] {
+  const bool fast = da == DType::BF16 && db == DType::BF16 && dd == DType::BF16 && od == DType::BF16 && vec::swiglu_bf16_available();
+  return [cx, id, a, b, dy, da, db, dd, od, count, fast] {
+    if (fast) {  // bf16 training: the AVX-512 kernel, in chunks of 4096 across the threads
+      const auto* g = static_cast<const uint16_t*>(cx->p(a));
+      const auto* u = static_cast<const uint16_t*>(cx->p(b));
+      const auto* d = static_cast<const uint16_t*>(cx->p(dy));
+      auto* out = static_cast<uint16_t*>(cx->p(id));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; i += 4096) {
+        const int64_t c = std::min<int64_t>(4096, count - i);
+        vec::swiglu_backward_bf16(g + i, u + i, d + i, c, out + i, out + count + i);
+      }
+      return;
+    }
     const DType pair = da == db ? da : DType::F64;  // gate and up share a dtype in practice (else: any-dtype loads)
     dispatch(pair, cx->p(a), dd, cx->p(dy), od, cx->p(id), [&](auto ga, auto dya, auto out) {
       auto ub = ga;

@@ -166,13 +166,76 @@ __attribute__((target("avx512f"))) float exp_shift_avx512(float* x, int64_t n, f
   if (kEy) *ey = s2;
   return kSum ? s : 0.0f;
 }
+// 16 bf16 values widened to f32, and f32 rounded to bf16 (nearest even; a NaN keeps its sign and turns quiet).
+__attribute__((target("avx512f"), always_inline)) inline __m512 load_bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512i round_bf16x16_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000)));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 round_bf16x16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(round_bf16x16_bits(x), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+__attribute__((target("avx512f"), always_inline)) inline void store_bf16x16(uint16_t* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16x16_bits(x), 16)));
+}
+// σ(g) from t = e^(−|g|) <= 1 (no overflow): 1/(1 + t) for g >= 0, t/(1 + t) below.
+__attribute__((target("avx512f"), always_inline)) inline __m512 sigmoid16(__m512 g) {
+  const __m512 t = exp_nonpositive16(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32(static_cast<int>(0x80000000u)))));
+  const __m512 num = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), t);
+  return _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), t));
+}
+__attribute__((target("avx512f"))) void swiglu_bf16_avx512(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = load_bf16x16(g + i);
+    store_bf16x16(out + i, _mm512_mul_ps(round_bf16x16(_mm512_mul_ps(gv, sigmoid16(gv))), load_bf16x16(u + i)));
+  }
+  for (; i < n; ++i) {  // the tail, as ops_elementwise's generic loop computes it
+    const float gf = bf16_to_f32(g[i]);
+    out[i] = f32_to_bf16(bf16_round(gf / (1.0f + std::exp(-gf))) * bf16_to_f32(u[i]));
+  }
+}
+__attribute__((target("avx512f"))) void swiglu_backward_bf16_avx512(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg,
+                                                                    uint16_t* du) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = load_bf16x16(g + i), uv = load_bf16x16(u + i), d = load_bf16x16(dy + i), sig = sigmoid16(gv);
+    const __m512 dsilu = _mm512_mul_ps(sig, _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sig))));
+    store_bf16x16(dg + i, _mm512_mul_ps(_mm512_mul_ps(d, uv), dsilu));
+    store_bf16x16(du + i, _mm512_mul_ps(_mm512_mul_ps(d, gv), sig));
+  }
+  for (; i < n; ++i) {
+    const float gf = bf16_to_f32(g[i]), uf = bf16_to_f32(u[i]), d = bf16_to_f32(dy[i]);
+    const float sig = 1.0f / (1.0f + std::exp(-gf));
+    dg[i] = f32_to_bf16(d * uf * sig * (1.0f + gf * (1.0f - sig)));
+    du[i] = f32_to_bf16(d * gf * sig);
+  }
+}
 #pragma GCC diagnostic pop
 const bool use_avx512_exp = cpu_features().avx512f;
 #else
 constexpr bool use_avx512_exp = false;
 template <bool kSum, bool kEy>
 float exp_shift_avx512(float*, int64_t, float, float*) { __builtin_trap(); }
+void swiglu_bf16_avx512(const uint16_t*, const uint16_t*, int64_t, uint16_t*) { __builtin_trap(); }
+void swiglu_backward_bf16_avx512(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, uint16_t*, uint16_t*) { __builtin_trap(); }
 #endif
+
+bool swiglu_bf16_available() { return use_avx512_exp; }
+void swiglu_bf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
+  if (!use_avx512_exp) __builtin_trap();
+  swiglu_bf16_avx512(g, u, n, out);
+}
+void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg, uint16_t* du) {
+  if (!use_avx512_exp) __builtin_trap();
+  swiglu_backward_bf16_avx512(g, u, dy, n, dg, du);
+}
 
 void exp_shift(float* x, int64_t n, float shift) { use_avx512_exp ? (void)exp_shift_avx512<false, false>(x, n, shift, nullptr) : exp_shift_any(x, n, shift); }
 float exp_shift_sum(float* x, int64_t n, float shift) { return use_avx512_exp ? exp_shift_avx512<true, false>(x, n, shift, nullptr) : exp_shift_sum_any(x, n, shift); }
