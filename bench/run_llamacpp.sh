@@ -25,12 +25,15 @@ shift
 runs=3 preset=qwen3-0.6b threads=${OMP_NUM_THREADS:-$(nproc)}
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --runs) runs=$2; shift 2 ;;
-    --preset) preset=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
+    --runs | --preset | --threads)
+      [[ $# -ge 2 ]] || { echo "run_llamacpp.sh: $1 needs a value" >&2; usage; }
+      case "$1" in --runs) runs=$2 ;; --preset) preset=$2 ;; --threads) threads=$2 ;; esac
+      shift 2 ;;
     *) echo "run_llamacpp.sh: unknown option $1" >&2; usage ;;
   esac
 done
+[[ $runs =~ ^[1-9][0-9]*$ ]] || { echo "run_llamacpp.sh: --runs must be a positive integer, not '$runs'" >&2; exit 2; }
+[[ $threads =~ ^[1-9][0-9]*$ ]] || { echo "run_llamacpp.sh: --threads must be a positive integer, not '$threads'" >&2; exit 2; }
 bin=${LLAMA_BIN:-$llama/build/bin}
 for tool in llama-bench llama-batched-bench; do
   [[ -x $bin/$tool ]] || { echo "run_llamacpp.sh: $bin/$tool is missing: build llama.cpp first (see the top of this script)" >&2; exit 2; }
@@ -51,12 +54,25 @@ fi
 
 results=$work/results.jsonl
 : >"$results"
+# Runs one engine's command; its JSON lines go to the results (tagged with the engine), its stderr to a log that is
+# shown when it fails.
+run_engine() {
+  local engine=$1 log=$work/$1.log out
+  shift
+  if ! out=$("$@" 2>"$log"); then
+    echo "run_llamacpp.sh: $engine failed ($*); its output:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  out=$(grep '^{' <<<"$out" || true)
+  [[ -n $out ]] || { echo "run_llamacpp.sh: $engine printed no JSON line ($*); see $log" >&2; exit 1; }
+  sed "s/^{/{\"engine\":\"$engine\",/" <<<"$out" | tee -a "$results"
+}
 for ((r = 1; r <= runs; ++r)); do
-  OMP_NUM_THREADS=$threads "$build/trl" bench generate --preset "$preset" --batch 8 --prompt_len 512 --new_tokens 32 | tee -a "$results"
-  "$bin/llama-bench" -m "$work/model.gguf" -p 512 -n 0 -t "$threads" -r 2 -o jsonl 2>/dev/null |
-    grep '^{' | sed 's/^{/{"engine":"llama-bench",/' | tee -a "$results"
-  "$bin/llama-batched-bench" -m "$work/model.gguf" -c 2048 -b 512 -ub 512 -npp 16 -ntg 32 -npl 1,8 -t "$threads" --output-format jsonl 2>/dev/null |
-    grep '^{' | sed 's/^{/{"engine":"llama-batched-bench",/' | tee -a "$results"
+  run_engine trl env OMP_NUM_THREADS="$threads" "$build/trl" bench generate --preset "$preset" --batch 8 --prompt_len 512 --new_tokens 32
+  run_engine llama-bench "$bin/llama-bench" -m "$work/model.gguf" -p 512 -n 0 -t "$threads" -r 2 -o jsonl
+  run_engine llama-batched-bench "$bin/llama-batched-bench" -m "$work/model.gguf" -c 2048 -b 512 -ub 512 -npp 16 -ntg 32 -npl 1,8 \
+    -t "$threads" --output-format jsonl
 done
 
 /usr/bin/python3 - "$results" "$threads" <<'PY'

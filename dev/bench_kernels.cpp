@@ -78,7 +78,7 @@ BENCHMARK(BM_dots_bf16bf16)->DenseRange(1, 8);
 
 // The AMX GEMV on OpenMP's threads (each a contiguous share of the weight rows, as gemv_node splits them): M rows
 // of x against N weight rows of K = 1024; bytes = the weight's. N = 64 per thread stays in L2 (the tile unit's
-// rate); N = 262144 is a 512 MiB weight, streamed from memory: compare with BM_read.
+// rate); N = 262144 is 512 MiB of weight per thread, streamed from memory: compare with BM_read.
 void BM_amx_dots(benchmark::State& state) {
   if (!cpu_features().amx_bf16) {
     state.SkipWithError("no AMX-BF16 on this CPU (or TRL_NO_AMX)");

@@ -104,6 +104,35 @@ TEST(Vec, AmxTileDotsMatchDoubleLoops) {
       }
 }
 
+// The exponentials' edges: far below the maximum (e^-90 is below f32's normal range: 0 or a tiny value), -inf (0),
+// and a NaN (stays NaN), at every position of a 16-lane group and in the tail.
+TEST(Vec, ExponentialsAtTheEdges) {
+  for (int64_t n : {5, 16, 21}) {
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(static_cast<size_t>(n), 0.5f);
+      x[at] = -90.0f;
+      if (at + 1 < n) x[at + 1] = -INFINITY;
+      vec::exp_shift(x.data(), n, 0.5f);
+      ASSERT_TRUE(x[at] >= 0.0f && x[at] < 1e-38f) << "n=" << n << " at " << at << ": " << x[at];
+      if (at + 1 < n) {
+        ASSERT_EQ(x[at + 1], 0.0f);
+      }
+      for (int64_t i = 0; i < n; ++i)
+        if (i != at && i != at + 1) {
+          ASSERT_EQ(x[i], 1.0f) << "e^0, n=" << n << " i=" << i;
+        }
+      std::vector<float> y(static_cast<size_t>(n), 0.0f);
+      y[at] = NAN;
+      EXPECT_TRUE(std::isnan(vec::exp_shift_sum(y.data(), n, 0.0f))) << "a NaN reaches the sum, n=" << n;
+      ASSERT_TRUE(std::isnan(y[at])) << "n=" << n << " at " << at;
+      for (int64_t i = 0; i < n; ++i)
+        if (i != at) {
+          ASSERT_EQ(y[i], 1.0f) << "n=" << n << " i=" << i;
+        }
+    }
+  }
+}
+
 TEST(Vec, ScaledBf16CastRoundsOnce) {
   for (int64_t n : kLengths) {
     auto x = random_row(n, 13, 3.0f);

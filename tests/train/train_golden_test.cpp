@@ -145,8 +145,8 @@ TEST(AdamW, UpdateMatchesTheFormulaForEachElement) {
     const float* got = params.at("w").data_as<float>();
     const uint16_t* got16 = compute.at("w").data_as<uint16_t>();
     for (int64_t i = 0; i < n; ++i) {
-      m[i] = m[i] + 0.1f * (g[i] - m[i]);
-      v[i] = 0.999f * v[i] + 0.001f * g[i] * g[i];
+      m[i] = m[i] + (1.0f - 0.9f) * (g[i] - m[i]);
+      v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g[i] * g[i];
       w[i] = w[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * isb + 1e-8f);
       if (std::isnan(w[i])) {
         ASSERT_TRUE(std::isnan(got[i])) << "step " << step << " element " << i;

@@ -25,8 +25,11 @@ namespace {
 // row stays on the vector kernel, which streams the weight a little faster than the tiles (measured: batch-1
 // decode 20.5 vs 19.4 tok/s, docs/PERFORMANCE.md).
 constexpr int64_t kGemvRowsVec = 8;
+// The tiles' tails (N % 16 rows) run on vdpbf16ps: the AMX path also needs AVX512-BF16 (every AMX CPU has it, a VM
+// may hide it), and TRL_NO_AVX512BF16=1 turns both off.
 bool amx_gemv(DType ta, DType tb, int64_t M, int64_t N, int64_t K) {
-  return ta == DType::BF16 && tb == DType::BF16 && cpu_features().amx_bf16 && M >= 2 && M <= amx::kMaxRows && K >= 32 && N >= amx::kBlockRows;
+  static const bool usable = cpu_features().amx_bf16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
+  return ta == DType::BF16 && tb == DType::BF16 && usable && M >= 2 && M <= amx::kMaxRows && K >= 32 && N >= amx::kBlockRows;
 }
 
 // The GEMV's kernels for one (x dtype, w dtype) pair, chosen once when the program is built.

@@ -10,6 +10,7 @@
 #endif
 
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/vec_math.h"
 #include "core/cpu_features.h"
@@ -195,9 +196,12 @@ __attribute__((target("avx512f"))) void swiglu_bf16_avx512(const uint16_t* g, co
     const __m512 gv = load_bf16x16(g + i);
     store_bf16x16(out + i, _mm512_mul_ps(round_bf16x16(_mm512_mul_ps(gv, sigmoid16(gv))), load_bf16x16(u + i)));
   }
-  for (; i < n; ++i) {  // the tail, as ops_elementwise's generic loop computes it
-    const float gf = bf16_to_f32(g[i]);
-    out[i] = f32_to_bf16(bf16_round(gf / (1.0f + std::exp(-gf))) * bf16_to_f32(u[i]));
+  if (i < n) {  // the tail through the same lanes (padded copies), so an element's bits never depend on the length
+    alignas(64) uint16_t gt[16] = {}, ut[16] = {}, ot[16];
+    std::memcpy(gt, g + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(ut, u + i, static_cast<size_t>(n - i) * 2);
+    swiglu_bf16_avx512(gt, ut, 16, ot);
+    std::memcpy(out + i, ot, static_cast<size_t>(n - i) * 2);
   }
 }
 __attribute__((target("avx512f"))) void swiglu_backward_bf16_avx512(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg,
@@ -210,37 +214,44 @@ __attribute__((target("avx512f"))) void swiglu_backward_bf16_avx512(const uint16
     store_bf16x16(dg + i, _mm512_mul_ps(_mm512_mul_ps(d, uv), dsilu));
     store_bf16x16(du + i, _mm512_mul_ps(_mm512_mul_ps(d, gv), sig));
   }
-  for (; i < n; ++i) {
-    const float gf = bf16_to_f32(g[i]), uf = bf16_to_f32(u[i]), d = bf16_to_f32(dy[i]);
-    const float sig = 1.0f / (1.0f + std::exp(-gf));
-    dg[i] = f32_to_bf16(d * uf * sig * (1.0f + gf * (1.0f - sig)));
-    du[i] = f32_to_bf16(d * gf * sig);
+  if (i < n) {  // the tail through the same lanes, as in swiglu_bf16_avx512
+    alignas(64) uint16_t gt[16] = {}, ut[16] = {}, dt[16] = {}, dgt[16], dut[16];
+    std::memcpy(gt, g + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(ut, u + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(dt, dy + i, static_cast<size_t>(n - i) * 2);
+    swiglu_backward_bf16_avx512(gt, ut, dt, 16, dgt, dut);
+    std::memcpy(dg + i, dgt, static_cast<size_t>(n - i) * 2);
+    std::memcpy(du + i, dut, static_cast<size_t>(n - i) * 2);
   }
 }
 #pragma GCC diagnostic pop
-const bool use_avx512_exp = cpu_features().avx512f;
+// Read on first use (not at load time: a process that never runs a kernel never asks the CPU anything).
+bool use_avx512_exp() {
+  static const bool yes = cpu_features().avx512f;
+  return yes;
+}
 #else
-constexpr bool use_avx512_exp = false;
+constexpr bool use_avx512_exp() { return false; }
 template <bool kSum, bool kEy>
 float exp_shift_avx512(float*, int64_t, float, float*) { __builtin_trap(); }
 void swiglu_bf16_avx512(const uint16_t*, const uint16_t*, int64_t, uint16_t*) { __builtin_trap(); }
 void swiglu_backward_bf16_avx512(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, uint16_t*, uint16_t*) { __builtin_trap(); }
 #endif
 
-bool swiglu_bf16_available() { return use_avx512_exp; }
+bool swiglu_bf16_available() { return use_avx512_exp(); }
 void swiglu_bf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
-  if (!use_avx512_exp) __builtin_trap();
+  if (!use_avx512_exp()) __builtin_trap();
   swiglu_bf16_avx512(g, u, n, out);
 }
 void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg, uint16_t* du) {
-  if (!use_avx512_exp) __builtin_trap();
+  if (!use_avx512_exp()) __builtin_trap();
   swiglu_backward_bf16_avx512(g, u, dy, n, dg, du);
 }
 
-void exp_shift(float* x, int64_t n, float shift) { use_avx512_exp ? (void)exp_shift_avx512<false, false>(x, n, shift, nullptr) : exp_shift_any(x, n, shift); }
-float exp_shift_sum(float* x, int64_t n, float shift) { return use_avx512_exp ? exp_shift_avx512<true, false>(x, n, shift, nullptr) : exp_shift_sum_any(x, n, shift); }
+void exp_shift(float* x, int64_t n, float shift) { use_avx512_exp() ? (void)exp_shift_avx512<false, false>(x, n, shift, nullptr) : exp_shift_any(x, n, shift); }
+float exp_shift_sum(float* x, int64_t n, float shift) { return use_avx512_exp() ? exp_shift_avx512<true, false>(x, n, shift, nullptr) : exp_shift_sum_any(x, n, shift); }
 float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) {
-  return use_avx512_exp ? exp_shift_avx512<true, true>(x, n, shift, ey) : exp_shift_sum_ey_any(x, n, shift, ey);
+  return use_avx512_exp() ? exp_shift_avx512<true, true>(x, n, shift, ey) : exp_shift_sum_ey_any(x, n, shift, ey);
 }
 
 // The weight rows of a decoding GEMV stream from memory one after the other: reading kPrefetchAhead elements (1 KiB of
