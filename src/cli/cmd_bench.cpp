@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
 
@@ -73,7 +72,7 @@ double read_bandwidth() {
 }
 
 void register_bench_generate(CLI::App* bench) {
-  auto* cmd = bench->add_subcommand("generate", "Prefill and decode speed of the static-cache generation engine");
+  auto* cmd = add_command(*bench, "generate", "Prefill and decode speed of the static-cache generation engine");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
     int64_t layers = 0, batch = 8, prompt_len = 512, new_tokens = 64;
@@ -86,7 +85,7 @@ void register_bench_generate(CLI::App* bench) {
   opts.add("batch", a->batch, "The larger decode batch (batch 1 is always measured)").min(1);
   opts.add("prompt_len", a->prompt_len, "Prompt tokens for the prefill figure").min(1);
   opts.add("new_tokens", a->new_tokens, "Tokens decoded per measurement").min(2).max(100000);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
     if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;
@@ -150,11 +149,11 @@ void register_bench_generate(CLI::App* bench) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks that print one JSON line of figures");
-  bench->require_subcommand(1);
+  auto* bench = add_command(app, "bench", "Benchmarks that print one JSON line of figures");
+  require_subcommand(bench);
   register_bench_generate(bench);
   register_bench_dpo(bench);
-  auto* cmd = bench->add_subcommand("train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
+  auto* cmd = add_command(*bench, "train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
     int64_t layers = 0, batch = 1, seq = 512, steps = 3, lora_r = 0;
@@ -175,7 +174,7 @@ void register_bench(CLI::App& app) {
   opts.add("gkd_beta", a->gkd_beta, "A GKD step instead (lmbda 0): a teacher of the same shapes, the generalized JSD with this beta over "
                                     "the second half of each sequence (the completion); < 0 = SFT")
       .max(1);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
     if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/options.h"
@@ -25,7 +24,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 void register_bench_dpo(CLI::App* bench) {
-  auto* cmd = bench->add_subcommand("dpo", "One DPO training step (reference forward, policy forward and backward, AdamW) on Qwen3 shapes");
+  auto* cmd = add_command(*bench, "dpo", "One DPO training step (reference forward, policy forward and backward, AdamW) on Qwen3 shapes");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
     int64_t layers = 0, pairs = 2, seq = 512, steps = 3;
@@ -40,7 +39,7 @@ void register_bench_dpo(CLI::App* bench) {
   opts.add("dtype", a->dtype, "bf16 (bf16 compute, f32 master weights) | f32").choices({"bf16", "f32"});
   opts.add("steps", a->steps, "Timed steps (after one warm-up step)").min(1);
   opts.add("precompute_ref_log_probs", a->precompute, "Compute the reference log-probs once before the steps and release the reference");
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
     if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/registry.h"
@@ -19,7 +18,7 @@
 namespace trl::cli {
 
 void register_compile(CLI::App& app) {
-  auto* cmd = app.add_subcommand("compile", "Compile ahead of time every training program a run needs (one per bucket) into the program cache");
+  auto* cmd = add_command(app, "compile", "Compile ahead of time every training program a run needs (one per bucket) into the program cache");
   struct Args {
     std::string model, preset, dtype = "bf16", pad_to_multiple_of = "auto", revision = "main";
     int64_t layers = 0, batch = 8, max_length = 1024;
@@ -36,7 +35,7 @@ void register_compile(CLI::App& app) {
   opts.add("max_length", a->max_length, "Longest sequence").min(1);
   opts.add("pad_to_multiple_of", a->pad_to_multiple_of, "None | auto | N: the bucket");
   opts.add("gradient_checkpointing", a->gradient_checkpointing, "Compile the rematerialising variant");
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     if (a->model.empty() == a->preset.empty()) fail("trl compile: give exactly one of --model_name_or_path and --preset");
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     auto backend = make_backend("auto");

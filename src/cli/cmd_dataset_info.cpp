@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -54,7 +53,7 @@ std::string megabytes(uintmax_t bytes) {
 }  // namespace
 
 void register_dataset_info(CLI::App& app) {
-  auto* cmd = app.add_subcommand("dataset-info", "A dataset's splits, files, row counts, columns and first rows (hub id, folder or file)");
+  auto* cmd = add_command(app, "dataset-info", "A dataset's splits, files, row counts, columns and first rows (hub id, folder or file)");
   struct Args {
     std::string name, config, revision = "main", split;
     int rows = 3;
@@ -62,13 +61,13 @@ void register_dataset_info(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  cmd->add_option("name", a->name, "A Hugging Face dataset id (local cache), a folder, or a .parquet/.jsonl/.json file")->required();
+  add_positional(cmd, "name", a->name, "A Hugging Face dataset id (local cache), a folder, or a .parquet/.jsonl/.json file");
   opts.add("dataset_config,config", a->config, "Configuration (README.md `configs:` entry, or <config>/ folder)");
   opts.add("revision", a->revision, "Hub cache revision");
   opts.add("split", a->split, "Only this split");
   opts.add("rows", a->rows, "First rows to print per split").min(0);
   opts.add("width", a->width, "Characters of each printed row").min(20);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     const DatasetLayout layout = resolve_dataset(a->name, a->config, a->revision);
     std::printf("dataset %s\n  at %s\n", a->name.c_str(), layout.root.c_str());
     bool shown = false;

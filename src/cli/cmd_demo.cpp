@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "assets/assets.h"
@@ -20,7 +19,7 @@
 namespace trl::cli {
 
 void register_demo(CLI::App& app) {
-  auto* cmd = app.add_subcommand("demo", "Fine-tune a tiny Qwen3 on a built-in chat dataset, then ask it the questions");
+  auto* cmd = add_command(app, "demo", "Fine-tune a tiny Qwen3 on a built-in chat dataset, then ask it the questions");
   struct Args {
     std::string out = "demo";
     uint64_t seed = 0;
@@ -31,7 +30,7 @@ void register_demo(CLI::App& app) {
   opts.add("out,output_dir", a->out, "Folder for the base model, the dataset and the fine-tuned model");
   opts.add("seed", a->seed, "Random seed of the initial weights");
   opts.add("max_steps", a->max_steps, "Training steps").min(1);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     namespace stdfs = std::filesystem;
     const std::string base = (stdfs::path(a->out) / "base").string(), data = (stdfs::path(a->out) / "chat.jsonl").string(),
                       tuned = (stdfs::path(a->out) / "sft").string();

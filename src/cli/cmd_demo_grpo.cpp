@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
@@ -18,7 +17,7 @@
 namespace trl::cli {
 
 void register_demo_grpo(CLI::App& app) {
-  auto* cmd = app.add_subcommand("demo-grpo", "GRPO on a tiny Qwen3: a format reward rises from about 0.5 to 1 in a minute");
+  auto* cmd = add_command(app, "demo-grpo", "GRPO on a tiny Qwen3: a format reward rises from about 0.5 to 1 in a minute");
   struct Args {
     std::string out = "demo-grpo";
     int64_t max_steps = 24;
@@ -27,7 +26,7 @@ void register_demo_grpo(CLI::App& app) {
   Options opts(cmd);
   opts.add("out,output_dir", a->out, "Folder for the models, the datasets and the logs");
   opts.add("max_steps", a->max_steps, "GRPO steps").min(1);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     namespace stdfs = std::filesystem;
     using ojson = nlohmann::ordered_json;
     const stdfs::path out(a->out);

@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -12,7 +11,7 @@
 namespace trl::cli {
 
 void register_dpo(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
+  auto* cmd = add_command(app, 
       "dpo", "Direct Preference Optimization (TRL's DPOTrainer): trl dpo --model_name_or_path M --dataset_name pairs.jsonl");
   struct Args {
     DPOConfig c;
@@ -45,7 +44,7 @@ void register_dpo(CLI::App& app) {
   o->add("ref_model_mixup_alpha", c.ref_model_mixup_alpha, "TR-DPO: reference = alpha * policy + (1 - alpha) * reference").min(0).max(1);
   o->add("ref_model_sync_steps", c.ref_model_sync_steps, "TR-DPO: optimizer steps between reference updates").min(1);
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     DPOConfig cfg = a->c;
     finish_training_options("dpo", cfg, a->t);

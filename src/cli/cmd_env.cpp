@@ -1,7 +1,6 @@
 // `trl env`: what this build is and what it sees (version, build options, ISA, devices, cores, threads, oneDNN).
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <dnnl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -57,11 +56,11 @@ nlohmann::ordered_json env_info() {
 }  // namespace
 
 void register_env(CLI::App& app) {
-  auto* cmd = app.add_subcommand("env", "Print the version, build options, detected ISA, devices, cores, threads and oneDNN version");
+  auto* cmd = add_command(app, "env", "Print the version, build options, detected ISA, devices, cores, threads and oneDNN version");
   auto json_out = std::make_shared<bool>(false);
   Options opts(cmd);
   opts.add("json", *json_out, "Print one JSON object");
-  cmd->callback([json_out] {
+  on_run(cmd, [json_out] {
     const auto j = env_info();
     if (*json_out) {
       std::printf("%s\n", j.dump().c_str());

@@ -12,7 +12,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -247,7 +246,7 @@ void run_chat(const ChatArgs& c) {
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (streamed), or from a JSON-lines file of prompts");
+  auto* cmd = add_command(app, "generate", "Generate text from a prompt (streamed), or from a JSON-lines file of prompts");
   struct Args : GenFlags {
     std::string prompt, input, output;
     bool chat = false;
@@ -263,7 +262,7 @@ void register_generate(CLI::App& app) {
   opts.add("chat", a->chat, "Apply the model's chat template to --prompt (a user message)");
   opts.add("num_return_sequences", a->num_return_sequences, "Completions per prompt").min(1);
   opts.add("batch_size", a->batch_size, "With --input: prompts per generate() call").min(1);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     if (a->prompt.empty() && a->input.empty()) fail("give a prompt with --prompt or a file with --input");
     const Tokenizer tok = Tokenizer::from_pretrained(tokenizer_source(a->model), a->revision);
     const CausalLM model = load_model(*a);
@@ -346,12 +345,12 @@ void register_generate(CLI::App& app) {
     report(*a, gen, last, secs);
   });
 
-  auto* chat = app.add_subcommand("chat", "Chat with a model in the terminal (/clear, /system TEXT, /exit; Ctrl-C stops an answer)");
+  auto* chat = add_command(app, "chat", "Chat with a model in the terminal (/clear, /system TEXT, /exit; Ctrl-C stops an answer)");
   auto c = std::make_shared<ChatArgs>();
   Options chat_opts(chat);
   add_gen_flags(chat_opts, *c);
   chat_opts.add("system,system_prompt", c->system, "A system message to start with");
-  chat->callback([c] { run_chat(*c); });
+  on_run(chat, [c] { run_chat(*c); });
 }
 
 }  // namespace trl::cli

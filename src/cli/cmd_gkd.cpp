@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -61,7 +60,7 @@ void add_teacher_options(Options& o, TeacherArgs& t) {
 }  // namespace
 
 void register_gkd(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
+  auto* cmd = add_command(app, 
       "gkd", "Generalized knowledge distillation (TRL's GKDTrainer): trl gkd --model_name_or_path S --teacher_model_name_or_path T --dataset_name d.jsonl");
   struct Args {
     GKDConfig c;
@@ -89,7 +88,7 @@ void register_gkd(CLI::App& app) {
   o->add("max_new_tokens", c.max_new_tokens, "Length limit of a generated completion").min(1);
   o->add("seq_kd", c.seq_kd, "When not on-policy, the teacher generates the completions (sequence-level KD)");
   o->add("disable_dropout", c.disable_dropout, "No dropout in the student (a LoRA adapter's included)");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     GKDConfig cfg = a->c;
     finish_training_options("gkd", cfg, a->t);
@@ -105,7 +104,7 @@ void register_gkd(CLI::App& app) {
 }
 
 void register_distill(CLI::App& app) {
-  auto* cmd = app.add_subcommand("distill",
+  auto* cmd = add_command(app, "distill",
                                  "On-policy distillation (TRL's DistillationTrainer): trl distill --model_name_or_path S --teacher_model_name_or_path T "
                                  "--dataset_name prompts.jsonl");
   struct Args {
@@ -139,7 +138,7 @@ void register_distill(CLI::App& app) {
   o->add("log_completions", a->log_completions, "Accepted; the completion length metrics are always logged");
   o->add("log_completions_steps", a->log_completions_steps, "Accepted; ignored").default_text("100");
   o->add("num_completions_to_print", a->num_completions_to_print, "Accepted; ignored").default_text("None");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     DistillationConfig cfg = a->c;
     finish_training_options("distill", cfg, a->t);

@@ -4,7 +4,6 @@
 #include <memory>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -109,7 +108,7 @@ void run_online(const char* command, const OnlineArgs<Config>& a, const Config& 
 }  // namespace
 
 void register_grpo(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
+  auto* cmd = add_command(app, 
       "grpo", "Group Relative Policy Optimization (TRL's GRPOTrainer): trl grpo --model_name_or_path M --dataset_name prompts.jsonl --reward_funcs length:200");
   auto a = std::make_shared<OnlineArgs<GRPOConfig>>();
   auto o = std::make_shared<Options>(cmd);
@@ -121,7 +120,7 @@ void register_grpo(CLI::App& app) {
   o->add("delta", c.delta, "Two-sided clipping: cap of the unclipped ratio").default_text("None");
   o->add("multi_objective_aggregation", c.multi_objective_aggregation, "sum_then_normalize | normalize_then_sum")
       .choices({"sum_then_normalize", "normalize_then_sum"});
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     GRPOConfig cfg = a->c;
     finish_online("grpo", *a, cfg);
@@ -136,7 +135,7 @@ void register_grpo(CLI::App& app) {
 }
 
 void register_rloo(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
+  auto* cmd = add_command(app, 
       "rloo", "REINFORCE Leave-One-Out (TRL's RLOOTrainer): trl rloo --model_name_or_path M --dataset_name prompts.jsonl --reward_funcs length:200");
   auto a = std::make_shared<OnlineArgs<RLOOConfig>>();
   auto o = std::make_shared<Options>(cmd);
@@ -144,7 +143,7 @@ void register_rloo(CLI::App& app) {
   RLOOConfig& c = a->c;
   o->add("normalize_advantages", c.normalize_advantages, "Normalise the advantages over the batch");
   o->add("reward_clip_range", a->reward_clip_range, "Clip the summed reward to [LOW, HIGH] (two numbers)").default_text("None");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     RLOOConfig cfg = a->c;
     finish_online("rloo", *a, cfg);

@@ -1,7 +1,6 @@
 // `trl init-model`: a randomly initialised model folder in the Hugging Face layout.
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
@@ -12,13 +11,13 @@
 namespace trl::cli {
 
 void register_init_model(CLI::App& app) {
-  auto* cmd = app.add_subcommand("init-model", "Write a randomly initialised Qwen3 model folder (config, safetensors, tokenizer)");
+  auto* cmd = add_command(app, "init-model", "Write a randomly initialised Qwen3 model folder (config, safetensors, tokenizer)");
   struct Args {
     std::string preset = "tiny", dtype = "f32", out, max_shard_size = "5GB";
     uint64_t seed = 0;
     double initializer_range = 0;
     bool randomize_norms = false;
-    int64_t layers = 0;
+    int64_t layers = 0, vocab_size = 0;
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
@@ -30,7 +29,10 @@ void register_init_model(CLI::App& app) {
   opts.add("randomize_norms", a->randomize_norms, "Norm weights 1 + N(0, std) instead of 1 (for port tests)");
   opts.add("max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB");
   opts.add("layers,num_hidden_layers", a->layers, "Override the number of layers (same widths), 0 = the preset's").min(0);
-  cmd->callback([a] {
+  opts.add("vocab_size", a->vocab_size,
+           "A cut vocabulary: the tokenizer's first vocab_size - 26 tokens and its 26 special tokens (fast experiments), 0 = the preset's 151936")
+      .min(0);
+  on_run(cmd, [a] {
     InitOptions o;
     o.preset = a->preset;
     o.dtype = *dtype_from_name(a->dtype);
@@ -39,6 +41,7 @@ void register_init_model(CLI::App& app) {
     o.randomize_norms = a->randomize_norms;
     o.max_shard_bytes = parse_byte_size(a->max_shard_size);
     o.num_hidden_layers = a->layers;
+    o.vocab_size = a->vocab_size;
     CausalLM m = init_model(o, a->out);
     std::printf("wrote %s: %s preset, %s, %lld parameters, seed %llu\n", a->out.c_str(), a->preset.c_str(),
                 std::string(dtype_name(m.dtype())).c_str(), static_cast<long long>(m.num_parameters()),

@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -12,7 +11,7 @@
 namespace trl::cli {
 
 void register_kto(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
+  auto* cmd = add_command(app, 
       "kto", "Kahneman-Tversky Optimization (TRL's KTOTrainer): trl kto --model_name_or_path M --dataset_name rows.jsonl");
   struct Args {
     KTOConfig c;
@@ -34,7 +33,7 @@ void register_kto(CLI::App& app) {
   o->add("desirable_weight", c.desirable_weight, "Weight of the desirable rows' losses").above(0);
   o->add("undesirable_weight", c.undesirable_weight, "Weight of the undesirable rows' losses").above(0);
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     KTOConfig cfg = a->c;
     finish_training_options("kto", cfg, a->t);

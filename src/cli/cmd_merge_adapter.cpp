@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
@@ -18,7 +17,7 @@ namespace trl::cli {
 namespace fs = std::filesystem;
 
 void register_merge_adapter(CLI::App& app) {
-  auto* cmd = app.add_subcommand("merge-adapter", "Merge a LoRA adapter into its base model: trl merge-adapter --adapter DIR --output_dir OUT");
+  auto* cmd = add_command(app, "merge-adapter", "Merge a LoRA adapter into its base model: trl merge-adapter --adapter DIR --output_dir OUT");
   struct Args {
     std::string adapter, model, output_dir, dtype, revision = "main", max_shard_size = "5GB";
   };
@@ -30,7 +29,7 @@ void register_merge_adapter(CLI::App& app) {
   opts.add("dtype,torch_dtype", a->dtype, "Save the weights as").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the base model's");
   opts.add("revision", a->revision, "Hub cache revision of the base");
   opts.add("max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB");
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     LoadOptions lo;
     lo.revision = a->revision;
     if (!a->dtype.empty()) lo.dtype = (a->dtype == "bf16" || a->dtype == "bfloat16") ? DType::BF16 : DType::F32;

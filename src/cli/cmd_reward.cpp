@@ -2,7 +2,6 @@
 // model is a causal LM (a new score head) or a saved reward model; the output is a sequence-classification folder.
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -13,7 +12,7 @@
 namespace trl::cli {
 
 void register_reward(CLI::App& app) {
-  auto* cmd = app.add_subcommand("reward", "Reward-model training (TRL's RewardTrainer): trl reward --model_name_or_path M --dataset_name pairs.jsonl");
+  auto* cmd = add_command(app, "reward", "Reward-model training (TRL's RewardTrainer): trl reward --model_name_or_path M --dataset_name pairs.jsonl");
   struct Args {
     RewardConfig c;
     TrainCommandArgs t;
@@ -27,7 +26,7 @@ void register_reward(CLI::App& app) {
   o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
   o->add("center_rewards_coefficient", a->center, "Weight of the mean squared reward (centring; None: off)").min(0).default_text("None");
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     RewardConfig cfg = a->c;
     cfg.center_rewards_coefficient = a->center;

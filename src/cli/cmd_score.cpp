@@ -4,7 +4,6 @@
 #include <functional>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/registry.h"
@@ -56,7 +55,7 @@ std::vector<int32_t> ids_from_json(const nlohmann::json& j, const std::string& w
 }  // namespace
 
 void register_score(CLI::App& app) {
-  auto* cmd = app.add_subcommand("score", "Log-probability of each next token, total NLL and perplexity (JSON); a reward model's reward");
+  auto* cmd = add_command(app, "score", "Log-probability of each next token, total NLL and perplexity (JSON); a reward model's reward");
   struct Args {
     std::string model, adapter, ids, text, jsonl, dtype, revision = "main", device = "auto";
     int64_t batch_size = 8;
@@ -76,7 +75,7 @@ void register_score(CLI::App& app) {
   opts.add("revision", a->revision, "Hub cache revision");
   opts.add("device", a->device, "auto | cpu | cuda: the backend the programs run on (one that is not here is an error)");
   opts.add("batch_size", a->batch_size, "Sequences per forward pass").min(1);
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     std::optional<Tokenizer> tok;
     auto tokenizer = [&]() -> const Tokenizer& {
       if (!tok) tok = Tokenizer::from_pretrained(tokenizer_source(a->model), a->revision);

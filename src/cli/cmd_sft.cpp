@@ -2,7 +2,6 @@
 // same keys as the flags; flags given on the command line win).
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/train_options.h"
@@ -12,7 +11,7 @@
 namespace trl::cli {
 
 void register_sft(CLI::App& app) {
-  auto* cmd = app.add_subcommand("sft", "Supervised fine-tuning (TRL's SFTTrainer): trl sft --model_name_or_path M --dataset_name data.jsonl");
+  auto* cmd = add_command(app, "sft", "Supervised fine-tuning (TRL's SFTTrainer): trl sft --model_name_or_path M --dataset_name data.jsonl");
   struct Args {
     SFTConfig c;
     TrainCommandArgs t;
@@ -29,7 +28,7 @@ void register_sft(CLI::App& app) {
   o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
   o->add("dataset_text_field", c.dataset_text_field, "Field of language-modelling rows");
   o->add("eos_token", c.eos_token, "Appended to non-chat text; must be one token of the vocabulary").default_text("the tokenizer's");
-  cmd->callback([a, o] {
+  on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     SFTConfig cfg = a->c;
     finish_training_options("sft", cfg, a->t);

@@ -5,7 +5,6 @@
 #include <iterator>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
@@ -60,7 +59,7 @@ ChatTemplateOptions chat_options_from(const nlohmann::ordered_json& line, const 
 }  // namespace
 
 void register_tokenize(CLI::App& app) {
-  auto* cmd = app.add_subcommand("tokenize", "Text on stdin -> token ids (--decode: ids -> text); --jsonl for JSON lines, --chat for conversations");
+  auto* cmd = add_command(app, "tokenize", "Text on stdin -> token ids (--decode: ids -> text); --jsonl for JSON lines, --chat for conversations");
   struct Args {
     std::string model, revision = "main";
     bool decode = false, jsonl = false, chat = false, skip_special_tokens = false, add_special_tokens = true;
@@ -74,7 +73,7 @@ void register_tokenize(CLI::App& app) {
   opts.add("chat", a->chat, "Apply the chat template to {\"messages\": [...], ...} lines (other keys go to the template)");
   opts.add("skip_special_tokens", a->skip_special_tokens, "With --decode: drop special tokens");
   opts.add("add_special_tokens", a->add_special_tokens, "Add the post-processor's special tokens (BOS/EOS)");
-  cmd->callback([a] {
+  on_run(cmd, [a] {
     if (a->chat && !a->jsonl) fail("--chat reads JSON lines: add --jsonl");
     if (a->chat && a->decode) fail("--chat and --decode cannot be combined");
     Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
@@ -87,7 +86,10 @@ void register_tokenize(CLI::App& app) {
       } else {
         const auto ids = tok.encode(input, a->add_special_tokens);
         std::string out;
-        for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (i) out += ',';
+          out += std::to_string(ids[i]);
+        }
         std::printf("%s\n", out.c_str());
       }
       return;

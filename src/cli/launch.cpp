@@ -45,8 +45,8 @@ std::optional<LaunchRequest> take_nproc_per_node(int argc, char** argv) {
 std::vector<std::string> mpirun_command(const LaunchRequest& r, const std::string& self, int machine_cores, bool as_root) {
   const char* mpirun = std::getenv("TRL_MPIRUN");
   std::vector<std::string> cmd{mpirun && *mpirun ? mpirun : "mpirun", "-np", std::to_string(r.nproc_per_node), "--bind-to", "none"};
-  if (as_root) cmd.push_back("--allow-run-as-root");  // containers run as root; the user asked for these processes
-  if (r.nproc_per_node > machine_cores) cmd.push_back("--oversubscribe");
+  if (as_root) cmd.emplace_back("--allow-run-as-root");  // containers run as root; the user asked for these processes
+  if (r.nproc_per_node > machine_cores) cmd.emplace_back("--oversubscribe");
   if (const char* extra = std::getenv("TRL_MPIRUN_ARGS"); extra && *extra) {
     std::istringstream in(extra);
     for (std::string w; in >> w;) cmd.push_back(w);

@@ -178,6 +178,15 @@ Opt& Opt::excludes(const Opt& other) {
 
 // ---- Options ----
 
+CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description) {
+  return parent.add_subcommand(name, description);
+}
+void on_run(CLI::App* cmd, std::function<void()> run) { cmd->callback(std::move(run)); }
+void require_subcommand(CLI::App* cmd) { cmd->require_subcommand(1); }
+void add_positional(CLI::App* cmd, const std::string& name, std::string& target, const std::string& help) {
+  cmd->add_option(name, target, help)->required();
+}
+
 Options::Options(CLI::App* cmd) : cmd_(cmd), specs_(std::make_shared<std::deque<OptionSpec>>()) {}
 
 Opt Options::add_spec(OptionSpec spec, const std::string& names, const std::string& help) {

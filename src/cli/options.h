@@ -115,6 +115,14 @@ class Options {
   std::shared_ptr<std::deque<OptionSpec>> specs_;  // shared with the CLI11 callbacks, which outlive this object
 };
 
+// The CLI11 calls a command's file makes, defined in options.cpp: only options.cpp and main.cpp include CLI11's
+// header, which costs 12 s of compile time in every file that does (CLI11 2.1 is header-only).
+CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description);
+void on_run(CLI::App* cmd, std::function<void()> run);  // what the command does once its options are read
+void require_subcommand(CLI::App* cmd);                  // a group such as `trl bench`: one of its commands is needed
+// A required positional argument (`trl dataset-info NAME`).
+void add_positional(CLI::App* cmd, const std::string& name, std::string& target, const std::string& help);
+
 // Parsers shared with YAML and tests: HfArgumentParser's boolean words; integers and numbers that say what is wrong.
 bool parse_bool_word(const std::string& text, const std::string& flag);
 int64_t parse_integer(const std::string& text, const std::string& flag);

@@ -30,7 +30,7 @@ namespace {
 using json = nlohmann::json;
 
 json lora_golden() { return json::parse(read_text_file(std::string(TRL_TEST_DATA_DIR) + "/goldens/lora_tiny.json")); }
-std::string peft_adapter_dir() { return std::string(TRL_TEST_DATA_DIR) + "/lora/peft_tiny"; }
+std::string peft_adapter_dir() { return TRL_TEST_DATA_DIR "/lora/peft_tiny"; }
 
 // The golden's logits (lora_reference.py's summary of each position: logsumexp and chosen columns) against `model`'s.
 void expect_logits(const json& golden, const CausalLM& model, double tolerance, const std::string& what) {
