@@ -108,26 +108,81 @@ TensorMap init_weights(const ModelConfig& config, DType dtype, uint64_t seed, do
   return weights;
 }
 
-void write_tokenizer_files(const std::string& dir) {
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-    write_text_file_atomic((fs::path(dir) / name).string(), asset(name));
+namespace {
+
+// The bundled tokenizer's sizes: byte-level BPE over 256 byte tokens, then one token per merge (id = 256 + rank),
+// then the special (added) tokens.
+constexpr int64_t kByteTokens = 256;
+constexpr int64_t kQwen3Ordinary = 151643, kQwen3Special = 26;
+
+// The special tokens' ids in a cut vocabulary: right after the kept ordinary tokens, in their order.
+int64_t cut_id(int64_t id, int64_t vocab_size) {
+  return id < kQwen3Ordinary ? id : id - kQwen3Ordinary + (vocab_size - kQwen3Special);
+}
+
+// tokenizer.json and tokenizer_config.json cut to vocab_size tokens (InitOptions::vocab_size).
+std::pair<std::string, std::string> cut_tokenizer(int64_t vocab_size) {
+  const int64_t ordinary = vocab_size - kQwen3Special;
+  // nlohmann::json, not ordered_json: an ordered_json object finds a key by a linear search, which makes parsing the
+  // 151643-token vocabulary quadratic (20 s). The files' key order carries no meaning.
+  nlohmann::json t = nlohmann::json::parse(asset("tokenizer.json"));
+  auto& model = t.at("model");
+  nlohmann::json vocab = nlohmann::json::object();
+  for (const auto& [token, id] : model.at("vocab").items())
+    if (id.get<int64_t>() < ordinary) vocab[token] = id;
+  model["vocab"] = std::move(vocab);
+  auto& merges = model.at("merges");
+  merges.erase(merges.begin() + (ordinary - kByteTokens), merges.end());
+  for (auto& added : t.at("added_tokens")) added["id"] = cut_id(added.at("id").get<int64_t>(), vocab_size);
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(asset("tokenizer_config.json"));  // small: order kept
+  nlohmann::ordered_json decoder = nlohmann::ordered_json::object();
+  for (const auto& [id, token] : config.at("added_tokens_decoder").items())
+    decoder[std::to_string(cut_id(std::stoll(id), vocab_size))] = token;
+  config["added_tokens_decoder"] = std::move(decoder);
+  return {t.dump(), config.dump(2)};
+}
+
+}  // namespace
+
+int64_t min_cut_vocab_size() { return 512; }
+int64_t max_cut_vocab_size() { return kQwen3Ordinary + kQwen3Special; }
+
+void write_tokenizer_files(const std::string& dir, int64_t vocab_size) {
+  if (vocab_size <= 0) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      write_text_file_atomic((fs::path(dir) / name).string(), asset(name));
+    }
+    return;
   }
+  const auto [tokenizer, config] = cut_tokenizer(vocab_size);
+  write_text_file_atomic((fs::path(dir) / "tokenizer.json").string(), tokenizer);
+  write_text_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), config + "\n");
 }
 
 CausalLM init_model(const InitOptions& options, const std::string& out_dir) {
   ModelConfig config = preset_config(options.preset, options.dtype);
   if (options.num_hidden_layers > 0) config.num_hidden_layers = config.max_window_layers = options.num_hidden_layers;
+  const int64_t v = options.vocab_size;
+  if (v != 0 && (v < min_cut_vocab_size() || v > max_cut_vocab_size()))
+    fail("init-model: vocab_size {} is out of range: a cut of the Qwen3 tokenizer has {} to {} tokens (0 keeps the preset's {})", v,
+         min_cut_vocab_size(), max_cut_vocab_size(), config.vocab_size);
+  auto id = [v](int64_t qwen3_id) { return v > 0 ? cut_id(qwen3_id, v) : qwen3_id; };
+  if (v > 0) {
+    config.vocab_size = v;
+    config.bos_token_id = id(151643);
+    config.eos_token_ids = {id(151645)};
+  }
   const double std = options.initializer_range > 0 ? options.initializer_range : config.initializer_range;
   config.initializer_range = std;
   CausalLM model = CausalLM::from_weights(config, init_weights(config, options.dtype, options.seed, std, options.randomize_norms),
                                           "init-model " + options.preset);
   model.save_pretrained(out_dir, options.max_shard_bytes);
   // generation_config.json as Qwen3-0.6B ships it.
-  nlohmann::json gen = {{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
-                        {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
-                        {"top_p", 0.95},          {"transformers_version", "4.51.0"}};
+  nlohmann::json gen = {{"bos_token_id", id(151643)}, {"do_sample", true},  {"eos_token_id", {id(151645), id(151643)}},
+                        {"pad_token_id", id(151643)}, {"temperature", 0.6}, {"top_k", 20},
+                        {"top_p", 0.95},              {"transformers_version", "4.51.0"}};
   write_text_file_atomic((fs::path(out_dir) / "generation_config.json").string(), gen.dump(2) + "\n");
-  write_tokenizer_files(out_dir);
+  write_tokenizer_files(out_dir, v);
   return model;
 }
 

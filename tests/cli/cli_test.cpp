@@ -81,6 +81,7 @@ TEST(Cli, ErrorsAreClear) {
       {"generate --model " + dir.path() + " --prompt hi --device tpu", "unknown backend 'tpu' (available: cpu, reference, or auto)"},
       {"score --model no/such-model --ids 1,2", "never downloads"},
       {"init-model --preset huge --out " + dir.file("x"), "preset"},
+      {"init-model --vocab_size 300 --out " + dir.file("x"), "vocab_size 300 is out of range: a cut of the Qwen3 tokenizer has 512 to 151669 tokens"},
       {"frobnicate", "frobnicate"},
   };
   test::write_file(dir.file("bad.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 2\n");
@@ -90,6 +91,24 @@ TEST(Cli, ErrorsAreClear) {
     EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << " ->\n" << out;
     EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
   }
+}
+
+// `init-model --vocab_size`: a model with a cut vocabulary and its tokenizer, which the commands use as they are.
+TEST(Cli, InitModelWithACutVocabulary) {
+  test::TempDir dir;
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("init-model --preset tiny --vocab_size 1024 --out " + dir.path()), &out), 0) << out;
+  const json config = json::parse(test::read_file(dir.file("config.json")));
+  EXPECT_EQ(config["vocab_size"], 1024);
+  EXPECT_EQ(config["eos_token_id"], 1024 - 26 + 2);  // <|im_end|>, the third special token
+  test::write_file(dir.file("chat.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"add_generation_prompt\": true}\n");
+  ASSERT_EQ(test::run_command(trl_cmd("tokenize --jsonl --chat --model " + dir.path()) + " < " + dir.file("chat.jsonl"), &out), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["ids"][0], 1024 - 26 + 1);  // <|im_start|>
+  for (const json& id : j["ids"]) EXPECT_LT(id.get<int64_t>(), 1024);
+  ASSERT_EQ(test::run_command(trl_cmd("generate --model " + dir.path() + " --prompt 'The French Bread' --max_new_tokens 4 --do_sample false"), &out), 0) << out;
+  ASSERT_EQ(test::run_command(trl_cmd("score --model " + dir.path() + " --text 'The French Bread Law states'"), &out), 0) << out;
+  EXPECT_TRUE(std::isfinite(json::parse(out)["nll"].get<double>())) << out;
 }
 
 TEST(Cli, TokenizeAndScoreText) {

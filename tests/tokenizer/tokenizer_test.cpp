@@ -71,6 +71,34 @@ TEST(Tokenizer, CorpusMatchesHuggingFace) {
 
 // Invalid UTF-8: each ill-formed subsequence becomes U+FFFD (as Node's and Python's UTF-8 decoders do) before
 // tokenization, so the ids equal those of the decoded string.
+// The cut vocabulary of `trl init-model --vocab_size 4096` (the learning and distributed tests' tokenizer):
+// tests/reference/cut_tokenizer_reference.py checked the cut files against the bundled ones on its own and encoded
+// every 10th corpus document and a chat text with Hugging Face's tokenizers.
+TEST(Tokenizer, CutVocabularyMatchesHuggingFace) {
+  const json expected = json::parse(read_text_file(kData + "cut4096_expected.json"));
+  ASSERT_EQ(expected["vocab_size"].get<int64_t>(), test::kCutVocab);
+  const Tokenizer& cut = test::cut_tokenizer();
+  for (const auto& [token, id] : expected["special_ids"].items()) EXPECT_EQ(cut.token_to_id(token), id.get<int32_t>()) << token;
+  EXPECT_EQ(cut.eos_token_id(), expected["special_ids"]["<|im_end|>"].get<int32_t>());
+  const auto corpus = read_jsonl(kData + "corpus.jsonl");
+  std::vector<std::string> docs;
+  for (size_t i = 0; i < corpus.size(); i += expected["every"].get<size_t>()) docs.push_back(corpus[i]["text"].get<std::string>());
+  docs.push_back("<|im_start|>user\nCount to three.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n one two three<|im_end|>\n");
+  ASSERT_EQ(docs.size(), expected["ids"].size());
+  size_t mismatches = 0, ids_total = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const auto ids = cut.encode(docs[i], false);
+    ids_total += ids.size();
+    if (json(ids) != expected["ids"][i] && ++mismatches <= 5) ADD_FAILURE() << "document " << i << " differs: " << json(docs[i].substr(0, 200)).dump();
+    for (int32_t id : ids) ASSERT_LT(id, test::kCutVocab) << "document " << i;
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_GT(ids_total, 50'000u);
+  // Shorter tokens than the whole vocabulary's, and the same text back.
+  EXPECT_GT(cut.encode(docs[0], false).size(), qwen3().encode(docs[0], false).size());
+  EXPECT_EQ(cut.decode(cut.encode(docs[0], false)), docs[0]);
+}
+
 TEST(Tokenizer, InvalidUtf8IsReplacedLikeTheDecoders) {
   const auto docs = read_jsonl(kData + "invalid_utf8.jsonl");
   const json expected = json::parse(read_text_file(kData + "qwen3_expected.json"));

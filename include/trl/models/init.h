@@ -24,6 +24,11 @@ struct InitOptions {
   bool randomize_norms = false;   // norm weights 1 + N(0, std) instead of 1 (exercises the norm scales in tests)
   uint64_t max_shard_bytes = 5'000'000'000ull;
   int64_t num_hidden_layers = 0;  // > 0: this many layers of the preset's widths (benchmarks at reduced depth)
+  // > 0: a cut vocabulary of this many tokens (fast tests and experiments, where the vocabulary is not what is
+  // studied): the Qwen3 tokenizer's first vocab_size - 26 tokens with the merges that make them (a merge's rank is
+  // its token's id - 256, so every text still tokenizes, into shorter tokens), then its 26 special tokens. The model's
+  // embedding has exactly these rows; bos, eos and pad ids follow the special tokens. 0: the preset's 151936.
+  int64_t vocab_size = 0;
 };
 
 // Transformers' initialisation: every Linear and the embedding ~ N(0, initializer_range), norms = 1. Each
@@ -35,7 +40,13 @@ TensorMap init_weights(const ModelConfig& config, DType dtype, uint64_t seed, do
 // Qwen3 tokenizer files (tokenizer.json, tokenizer_config.json) that ship inside trl.
 CausalLM init_model(const InitOptions& options, const std::string& out_dir);
 
-// Writes the bundled Qwen3 tokenizer files into `dir`.
-void write_tokenizer_files(const std::string& dir);
+// Writes the bundled Qwen3 tokenizer files into `dir`; with vocab_size > 0, cut to that many tokens as
+// InitOptions::vocab_size says.
+void write_tokenizer_files(const std::string& dir, int64_t vocab_size = 0);
+
+// The smallest and largest InitOptions::vocab_size: the 256 byte tokens and the special tokens must fit, and the cut
+// cannot be larger than the tokenizer.
+int64_t min_cut_vocab_size();
+int64_t max_cut_vocab_size();
 
 }  // namespace trl
