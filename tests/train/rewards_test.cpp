@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "test_util.h"
 #include "trl/backend/registry.h"
@@ -116,6 +118,22 @@ TEST(Rewards, ExecFailuresNameTheCommandAndTheBatch) {
   const auto hang = error_of([&] { reward_function("exec:sleep 30", RewardFunctionOptions{0.5}).fn(in); });
   EXPECT_NE(hang.find("no answer within 0.5 s"), std::string::npos) << hang;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);  // not a timing assertion: a hang guard
+  // The whole command is stopped: here a shell waiting for a `sleep` it started, which used to live on after the
+  // shell was killed (holding the test's output open for 30 s).
+  {
+    test::TempDir d;
+    const std::string pidfile = d.file("pid");
+    const auto waited = error_of([&] { reward_function("exec:sleep 30 & echo $! > " + pidfile + "; wait", RewardFunctionOptions{0.5}).fn(in); });
+    EXPECT_NE(waited.find("no answer within 0.5 s"), std::string::npos) << waited;
+    const std::string child = "/proc/" + std::to_string(std::stoi(test::read_file(pidfile)));
+    auto running = [&] {  // gone, or a zombie waiting for its new parent to reap it, is stopped
+      std::ifstream stat(child + "/stat");
+      std::string pid, name, state;
+      return stat >> pid >> name >> state && state != "Z";
+    };
+    for (int i = 0; i < 200 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running()) << "the command's child " << child << " outlived it";
+  }
   // Once failed, the function refuses later batches instead of restarting silently.
   const auto f = reward_function("exec:exit 1");
   error_of([&] { f.fn(in); });

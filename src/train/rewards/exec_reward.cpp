@@ -59,14 +59,18 @@ void ExecReward::start() {
     fail("reward function 'exec:{}': cannot start it: {}", command_, std::strerror(errno));
   }
   if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    // Its own process group: a timeout or the end of the run stops the command and everything it started (a
+    // `sh -c` wrapper's children would otherwise live on, holding the caller's output open).
+    setpgid(0, 0);
     dup2(sv[1], 0);
     dup2(sv[1], 1);
     execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  setpgid(pid, pid);  // also here, so that the group exists before any kill_group() (whichever runs first wins)
   close(sv[1]);
   fd_ = sv[0];
-  pid_ = pid;
+  pid_ = pgid_ = pid;
   fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
 }
 
@@ -89,15 +93,21 @@ std::string ExecReward::exit_reason() {
   return "closed its output";
 }
 
+void ExecReward::kill_group() {
+  if (pgid_ > 0) kill(-pgid_, SIGKILL);
+}
+
 void ExecReward::stop() {
   if (fd_ >= 0) close(fd_), fd_ = -1;  // the child reads EOF on stdin
-  if (pid_ > 0) {
-    int status = 0;
+  int status = 0;
+  if (pid_ > 0)
     for (int i = 0; i < 50 && waitpid(pid_, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (waitpid(pid_, &status, WNOHANG) == 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-    }
+  // Whatever the command left running (its children, or itself if it ignored EOF) goes with its group, also when
+  // exit_reason() has already reaped the command itself.
+  kill_group();
+  pgid_ = -1;
+  if (pid_ > 0) {
+    if (waitpid(pid_, &status, WNOHANG) == 0) waitpid(pid_, &status, 0);
     pid_ = -1;
   }
 }
@@ -118,7 +128,7 @@ std::vector<std::optional<double>> ExecReward::score(const RewardInputs& in) {
     pollfd p{fd_, POLLOUT, 0};
     const int r = poll(&p, 1, ms_left(deadline));
     if (r == 0) {
-      kill(pid_, SIGKILL);
+      kill_group();
       failure(in.batch, fmt::format("it did not read its input within {} s (exec_timeout_seconds); it was stopped", timeout_));
     }
     if (r < 0 && errno == EINTR) continue;
@@ -135,7 +145,7 @@ std::vector<std::optional<double>> ExecReward::score(const RewardInputs& in) {
     pollfd p{fd_, POLLIN, 0};
     const int r = poll(&p, 1, ms_left(deadline));
     if (r == 0) {
-      kill(pid_, SIGKILL);
+      kill_group();
       failure(in.batch, fmt::format("no answer within {} s (exec_timeout_seconds); it was stopped", timeout_));
     }
     if (r < 0 && errno == EINTR) continue;

@@ -25,12 +25,14 @@ class ExecReward {
  private:
   void start();
   void stop();
+  void kill_group();  // SIGKILL to the command's process group (the command and every process it started)
   // Why the child is gone ("exited with status 3", "was killed by signal 9"), waiting briefly for it.
   std::string exit_reason();
   [[noreturn]] void failure(int64_t batch, const std::string& what);
   std::string command_;
   double timeout_;
   pid_t pid_ = -1;
+  pid_t pgid_ = -1;  // its process group (= its pid), kept after exit_reason() reaps the command
   int fd_ = -1;
   std::string buffered_;  // bytes read past the last answer's newline
   bool broken_ = false;
