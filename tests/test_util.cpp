@@ -16,9 +16,10 @@
 namespace trl::test {
 
 namespace {
-CausalLM write_tiny(const TempDir& dir) {
+CausalLM write_tiny(const TempDir& dir, int64_t vocab_size) {
   InitOptions o;
   o.preset = "tiny";
+  o.vocab_size = vocab_size;
   o.seed = 3;
   o.initializer_range = 0.1;
   init_model(o, dir.file("model"));
@@ -26,12 +27,21 @@ CausalLM write_tiny(const TempDir& dir) {
 }
 }  // namespace
 
-TinyModel::TinyModel() : model(write_tiny(dir)) {}
+TinyModel::TinyModel(int64_t vocab_size) : model(write_tiny(dir, vocab_size)) {}
 
 const Tokenizer& qwen3_tokenizer() {
   static const Tokenizer tok = [] {
     TempDir dir;
     write_tokenizer_files(dir.path());
+    return Tokenizer::from_pretrained(dir.path());
+  }();
+  return tok;
+}
+
+const Tokenizer& cut_tokenizer() {
+  static const Tokenizer tok = [] {
+    TempDir dir;
+    write_tokenizer_files(dir.path(), kCutVocab);
     return Tokenizer::from_pretrained(dir.path());
   }();
   return tok;

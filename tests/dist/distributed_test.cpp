@@ -38,7 +38,7 @@ class Distributed : public ::testing::Test {
     if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
     // Open MPI's libraries are not built with the sanitizers; these tests run in the Release pass (scripts/test.sh).
     if (test::kSanitized) GTEST_SKIP() << "the multi-process tests run in the Release build";
-    ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --out {} > /dev/null 2>&1", kTrl, dir_.file("model"))), 0);
+    ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --vocab_size {} --out {} > /dev/null 2>&1", kTrl, test::kCutVocab, dir_.file("model"))), 0);
     // 13 rows of uneven lengths: micro-batches of 4 rows leave a last one of 1 row (rank 1 has none of it).
     std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl")), kto(dir_.file("kto.jsonl"));
     const char* words[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"};
@@ -388,8 +388,8 @@ TEST_F(Distributed, LoraUnderDataParallelAndFsdpEqualsOneProcess) {
 // generate exactly the rows one process would) and the on-policy DistillationTrainer under data parallel and FSDP
 // equal one process with their batch; the loss's normaliser counts every rank's completion tokens.
 TEST_F(Distributed, DistillationUnderDataParallelAndFsdpEqualsOneProcess) {
-  ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 11 --num_hidden_layers 1 --out {} > /dev/null 2>&1", kTrl,
-                                          dir_.file("teacher"))),
+  ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 11 --num_hidden_layers 1 --vocab_size {} --out {} > /dev/null 2>&1", kTrl,
+                                          test::kCutVocab, dir_.file("teacher"))),
             0);
   const std::string teacher = " --teacher_model_name_or_path " + dir_.file("teacher");
   const std::string gkd = common("kto.jsonl") + teacher + " --lmbda 0.5 --max_new_tokens 5";

@@ -95,8 +95,8 @@ TEST(DPOTrainer, FirstLossIsLog2AndAccumulationEqualsOneLargeBatch) {
 // (pad_to_multiple_of None) and rows padded to buckets of 16 give those of the backend's buckets (64).
 TEST(DPOTrainer, PrecomputedReferenceAndPaddingFreeGiveTheSameLosses) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   DPOConfig live = base_config(t.dir.file("live"));
   live.per_device_train_batch_size = 2;
   live.max_steps = 3;

@@ -310,10 +310,11 @@ namespace {
 // never saw an SFT loss.
 TEST(Gkd, AStudentDistilledFromATunedTeacherAnswersAsItDoes) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
   InitOptions io;
   io.preset = "tiny";
+  io.vocab_size = test::kCutVocab;
   init_model(io, dir.file("base"));
   io.seed = 7;
   init_model(io, dir.file("student"));

@@ -189,10 +189,11 @@ TEST(LoraTrainers, ResumedRunWithDropoutEqualsAnUninterruptedOne) {
 // Learning with adapters only: the demo answers (SFT) and the rule of the preference pairs (DPO).
 TEST(LoraTrainers, TinyModelLearnsSftAndDpoTasksWithAdaptersOnly) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
   InitOptions io;
   io.preset = "tiny";
+  io.vocab_size = test::kCutVocab;
   io.initializer_range = 0.1;  // logits with some range: the frozen random embeddings are the output head
   init_model(io, dir.file("base"));
   const CausalLM model = CausalLM::from_pretrained(dir.file("base"));

@@ -314,10 +314,11 @@ namespace {
 // (batches padded to their longest row) and with packing (best-fit-decreasing rows of 128 tokens).
 TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
   InitOptions io;
   io.preset = "tiny";
+  io.vocab_size = test::kCutVocab;
   init_model(io, dir.file("base"));
   const CausalLM model = CausalLM::from_pretrained(dir.file("base"));
   test::write_file(dir.file("chat.jsonl"), std::string(asset("demo/chat.jsonl")));
