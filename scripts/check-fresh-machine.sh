@@ -7,6 +7,12 @@
 #   build          cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build
 #                  (every target: library, CLI, tests, benchmarks; reuses the demo's objects)
 #   tests          ctest --test-dir build -R "$TESTS"          (a fast subset; --tests '' skips it)
+# With --ci (what CI's .ci/run does) the root runs the whole of CI instead, each configuration built once:
+#   install-deps   bash scripts/install-deps.sh
+#   configure      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRL_WERROR=ON   (test.sh's Release build)
+#   demo           bash scripts/demo.sh                       (builds only trl, in that folder)
+#   test           bash scripts/test.sh                       (the README's test command: builds the rest and runs
+#                                                              every check; its output is shown as it runs)
 # Each step's output goes to a log; a failing step prints "check-fresh-machine: step '<name>' failed (exit N)" and
 # the last 60 lines of its log. Nothing is cached: every run starts from a new root, removed on exit.
 #
@@ -14,7 +20,8 @@
 #   sudo bash scripts/check-fresh-machine.sh --worktree    # HEAD plus the working tree's changes and new
 #                                                          # (untracked, not ignored) files, as `git add -A` would
 #                                                          # commit them: for checking before a commit
-# Options: --werror  configure the build step with -DTRL_WERROR=ON as scripts/test.sh does (recompiles
+# Options: --ci      run scripts/test.sh in the root after the demo, as above (TRL_* and CI variables pass in)
+#          --werror  configure the build step with -DTRL_WERROR=ON as scripts/test.sh does (recompiles
 #                    everything the demo built: ~2x the build time; test.sh already checks warnings on the host)
 #          --tests REGEX   ctest subset to run in the root (default '^(Cli|Tokenizer)\.'; '' = none)
 #          --jobs N        build parallelism (CMAKE_BUILD_PARALLEL_LEVEL; default: Ninja's, cores + 2)
@@ -27,11 +34,12 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
-worktree=0 werror=0 keep=0 jobs="" mirror="${TRL_DEBIAN_MIRROR:-}" tests='^(Cli|Tokenizer)\.'
+worktree=0 werror=0 keep=0 ci=0 jobs="" mirror="${TRL_DEBIAN_MIRROR:-}" tests='^(Cli|Tokenizer)\.'
 while [ $# -gt 0 ]; do
   case "$1" in
     --worktree) worktree=1 ;;
     --werror) werror=1 ;;
+    --ci) ci=1 ;;
     --keep) keep=1 ;;
     --tests) [ $# -ge 2 ] || { echo "check-fresh-machine: --tests needs a value" >&2; exit 2; }; tests=$2; shift ;;
     --jobs) [ $# -ge 2 ] || { echo "check-fresh-machine: --jobs needs a value" >&2; exit 2; }; jobs=$2; shift ;;
@@ -122,15 +130,23 @@ case "$tmp" in "$repo"|"$repo"/*) echo "check-fresh-machine: the temporary direc
 step_no=0
 summary=()
 # run_step NAME COMMAND...: runs COMMAND (errexit on, no stdin) with its output in a log; stops everything on failure.
+# run_step --show NAME COMMAND...: the same, with the output also shown as it comes.
 run_step() {
-  local name=$1 log rc start
+  local show=0 name log rc start
+  if [ "$1" = --show ]; then show=1; shift; fi
+  name=$1
   shift
   step_no=$((step_no + 1))
   log="$logs/$step_no-$name.log"
   start=$SECONDS
   set +e
-  ( set -euo pipefail; "$@" ) >"$log" 2>&1 </dev/null
-  rc=$?
+  if [ "$show" = 1 ]; then
+    ( set -euo pipefail; "$@" ) 2>&1 </dev/null | tee "$log"
+    rc=${PIPESTATUS[0]}
+  else
+    ( set -euo pipefail; "$@" ) >"$log" 2>&1 </dev/null
+    rc=$?
+  fi
   set -e
   if [ "$rc" != 0 ]; then
     echo "check-fresh-machine: step '$name' failed (exit $rc) after $((SECONDS - start)) s; last 60 lines of $log:" >&2
@@ -147,6 +163,11 @@ in_root() {
   local env=(HOME=/root USER=root LOGNAME=root LANG=C.UTF-8 TERM=dumb DEBIAN_FRONTEND=noninteractive
              PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   [ -z "$jobs" ] || env+=(CMAKE_BUILD_PARALLEL_LEVEL="$jobs")
+  # scripts/test.sh's settings (TRL_FUZZ_SECONDS, TRL_SKIP_SANITIZERS, ...) and CI's flag reach the root.
+  local v
+  for v in $(compgen -e); do
+    case "$v" in TRL_*|CI) env+=("$v=${!v}") ;; esac
+  done
   # shellcheck disable=SC2016 # the inner script expands its own arguments
   unshare --mount --propagation private -- /bin/bash -euo pipefail -c '
     r=$1; shift
@@ -213,12 +234,23 @@ run_step host-tools ensure_host_tools
 run_step debootstrap bootstrap
 run_step copy-repo copy_repo
 run_step install-deps in_root "bash scripts/install-deps.sh"
-run_step demo in_root "bash scripts/demo.sh"
-run_step build in_root "$build_cmd"
-if [ -n "$tests" ]; then
-  run_step tests in_root "ctest --test-dir build --output-on-failure -R $(printf '%q' "$tests")"
+if [ "$ci" = 1 ]; then
+  # One Release configuration for the demo and every test: the demo builds trl with scripts/test.sh's flags, and
+  # test.sh builds only what is left.
+  run_step configure in_root "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRL_WERROR=ON >/dev/null"
+  run_step demo in_root "bash scripts/demo.sh"
+  demo_log="$logs/$step_no-demo.log"
+  run_step --show test in_root "bash scripts/test.sh"
+else
+  run_step demo in_root "bash scripts/demo.sh"
+  demo_log="$logs/$step_no-demo.log"
+  run_step build in_root "$build_cmd"
+  if [ -n "$tests" ]; then
+    run_step tests in_root "ctest --test-dir build --output-on-failure -R $(printf '%q' "$tests")"
+  fi
 fi
+for line in "${summary[@]}"; do echo "check-fresh-machine: step $line"; done
 # The demo's evidence: first and last logged loss, and how many answers were exact.
-{ grep -E '^ +step +[0-9]+ +loss' "$logs/5-demo.log" | sed -n '1p;$p'; grep -E 'answers exact' "$logs/5-demo.log"; } |
+{ grep -E '^ +step +[0-9]+ +loss' "$demo_log" | sed -n '1p;$p'; grep -E 'answers exact' "$demo_log"; } |
   sed 's/^ */check-fresh-machine: demo | /' || true
 echo "check-fresh-machine: passed in $SECONDS s"

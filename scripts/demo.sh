@@ -3,7 +3,8 @@
 # fine-tunes it on a small chat dataset (the loss falls), and asks it the questions it learned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x build/trl ]; then
+# A build folder configured before (by scripts/test.sh, or CI's fresh-machine check) is used as it is.
+if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 # Quiet on success; on a failed build, its whole output (the compiler's errors) goes to stderr.
