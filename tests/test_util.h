@@ -26,8 +26,9 @@ constexpr bool kSanitized = false;
 const Tokenizer& qwen3_tokenizer();
 
 // The cut vocabulary of the learning and distributed tests (InitOptions::vocab_size): where the vocabulary is not
-// what a test checks, a tiny model's 151936-row embedding and head are nearly all of its work (a training step of the
-// tiny model is ~30x faster with 4096 rows). cut_tokenizer() is the Qwen3 tokenizer cut to it, loaded once.
+// what a test checks, a tiny model's 151936-row embedding and head are nearly all of its work (20 SFT steps of the
+// tiny model: 26.1 s with the whole vocabulary, 1.4 s with 4096 rows; docs/MODELS.md). cut_tokenizer() is the Qwen3
+// tokenizer cut to it, loaded once per test process.
 constexpr int64_t kCutVocab = 4096;
 const Tokenizer& cut_tokenizer();
 
