@@ -99,4 +99,12 @@ std::string self_executable() {
   return path;
 }
 
+std::string mpirun_env() {
+  std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ";
+  if (kSanitized)
+    env += "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 "
+           "LSAN_OPTIONS=suppressions=" TRL_TEST_DATA_DIR "/sanitizers/openmpi-leaks.supp:print_suppressions=0 ";
+  return env;
+}
+
 }  // namespace trl::test

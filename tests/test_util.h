@@ -70,6 +70,11 @@ std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
 // Runs a shell command, returns its exit status; stdout+stderr go to *output when given.
 int run_command(const std::string& command, std::string* output = nullptr);
+
+// The environment prefix of an `mpirun` command line in the tests: mpirun as root (CI containers), ranks may
+// outnumber cores, and under the sanitizers leak checking of every rank with Open MPI's own allocations suppressed
+// (tests/data/sanitizers/openmpi-leaks.supp), so the distributed code runs in the sanitizer pass too.
+std::string mpirun_env();
 // The path of the running test binary (to run some of its tests again under mpirun).
 std::string self_executable();
 

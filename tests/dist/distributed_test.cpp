@@ -28,16 +28,13 @@ namespace {
 
 using json = nlohmann::json;
 const std::string kTrl = TRL_BINARY;
-// As root (CI containers) mpirun needs these; leak checking would flag Open MPI's own allocations in sanitized builds.
-const std::string kEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 ";
+const std::string kEnv = test::mpirun_env();
 const std::string kMpirun = kEnv + "timeout 600 mpirun -np 2 --bind-to none ";
 
 class Distributed : public ::testing::Test {
  protected:
   void SetUp() override {
     if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
-    // Open MPI's libraries are not built with the sanitizers; these tests run in the Release pass (scripts/test.sh).
-    if (test::kSanitized) GTEST_SKIP() << "the multi-process tests run in the Release build";
     ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 3 --vocab_size {} --out {} > /dev/null 2>&1", kTrl, test::kCutVocab, dir_.file("model"))), 0);
     // 13 rows of uneven lengths: micro-batches of 4 rows leave a last one of 1 row (rank 1 has none of it).
     std::ofstream sft(dir_.file("sft.jsonl")), dpo(dir_.file("dpo.jsonl")), kto(dir_.file("kto.jsonl"));

@@ -247,12 +247,10 @@ TEST(TensorParallelRanks, VocabularyParallelOpsEqualTheWholeVocabulary) {
 }
 
 TEST(TensorParallel, TwoRanksComputeTheWholeMlpWithCollectiveOps) {
-  if (test::kSanitized) GTEST_SKIP() << "the multi-process tests run in the Release build";
   if (test::run_command("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
   std::string out;
   const std::string cmd = fmt::format(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 mpirun -np 2 --bind-to none "
-      "{} --gtest_filter=TensorParallelRanks.* --gtest_color=no 2>&1",
+      "{}timeout 300 mpirun -np 2 --bind-to none {} --gtest_filter=TensorParallelRanks.* --gtest_color=no 2>&1", test::mpirun_env(),
       test::self_executable());
   ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
   // Both ranks ran both tests (none skipped).

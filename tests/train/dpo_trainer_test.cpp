@@ -127,8 +127,8 @@ TEST(DPOTrainer, PrecomputedReferenceAndPaddingFreeGiveTheSameLosses) {
 // Train 4 steps; or 2, stop (Ctrl-C), then resume from checkpoint-2 for 2 more: the same losses and weights, bit for bit.
 TEST(DPOTrainer, ResumeIsExactAndAChangedBatchLayoutIsRefused) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   DPOConfig c = base_config(t.dir.file("full"));
   c.per_device_train_batch_size = 2;
   c.max_steps = 4;
@@ -165,8 +165,8 @@ TEST(DPOTrainer, ResumeIsExactAndAChangedBatchLayoutIsRefused) {
 // Learning: the chosen answers repeat the prompt's word; after training the policy prefers them on every pair.
 TEST(DPOTrainer, TinyModelLearnsWhichAnswerFollowsTheRule) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   DPOConfig c = base_config(t.dir.file("learn"));
   c.bf16 = true;
   c.learning_rate = 5e-3;

@@ -132,8 +132,8 @@ Dataset repeat_rows(int n) {
 // rejected one on (nearly) every pair.
 TEST(KTOTrainer, TinyModelLearnsWhichAnswerFollowsTheRule) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   KTOConfig c = base_config(t.dir.file("learn"));
   c.bf16 = true;
   c.learning_rate = 5e-3;
