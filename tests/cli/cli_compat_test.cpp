@@ -27,13 +27,14 @@ size_t count(const std::string& hay, const std::string& needle) {
   return n;
 }
 
-// A tiny model (its generation_config.json names no max_new_tokens, like many real ones) and a small chat dataset.
+// A tiny model with the cut vocabulary (its generation_config.json names no max_new_tokens, like many real ones) and
+// a small chat dataset.
 struct Fixture {
   test::TempDir dir;
   std::string model = dir.file("m"), data = dir.file("chat.jsonl"), folder = dir.file("ds");  // folder: train and test splits
   Fixture() {
     std::string out;
-    EXPECT_EQ(run("init-model --preset tiny --out " + model, &out), 0) << out;
+    EXPECT_EQ(run(fmt::format("init-model --preset tiny --vocab_size {} --out {}", test::kCutVocab, model), &out), 0) << out;
     std::string rows;
     for (const char* q : {"What color is the sky?", "Who wrote Hamlet?", "What is 2 plus 2?", "Name a fruit."})
       rows += json{{"messages", {{{"role", "user"}, {"content", q}}, {{"role", "assistant"}, {"content", "An answer."}}}}}.dump() + "\n";
@@ -104,7 +105,7 @@ TEST(CliCompat, CtrlCStopsTheAnswerNotTheChat) {
   const std::string d = f.dir.path();
   test::write_file(f.dir.file("ctrlc.sh"),
                    "cd " + d + " && mkfifo in\n" + kTrl + " chat --model " + f.model +
-                       " --do_sample false --max_new_tokens 30000 --eos_token_id 151935 < in > out 2>&1 &\n"
+                       " --do_sample false --max_new_tokens 30000 --eos_token_id " + std::to_string(test::kCutVocab - 1) + " < in > out 2>&1 &\n"
                        "pid=$!\n"
                        "exec 3> in\n"
                        "size() { wc -c < out; }\n"

@@ -18,8 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-CausalLM tiny_model(DType dtype = DType::F32) {
+// vocab_size 0: the preset's (Qwen3's 151936); test::kCutVocab where the vocabulary's size is not what a test checks.
+CausalLM tiny_model(DType dtype = DType::F32, int64_t vocab_size = 0) {
   ModelConfig c = preset_config("tiny", dtype);
+  if (vocab_size > 0) c.vocab_size = vocab_size;
   return CausalLM::from_weights(c, init_weights(c, dtype, 7, 0.1, true));
 }
 
@@ -104,7 +106,7 @@ TEST(CausalLM, IsCausal) {
 }
 
 TEST(CausalLM, ScoreMatchesLogSoftmaxAndIgnoresBatching) {
-  const CausalLM model = tiny_model();
+  const CausalLM model = tiny_model(DType::F32, test::kCutVocab);
   auto backend = make_reference_backend();
   const std::vector<std::vector<int32_t>> seqs = {{5, 6, 7, 8}, {9}, {10, 11}};
   const auto batched = score_sequences(model, seqs, *backend, 3);
@@ -134,7 +136,7 @@ TEST(CausalLM, ScoreMatchesLogSoftmaxAndIgnoresBatching) {
 // Scoring runs cached programs of fixed shapes: three batches (the last one short) of sequences within one bucket
 // compile a single program, and the CPU backend's scores equal the reference's.
 TEST(CausalLM, ScoreCompilesOneProgramPerBucket) {
-  const CausalLM model = tiny_model();
+  const CausalLM model = tiny_model(DType::F32, test::kCutVocab);
   const std::vector<std::vector<int32_t>> seqs = {{5, 6, 7, 8}, {9, 3}, {10, 11, 12}, {1, 2, 3, 4, 5, 6, 7}, {42, 43}};
   auto cpu = make_backend("cpu");
   setenv("TRL_LOG_RECOMPILES", "1", 1);
