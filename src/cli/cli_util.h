@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "trl/core/error.h"
 #include "trl/models/causal_lm.h"
@@ -41,6 +42,8 @@ CausalLM load_inference_model(const std::string& model, const std::string& adapt
 // Where the tokenizer of `model` is: the folder itself, or for an adapter folder without tokenizer files, its base.
 std::string tokenizer_source(const std::string& model);
 
+// The kernel family of each hot op on this CPU (`trl env`'s cpu_kernels; also in each `trl bench` line).
+nlohmann::ordered_json cpu_kernels_info();
 void register_env(CLI::App& app);
 void register_merge_adapter(CLI::App& app);
 void register_init_model(CLI::App& app);

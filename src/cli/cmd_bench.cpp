@@ -7,14 +7,16 @@
 #include <cstdio>
 #include <optional>
 
-#include <dnnl.hpp>
+#include <vector>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
 #include "trl/backend/registry.h"
 #include "trl/backend/program_cache.h"
 #include "trl/generation/generate.h"
 #include "cli/cli_util.h"
+#include "core/cpu_features.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
 #include "core/rng.h"
@@ -31,23 +33,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The best of several oneDNN matmuls of 2048^3 in `dtype` (f32 accumulation): the machine's GEMM peak, FLOP/s.
+// The best of several 2048^3 GEMMs in `dtype` (f32 accumulation) on the GEMM the backend runs for that dtype here
+// (oneDNN's, or the packed GEMM where oneDNN has none: bf16 without AVX-512): the machine's GEMM peak, FLOP/s.
 double gemm_peak(DType dtype) {
-  using md = dnnl::memory::desc;
   const int64_t n = 2048;
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  const auto dt = dtype == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-  md a({n, n}, dt, {n, 1}), b({n, n}, dt, {1, n}), c({n, n}, dnnl::memory::data_type::f32, {n, 1});
-  dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
-  dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
-  std::memset(ma.get_data_handle(), 0, a.get_size());
-  std::memset(mb.get_data_handle(), 0, b.get_size());
+  const cpu::Gemm gemm(n, n, n, dtype, n, 1, dtype, 1, n, DType::F32, false, false);
+  std::vector<uint8_t> a(static_cast<size_t>(n * n) * dtype_size(dtype)), b(a.size()), c(static_cast<size_t>(n * n) * sizeof(float));
   double best = 1e9;
   for (int r = 0; r < 6; ++r) {
     const auto t0 = Clock::now();
-    mm.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-    strm.wait();
+    gemm.run(a.data(), b.data(), c.data());
     if (r > 0) best = std::min(best, since(t0));
   }
   return 2.0 * n * n * n / best;
@@ -131,6 +126,8 @@ void register_bench_generate(CLI::App* bench) {
     j["layers"] = cfg.num_hidden_layers;
     j["dtype"] = a->dtype;
     j["threads"] = num_threads();
+    j["isa"] = best_isa();
+    j["cpu_kernels"] = cpu_kernels_info();
     j["prompt_len"] = a->prompt_len;
     j["prefill_tokens_per_s"] = static_cast<double>(a->prompt_len) / prefill_s;
     j["decode_tokens_per_s_batch1"] = decode1;
@@ -300,6 +297,8 @@ void register_bench(CLI::App& app) {
     j["batch"] = B;
     j["seq"] = T;
     j["threads"] = num_threads();
+    j["isa"] = best_isa();
+    j["cpu_kernels"] = cpu_kernels_info();
     j["gradient_checkpointing"] = a->gradient_checkpointing;
     j["lora_r"] = a->lora_r;
     if (gkd) j["gkd_beta"] = a->gkd_beta, j["completion_tokens"] = B * K;

@@ -8,7 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.h"
 #include "cli/options.h"
+#include "core/cpu_features.h"
 #include "core/rng.h"
 #include "train/dpo_step.h"
 #include "train/optim/adamw.h"
@@ -107,6 +109,8 @@ void register_bench_dpo(CLI::App* bench) {
     j["pairs"] = a->pairs;
     j["seq"] = a->seq;
     j["threads"] = num_threads();
+    j["isa"] = best_isa();
+    j["cpu_kernels"] = cpu_kernels_info();
     j["precompute_ref_log_probs"] = a->precompute;
     j["step_seconds_best"] = best;
     j["step_seconds_mean"] = total / static_cast<double>(a->steps);

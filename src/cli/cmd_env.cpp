@@ -7,7 +7,9 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
+#include "backend/cpu/kernel_report.h"
 #include "core/cpu_features.h"
+#include "train/optim/adamw.h"
 #include "trl/backend/registry.h"
 #include "trl/dist/communicator.h"
 #include "trl/io/hub.h"
@@ -30,6 +32,7 @@ nlohmann::ordered_json env_info() {
   j["cpu"] = f.brand;
   j["cpu_features"] = {{"avx2", f.avx2}, {"fma", f.fma}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw},
                        {"avx512vl", f.avx512vl}, {"avx512bf16", f.avx512bf16}, {"amx_bf16", f.amx_bf16}};
+  j["cpu_kernels"] = cpu_kernels_info();
   j["devices"] = available_devices();
   std::vector<std::string> backends;
   for (const BackendInfo& b : backend_registry())
@@ -55,6 +58,13 @@ nlohmann::ordered_json env_info() {
 
 }  // namespace
 
+nlohmann::ordered_json cpu_kernels_info() {
+  nlohmann::ordered_json kernels;
+  for (const auto& [op, family] : cpu::kernel_families()) kernels[op] = family;
+  kernels["adamw"] = adamw_kernel();
+  return kernels;
+}
+
 void register_env(CLI::App& app) {
   auto* cmd = add_command(app, "env", "Print the version, build options, detected ISA, devices, cores, threads and oneDNN version");
   auto json_out = std::make_shared<bool>(false);
@@ -70,7 +80,9 @@ void register_env(CLI::App& app) {
       std::string value;
       if (it.value().is_string()) value = it.value().get<std::string>();
       else if (it->is_object()) {
-        for (auto f = it->begin(); f != it->end(); ++f) value += fmt::format("{}{}={}", value.empty() ? "" : " ", f.key(), f->get<bool>() ? "yes" : "no");
+        for (auto f = it->begin(); f != it->end(); ++f)
+          value += f->is_boolean() ? fmt::format("{}{}={}", value.empty() ? "" : " ", f.key(), f->get<bool>() ? "yes" : "no")
+                                   : fmt::format("{}{}: {}", value.empty() ? "" : "; ", f.key(), f->get<std::string>());
       } else if (it->is_array()) {
         for (const auto& e : *it) value += (value.empty() ? "" : ", ") + e.get<std::string>();
       } else value = it.value().dump();

@@ -65,6 +65,9 @@ CpuFeatures detect() {
     f.amx_bf16 = amx_tile && amx_bf16 && os_amx && !std::getenv("TRL_NO_AMX") && request_amx_permission();
     __cpuid_count(7, 1, eax, ebx, ecx, edx);
     f.avx512bf16 = f.avx512f && ((eax >> 5) & 1u);
+    // TRL_NO_AVX512=1: the kernels this project dispatches itself run as on a CPU with AVX2 only (the AVX2 test pass
+    // on an AVX-512 machine; oneDNN follows ONEDNN_MAX_CPU_ISA, GCC's target_clones the CPU itself).
+    if (std::getenv("TRL_NO_AVX512")) f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.amx_bf16 = false;
   }
 
   unsigned ext = __get_cpuid_max(0x80000000u, nullptr);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -129,6 +130,36 @@ TEST(Vec, ExponentialsAtTheEdges) {
         if (i != at) {
           ASSERT_EQ(y[i], 1.0f) << "n=" << n << " i=" << i;
         }
+    }
+  }
+}
+
+// The family follows the CPU (and TRL_NO_AVX512), and an element's result never depends on the row's length: the
+// tails run through the same lanes as padded copies.
+TEST(Vec, ExponentialsAndBf16SwigluAreTheSameBitsAtEveryLength) {
+  const CpuFeatures& f = cpu_features();
+  EXPECT_STREQ(vec::exp_kernel(), f.avx512f ? "avx512" : f.avx2 && f.fma ? "avx2" : "portable");
+  const auto x = random_row(40, 21, 3.0f);
+  std::vector<float> whole = x;
+  vec::exp_shift(whole.data(), 40, 9.0f);
+  const auto g = to_bf16(random_row(40, 22, 3.0f)), u = to_bf16(random_row(40, 23)), dy = to_bf16(random_row(40, 24));
+  std::vector<uint16_t> s40(40), dg40(40), du40(40);
+  if (vec::swiglu_bf16_available()) {
+    vec::swiglu_bf16(g.data(), u.data(), 40, s40.data());
+    vec::swiglu_backward_bf16(g.data(), u.data(), dy.data(), 40, dg40.data(), du40.data());
+  }
+  for (int64_t n = 1; n < 40; ++n) {
+    std::vector<float> part(x.begin(), x.begin() + n);
+    vec::exp_shift(part.data(), n, 9.0f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(std::memcmp(&part[i], &whole[i], 4), 0) << "exp, n=" << n << " i=" << i;
+    if (!vec::swiglu_bf16_available()) continue;
+    std::vector<uint16_t> s(n), dg(n), du(n);
+    vec::swiglu_bf16(g.data(), u.data(), n, s.data());
+    vec::swiglu_backward_bf16(g.data(), u.data(), dy.data(), n, dg.data(), du.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(s[i], s40[i]) << "swiglu, n=" << n << " i=" << i;
+      ASSERT_EQ(dg[i], dg40[i]) << "swiglu dg, n=" << n << " i=" << i;
+      ASSERT_EQ(du[i], du40[i]) << "swiglu du, n=" << n << " i=" << i;
     }
   }
 }

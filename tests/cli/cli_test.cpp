@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_features.h"
 #include "test_util.h"
 
 namespace trl {
@@ -30,6 +31,26 @@ TEST(Cli, EnvJson) {
   EXPECT_EQ(json::parse(out)["cache_dir"], "/tmp/x");
   EXPECT_NE(test::run_command("TRL_VISIBLE_CORES=0-9999 " + trl_cmd("env"), &out), 0);
   EXPECT_NE(out.find("TRL_VISIBLE_CORES"), std::string::npos) << out;
+}
+
+// `trl env` names the kernel family of each hot op; as on a CPU with AVX2 only (oneDNN capped at AVX2, this
+// project's AVX-512 kernels off), bf16 GEMMs run on the packed GEMM, never on a oneDNN primitive the CPU lacks.
+TEST(Cli, EnvNamesTheKernelOfEachHotOp) {
+  std::string out;
+  ASSERT_EQ(test::run_command(trl_cmd("env --json"), &out), 0) << out;
+  const json k = json::parse(out).at("cpu_kernels");
+  for (const char* op : {"gemm f32", "gemm bf16", "gemv (decoding)", "exp, softmax, swiglu", "row kernels", "adamw"})
+    EXPECT_TRUE(k.contains(op) && !k[op].get<std::string>().empty()) << op << " in " << k.dump();
+  if (!cpu_features().avx2) GTEST_SKIP() << "this CPU has no AVX2";
+  ASSERT_EQ(test::run_command("ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512=1 " + trl_cmd("env --json"), &out), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["isa"], "avx2");
+  EXPECT_EQ(j["cpu_kernels"]["gemm f32"], "onednn (avx2)");
+  EXPECT_EQ(j["cpu_kernels"]["gemm bf16"], "avx2 (packed, bf16 converted in the packing)");
+  EXPECT_EQ(j["cpu_kernels"]["exp, softmax, swiglu"], "avx2");
+  EXPECT_EQ(j["cpu_kernels"]["adamw"], "avx2");
+  ASSERT_EQ(test::run_command("ONEDNN_MAX_CPU_ISA=AVX2 TRL_NO_AVX512=1 " + trl_cmd("env"), &out), 0) << out;
+  EXPECT_NE(out.find("gemm bf16: avx2 (packed"), std::string::npos) << out;
 }
 
 TEST(Cli, InitModelThenScore) {

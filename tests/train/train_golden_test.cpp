@@ -124,7 +124,7 @@ TEST(AdamW, WeightDecayGroupsLikeTransformers) {
   EXPECT_TRUE(applies_weight_decay("model.normalizer.weight"));  // "norm" must be a whole name part
 }
 
-// AdamW's pass (vectorised with non-temporal stores where the CPU has AVX-512) against the formula written out here
+// AdamW's pass (vectorised with non-temporal stores where the CPU has AVX-512 or AVX2: adamw_kernel()) against the formula written out here
 // for each element, over two steps (fresh moments, then stored ones), a length with a tail of 16-lane groups, the
 // bf16 compute copy, and a NaN and an infinite gradient (the weight turns NaN; its bf16 copy is a quiet NaN).
 TEST(AdamW, UpdateMatchesTheFormulaForEachElement) {

@@ -6,6 +6,7 @@
 
 #include <dnnl.hpp>
 
+#include "backend/cpu/gemm_packed.h"
 #include "trl/core/dtype.h"
 
 namespace trl::cpu {
@@ -14,8 +15,9 @@ namespace trl::cpu {
 const dnnl::engine& dnnl_engine();
 
 // C[M,N] (+)= op(A)·op(B) with A, B given by strides, as one oneDNN matmul primitive fixed at construction.
-// On a CPU where oneDNN has no bf16 matmul (no AVX-512: oneDNN 2.6 needs it for bf16), the GEMM widens its bf16
-// operands to f32 per call and runs an f32 primitive instead: same results up to f32 summation order, slower.
+// Where oneDNN has no matmul for the operand types on this CPU (bf16 without AVX-512: oneDNN 2.6 needs avx512_core
+// for it), the GEMM is the backend's own (gemm_packed.h: bf16 converted to f32 in its packing, f32 accumulation),
+// chosen here at compile time; kernel() says which runs.
 class Gemm {
  public:
   // a: M×K with strides (sa_m, sa_k); b: K×N with strides (sb_k, sb_n); c: M×N with row stride ldc (0 = N).
@@ -26,13 +28,16 @@ class Gemm {
   void run(const void* a, const void* b, void* c, const void* bias = nullptr) const;
 
   int64_t flops() const { return 2 * M_ * N_ * K_; }
+  // "onednn", or the packed GEMM's micro-kernel family ("avx2", "portable").
+  const char* kernel() const;
 
  private:
   bool create(DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, int64_t ldc, bool bias, bool accumulate);
 
   int64_t M_, N_, K_, sa_m_, sa_k_, sb_k_, sb_n_, ldc_;
   DType ta_, tb_, tc_;
-  bool widen_a_ = false, widen_b_ = false, widen_c_ = false;
+  bool packed_ = false;  // oneDNN has no primitive for these types here: packed_gemm_ runs instead
+  PackedGemm packed_gemm_;
   dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;
   dnnl::matmul prim_;
   bool has_bias_ = false, accumulate_ = false;

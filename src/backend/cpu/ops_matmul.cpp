@@ -11,6 +11,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/kernel_report.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/vec.h"
 #include "core/cpu_features.h"
@@ -129,7 +130,10 @@ Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
   // all rows (dots_bf16 widens it in registers).
   if ((M <= kGemvRowsVec || amx_gemv(ta, tb, M, N, K)) && sa_m == K && sa_k == 1 && sb_k == 1 && sb_n == K && (tb == DType::BF16 || tb == DType::F32))
     return gemv_node(cx, id, a, b, bias, addend, M, N, K);
-  const bool widen_a = ta != tb && ta != DType::F32, widen_b = ta != tb && tb != DType::F32;
+  // Mixed operand types: with AVX-512, the bf16 operand widened to f32 for oneDNN's f32 matmul; without it, the
+  // backend's own GEMM converts inside its packing (Gemm chooses it: oneDNN has no mixed matmul).
+  const bool widen = ta != tb && cpu_features().avx512f;
+  const bool widen_a = widen && ta != DType::F32, widen_b = widen && tb != DType::F32;
   if (widen_a) ta = DType::F32;
   if (widen_b) tb = DType::F32;
   auto gemm = std::make_shared<Gemm>(M, N, K, ta, sa_m, sa_k, tb, sb_k, sb_n, tc, bias != kNone, addend != kNone);
@@ -160,6 +164,14 @@ Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
 }
 
 }  // namespace
+
+std::string gemv_kernel() {
+#if defined(__x86_64__)
+  if (amx_gemv(DType::BF16, DType::BF16, 2, 64, 64)) return "amx (2-16 rows) + avx512bf16";
+  if (cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16")) return "avx512bf16";
+#endif
+  return "dot products (" + clone_family() + ")";
+}
 
 // y[M,N] = x[M,K]·w[N,K]ᵀ + b
 Kernel lower_matmul(ProgramContext* cx, graph::ValueId id) {

@@ -225,34 +225,174 @@ __attribute__((target("avx512f"))) void swiglu_backward_bf16_avx512(const uint16
   }
 }
 #pragma GCC diagnostic pop
-// Read on first use (not at load time: a process that never runs a kernel never asks the CPU anything).
-bool use_avx512_exp() {
-  static const bool yes = cpu_features().avx512f;
-  return yes;
+
+// The same kernels on 8 lanes for CPUs with AVX2 and FMA but no AVX-512: the same polynomial with the same fused
+// multiply-adds, so each lane's bits equal the AVX-512 kernels' (tests/backend/vec_test.cpp); tails go through the
+// same lanes as padded copies.
+#define TRL_AVX2 __attribute__((target("avx2,fma")))
+TRL_AVX2 __attribute__((always_inline)) inline __m256 exp_nonpositive8(__m256 v) {
+  const __m256 vc = _mm256_max_ps(_mm256_set1_ps(-87.0f), v);  // (max returns its second operand for a NaN)
+  const __m256 kf = _mm256_floor_ps(_mm256_fmadd_ps(vc, _mm256_set1_ps(1.44269504f), _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(1.428606765330187e-06f), _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693145751953125f), vc));
+  __m256 p = _mm256_set1_ps(0.00138888892f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.00833333377f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.0416666679f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166666672f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(v, _mm256_set1_ps(-87.0f), _CMP_LT_OQ));
+}
+TRL_AVX2 inline float hsum8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float s = 0;
+  for (int k = 0; k < 8; ++k) s += lanes[k];
+  return s;
+}
+// 8 elements in place: e^(x − shift), added to the sums.
+template <bool kSum, bool kEy>
+TRL_AVX2 __attribute__((always_inline)) inline void exp_lanes8(float* p, __m256 sh, __m256& acc, __m256& acc2) {
+  const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(p), sh);
+  const __m256 e = exp_nonpositive8(v);
+  _mm256_storeu_ps(p, e);
+  if (kSum) acc = _mm256_add_ps(acc, e);
+  if (kEy) acc2 = _mm256_add_ps(acc2, _mm256_and_ps(_mm256_cmp_ps(e, _mm256_setzero_ps(), _CMP_GT_OQ), _mm256_mul_ps(e, v)));
+}
+template <bool kSum, bool kEy>
+TRL_AVX2 float exp_shift_avx2(float* x, int64_t n, float shift, float* ey) {
+  const __m256 sh = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) exp_lanes8<kSum, kEy>(x + i, sh, acc, acc2);
+  if (i < n) {  // the tail padded with -inf: e = 0, which adds nothing to either sum
+    alignas(32) float t[8];
+    for (int k = 0; k < 8; ++k) t[k] = i + k < n ? x[i + k] : -INFINITY;
+    exp_lanes8<kSum, kEy>(t, sh, acc, acc2);
+    std::memcpy(x + i, t, static_cast<size_t>(n - i) * sizeof(float));
+  }
+  if (kEy) *ey = hsum8(acc2);
+  return kSum ? hsum8(acc) : 0.0f;
+}
+TRL_AVX2 __attribute__((always_inline)) inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+TRL_AVX2 __attribute__((always_inline)) inline __m256i round_bf16x8_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)), nan);
+}
+TRL_AVX2 __attribute__((always_inline)) inline __m256 round_bf16x8(__m256 x) {
+  return _mm256_castsi256_ps(_mm256_and_si256(round_bf16x8_bits(x), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+TRL_AVX2 __attribute__((always_inline)) inline void store_bf16x8(uint16_t* p, __m256 x) {
+  const __m256i hi = _mm256_srli_epi32(round_bf16x8_bits(x), 16);  // 8 values < 2^16 in 32-bit lanes
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+TRL_AVX2 __attribute__((always_inline)) inline __m256 sigmoid8(__m256 g) {
+  const __m256 t = exp_nonpositive8(_mm256_or_ps(g, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)))));
+  const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), t, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+  return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), t));
+}
+TRL_AVX2 void swiglu_bf16_avx2(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = load_bf16x8(g + i);
+    store_bf16x8(out + i, _mm256_mul_ps(round_bf16x8(_mm256_mul_ps(gv, sigmoid8(gv))), load_bf16x8(u + i)));
+  }
+  if (i < n) {
+    alignas(32) uint16_t gt[8] = {}, ut[8] = {}, ot[8];
+    std::memcpy(gt, g + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(ut, u + i, static_cast<size_t>(n - i) * 2);
+    swiglu_bf16_avx2(gt, ut, 8, ot);
+    std::memcpy(out + i, ot, static_cast<size_t>(n - i) * 2);
+  }
+}
+TRL_AVX2 void swiglu_backward_bf16_avx2(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg, uint16_t* du) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = load_bf16x8(g + i), uv = load_bf16x8(u + i), d = load_bf16x8(dy + i), sig = sigmoid8(gv);
+    const __m256 dsilu = _mm256_mul_ps(sig, _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sig))));
+    store_bf16x8(dg + i, _mm256_mul_ps(_mm256_mul_ps(d, uv), dsilu));
+    store_bf16x8(du + i, _mm256_mul_ps(_mm256_mul_ps(d, gv), sig));
+  }
+  if (i < n) {
+    alignas(32) uint16_t gt[8] = {}, ut[8] = {}, dt[8] = {}, dgt[8], dut[8];
+    std::memcpy(gt, g + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(ut, u + i, static_cast<size_t>(n - i) * 2);
+    std::memcpy(dt, dy + i, static_cast<size_t>(n - i) * 2);
+    swiglu_backward_bf16_avx2(gt, ut, dt, 8, dgt, dut);
+    std::memcpy(dg + i, dgt, static_cast<size_t>(n - i) * 2);
+    std::memcpy(du + i, dut, static_cast<size_t>(n - i) * 2);
+  }
+}
+#undef TRL_AVX2
+
+// The exponential kernels' family, read on first use (not at load time: a process that never runs a kernel never
+// asks the CPU anything). TRL_NO_AVX512=1 takes the AVX2 family on an AVX-512 CPU (cpu_features(); the AVX2 pass).
+enum class ExpFamily { kGeneric, kAvx2, kAvx512 };
+ExpFamily exp_family() {
+  static const ExpFamily f = [] {
+    const CpuFeatures& c = cpu_features();
+    if (c.avx512f) return ExpFamily::kAvx512;
+    if (c.avx2 && c.fma) return ExpFamily::kAvx2;
+    return ExpFamily::kGeneric;
+  }();
+  return f;
 }
 #else
-constexpr bool use_avx512_exp() { return false; }
+enum class ExpFamily { kGeneric, kAvx2, kAvx512 };
+constexpr ExpFamily exp_family() { return ExpFamily::kGeneric; }
 template <bool kSum, bool kEy>
 float exp_shift_avx512(float*, int64_t, float, float*) { __builtin_trap(); }
+template <bool kSum, bool kEy>
+float exp_shift_avx2(float*, int64_t, float, float*) { __builtin_trap(); }
 void swiglu_bf16_avx512(const uint16_t*, const uint16_t*, int64_t, uint16_t*) { __builtin_trap(); }
 void swiglu_backward_bf16_avx512(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, uint16_t*, uint16_t*) { __builtin_trap(); }
+void swiglu_bf16_avx2(const uint16_t*, const uint16_t*, int64_t, uint16_t*) { __builtin_trap(); }
+void swiglu_backward_bf16_avx2(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, uint16_t*, uint16_t*) { __builtin_trap(); }
 #endif
 
-bool swiglu_bf16_available() { return use_avx512_exp(); }
+const char* exp_kernel() {
+  switch (exp_family()) {
+    case ExpFamily::kAvx512: return "avx512";
+    case ExpFamily::kAvx2: return "avx2";
+    default: return "portable";
+  }
+}
+bool swiglu_bf16_available() { return exp_family() != ExpFamily::kGeneric; }
 void swiglu_bf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
-  if (!use_avx512_exp()) __builtin_trap();
-  swiglu_bf16_avx512(g, u, n, out);
+  switch (exp_family()) {
+    case ExpFamily::kAvx512: return swiglu_bf16_avx512(g, u, n, out);
+    case ExpFamily::kAvx2: return swiglu_bf16_avx2(g, u, n, out);
+    default: __builtin_trap();
+  }
 }
 void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg, uint16_t* du) {
-  if (!use_avx512_exp()) __builtin_trap();
-  swiglu_backward_bf16_avx512(g, u, dy, n, dg, du);
+  switch (exp_family()) {
+    case ExpFamily::kAvx512: return swiglu_backward_bf16_avx512(g, u, dy, n, dg, du);
+    case ExpFamily::kAvx2: return swiglu_backward_bf16_avx2(g, u, dy, n, dg, du);
+    default: __builtin_trap();
+  }
 }
 
-void exp_shift(float* x, int64_t n, float shift) { use_avx512_exp() ? (void)exp_shift_avx512<false, false>(x, n, shift, nullptr) : exp_shift_any(x, n, shift); }
-float exp_shift_sum(float* x, int64_t n, float shift) { return use_avx512_exp() ? exp_shift_avx512<true, false>(x, n, shift, nullptr) : exp_shift_sum_any(x, n, shift); }
-float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) {
-  return use_avx512_exp() ? exp_shift_avx512<true, true>(x, n, shift, ey) : exp_shift_sum_ey_any(x, n, shift, ey);
+template <bool kSum, bool kEy>
+float exp_shift_dispatch(float* x, int64_t n, float shift, float* ey) {
+  switch (exp_family()) {
+    case ExpFamily::kAvx512: return exp_shift_avx512<kSum, kEy>(x, n, shift, ey);
+    case ExpFamily::kAvx2: return exp_shift_avx2<kSum, kEy>(x, n, shift, ey);
+    default: return kEy ? exp_shift_sum_ey_any(x, n, shift, ey) : kSum ? exp_shift_sum_any(x, n, shift) : (exp_shift_any(x, n, shift), 0.0f);
+  }
 }
+void exp_shift(float* x, int64_t n, float shift) { exp_shift_dispatch<false, false>(x, n, shift, nullptr); }
+float exp_shift_sum(float* x, int64_t n, float shift) { return exp_shift_dispatch<true, false>(x, n, shift, nullptr); }
+float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) { return exp_shift_dispatch<true, true>(x, n, shift, ey); }
 
 // The weight rows of a decoding GEMV stream from memory one after the other: reading kPrefetchAhead elements (1 KiB of
 // bf16) ahead of the loads keeps more cache misses in flight than the hardware prefetcher alone (measured on

@@ -29,11 +29,14 @@ float attention_scores(float* x, int64_t n, float scale, bool bf16, const int32_
 void scale_round(float* x, int64_t n, float inv, bool bf16, uint16_t* out16);
 // The softmax backward of one row: d ← p∘(d − p·d)·scale, and its bf16 bits into out16 when given.
 void softmax_backward_row(const float* p, float* d, int64_t n, float scale, uint16_t* out16);
-// SwiGLU on bf16 rows (bf16 training), on AVX-512 only (swiglu_bf16_available()): out = bf16(bf16(silu(g))·u), and
+// SwiGLU on bf16 rows (bf16 training), on AVX-512 or AVX2 + FMA (swiglu_bf16_available()): out = bf16(bf16(silu(g))·u), and
 // the backward dg = bf16(dy·u·σ(g)·(1 + g·(1 − σ(g)))), du = bf16(dy·g·σ(g)); σ from the polynomial exp.
 bool swiglu_bf16_available();
 void swiglu_bf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out);
 void swiglu_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n, uint16_t* dg, uint16_t* du);
+// The family the exponentials and the bf16 SwiGLU run on this CPU: "avx512", "avx2" (8 lanes, the same bits per
+// lane) or "portable" (the generic loops, no bf16 SwiGLU kernel).
+const char* exp_kernel();
 // x[i] ← e^(x[i] − shift) for x[i] <= shift (the row's maximum); -inf gives 0.
 void exp_shift(float* x, int64_t n, float shift);
 // The same, returning Σ e^(x − shift).

@@ -22,6 +22,9 @@ struct AdamWConfig {
 // rmsnorm, (^|.)norm($|.), _norm($|.)); everything else (embeddings and projections) is decayed.
 bool applies_weight_decay(const std::string& parameter_name);
 
+// The family of AdamW's pass on this CPU: "avx512", "avx2" or "portable" (the same bits on each).
+const char* adamw_kernel();
+
 class AdamW {
  public:
   explicit AdamW(AdamWConfig config = {}) : config_(config) {}
