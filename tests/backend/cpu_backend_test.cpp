@@ -240,6 +240,47 @@ TEST(CpuBackend, TrainingStepMatchesPyTorch) {
 namespace trl {
 namespace {
 
+// A bf16 training step at Qwen3-0.6B's widths (hidden 1024, MLP 3072, 16 query / 8 key-value heads of 128; one
+// layer, the cut vocabulary) against the reference backend: the shapes and dtype of the real model's step, so a CPU
+// whose GEMM or attention path cannot run them (no bf16 matmul in oneDNN without AVX-512) fails here on whatever
+// machine CI has. The two backends round at different points, so the comparison is statistical, as
+// TrainGoldenBf16's: the loss to 1%, each gradient's norm to 3% and its direction (cosine) above 0.99.
+TEST(CpuBackend, Bf16TrainingStepAtQwen3Widths) {
+  ModelConfig cfg = preset_config("qwen3-0.6b", DType::BF16);
+  cfg.num_hidden_layers = 1;
+  cfg.vocab_size = test::kCutVocab;
+  const CausalLM model = CausalLM::from_weights(cfg, init_weights(cfg, DType::BF16, 11, 0.02, true), "qwen3-0.6b widths");
+  const int64_t B = 1, T = 16;
+  SplitMix64 rng(5);
+  Tensor ids = Tensor::zeros(DType::I32, {B, T}), mask = Tensor::zeros(DType::I32, {B, T}), labels = Tensor::zeros(DType::I32, {B, T});
+  Tensor w = Tensor::zeros(DType::F32, {B, T});
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(cfg.vocab_size));
+    labels.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(cfg.vocab_size));
+    mask.mutable_data_as<int32_t>()[i] = 1;
+    w.mutable_data_as<float>()[i] = -1.0f / static_cast<float>(B * T);
+  }
+  TensorMap in = model.weights();
+  in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+  const graph::Graph g = model.training_graph(B, T);
+  const auto want = make_reference_backend()->compile(g)->run(in);
+  const auto got = make_cpu_backend()->compile(g)->run(in);
+  ASSERT_EQ(want.size(), got.size());
+  const double loss = want[0].data_as<float>()[0];
+  ASSERT_TRUE(std::isfinite(loss) && loss > 1.0) << loss;  // about log(4096) = 8.3 for a random model
+  EXPECT_NEAR(got[0].data_as<float>()[0], loss, 0.01 * loss);
+  const auto shapes = parameter_shapes(model.config());
+  ASSERT_GE(want.size(), shapes.size() + 1);  // loss, the gradients in parameter_shapes() order, then metrics
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const auto a = want[k + 1].to_f32_vector(), c = got[k + 1].to_f32_vector();
+    double aa = 0, cc = 0, ac = 0;
+    for (size_t i = 0; i < a.size(); ++i) aa += static_cast<double>(a[i]) * a[i], cc += static_cast<double>(c[i]) * c[i], ac += static_cast<double>(a[i]) * c[i];
+    ASSERT_TRUE(std::isfinite(aa) && std::isfinite(cc) && aa > 0) << shapes[k].first;
+    EXPECT_NEAR(std::sqrt(cc), std::sqrt(aa), 0.03 * std::sqrt(aa)) << shapes[k].first;
+    EXPECT_GT(ac / std::sqrt(aa * cc), 0.99) << shapes[k].first;
+  }
+}
+
 // gradient_checkpointing recomputes each layer in the backward pass: the loss and every gradient must be the same
 // bits as without it, in f32 and bf16, with padding and packed segments, while the planned arena shrinks.
 TEST(CpuBackend, GradientCheckpointingIsBitIdenticalAndSmaller) {
