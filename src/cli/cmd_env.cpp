@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include <dnnl.h>
+#include <omp.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,7 @@ nlohmann::ordered_json env_info() {
   j["visible_cores"] = format_core_list(cores);
   j["num_visible_cores"] = cores.size();
   j["threads"] = num_threads();
+  j["openmp_threads"] = omp_get_max_threads();  // what loops outside programs run on: must equal threads
   j["onednn"] = fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch);
   j["onednn_cpu_runtime"] = dv->cpu_runtime == DNNL_RUNTIME_OMP ? "omp" : dv->cpu_runtime == DNNL_RUNTIME_TBB ? "tbb"
                             : dv->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other";

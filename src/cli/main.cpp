@@ -13,6 +13,7 @@
 #include "cli/launch.h"
 #include "trl/core/error.h"
 #include "trl/dist/communicator.h"
+#include "trl/runtime/runtime.h"
 #include "version.h"
 
 namespace {
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   try {
     args = start_distributed(argc, argv);
+    trl::apply_num_threads();  // TRL_NUM_THREADS / TRL_VISIBLE_CORES also bound the loops outside programs
   } catch (const std::exception& e) {
     if (trl::dist::launched_by_mpi()) fail_job(e.what(), 1);
     std::fprintf(stderr, "error: %s\n", e.what());

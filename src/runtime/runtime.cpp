@@ -1,5 +1,6 @@
 #include "trl/runtime/runtime.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -93,7 +94,12 @@ std::vector<int>& rank_cores() {
 }
 }  // namespace
 
-void set_rank_cores(std::vector<int> cores) { rank_cores() = std::move(cores); }
+void set_rank_cores(std::vector<int> cores) {
+  rank_cores() = std::move(cores);
+  apply_num_threads();
+}
+
+void apply_num_threads() { omp_set_num_threads(num_threads()); }
 
 std::vector<int> visible_cores() {
   if (!rank_cores().empty()) return rank_cores();

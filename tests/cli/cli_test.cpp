@@ -28,6 +28,7 @@ TEST(Cli, EnvJson) {
   EXPECT_EQ(j["devices"][0], "cpu");
   ASSERT_EQ(test::run_command("TRL_VISIBLE_CORES=0 TRL_CACHE_DIR=/tmp/x " + trl_cmd("env --json"), &out), 0) << out;
   EXPECT_EQ(json::parse(out)["visible_cores"], "0");
+  EXPECT_EQ(json::parse(out)["openmp_threads"], 1);  // the loops outside programs follow the visible cores too
   EXPECT_EQ(json::parse(out)["cache_dir"], "/tmp/x");
   EXPECT_NE(test::run_command("TRL_VISIBLE_CORES=0-9999 " + trl_cmd("env"), &out), 0);
   EXPECT_NE(out.find("TRL_VISIBLE_CORES"), std::string::npos) << out;

@@ -17,8 +17,11 @@ namespace {
 
 using json = nlohmann::json;
 
-CausalLM golden_model(const std::string& preset, DType dtype, test::TempDir& dir) {
+// The goldens' model; the tests that compare with no golden take the cut vocabulary (test::kCutVocab), which
+// decoding reads whole at every step.
+CausalLM golden_model(const std::string& preset, DType dtype, test::TempDir& dir, int64_t vocab_size = 0) {
   InitOptions o;
+  o.vocab_size = vocab_size;
   o.preset = preset;
   o.dtype = dtype;
   o.seed = 1234;
@@ -74,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Qwen3, GenerateGolden, ::testing::Values("tiny", "small
 TEST(Generate, StaticCacheLogitsEqualFullForward) {
   for (DType dt : {DType::F32, DType::BF16}) {
     test::TempDir dir;
-    const CausalLM model = golden_model("tiny", dt, dir);
+    const CausalLM model = golden_model("tiny", dt, dir, test::kCutVocab);
     Generator gen(model);
     const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7, 8, 9, 10, 11}, {300, 301}};
     GenerationConfig c = greedy(9);
@@ -108,7 +111,7 @@ TEST(Generate, StaticCacheLogitsEqualFullForward) {
 
 TEST(Generate, BatchGivesEachPromptsTokens) {
   test::TempDir dir;
-  const CausalLM model = golden_model("tiny", DType::BF16, dir);
+  const CausalLM model = golden_model("tiny", DType::BF16, dir, test::kCutVocab);
   Generator gen(model);
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {40, 41, 42, 43, 44, 45, 46, 47, 48, 49}, {7}};
   const auto batch = gen.generate(prompts, greedy(10));
@@ -122,7 +125,7 @@ TEST(Generate, BatchGivesEachPromptsTokens) {
 // prompt length in the same bucket compiles nothing.
 TEST(Generate, CompilesOnePrefillAndOneDecodeProgram) {
   test::TempDir dir;
-  const CausalLM model = golden_model("tiny", DType::F32, dir);
+  const CausalLM model = golden_model("tiny", DType::F32, dir, test::kCutVocab);
   Generator gen(model);
   const auto out = gen.generate({{1, 2, 3, 4}, {9, 8}}, greedy(200));
   EXPECT_EQ(out.generated[0].size(), 200u);
@@ -134,7 +137,7 @@ TEST(Generate, CompilesOnePrefillAndOneDecodeProgram) {
 
 TEST(Generate, EosStopsRowsAndPadsThem) {
   test::TempDir dir;
-  const CausalLM model = golden_model("tiny", DType::F32, dir);
+  const CausalLM model = golden_model("tiny", DType::F32, dir, test::kCutVocab);
   Generator gen(model);
   const auto free_run = gen.generate({{1, 2, 3}, {4, 5}}, greedy(8));
   // Make row 0's third token the eos: row 0 stops there and is padded; row 1 runs on unchanged.
@@ -154,7 +157,7 @@ TEST(Generate, EosStopsRowsAndPadsThem) {
 
 TEST(Generate, SamplingIsReproducibleBySeed) {
   test::TempDir dir;
-  const CausalLM model = golden_model("tiny", DType::F32, dir);
+  const CausalLM model = golden_model("tiny", DType::F32, dir, test::kCutVocab);
   Generator gen(model);
   GenerationConfig c = greedy(16);
   c.do_sample = true;
@@ -212,7 +215,7 @@ TEST(Sampling, FiltersNeverEmitExcludedTokens) {
 
 TEST(Generate, BadInputIsAClearError) {
   test::TempDir dir;
-  const CausalLM model = golden_model("tiny", DType::F32, dir);
+  const CausalLM model = golden_model("tiny", DType::F32, dir, test::kCutVocab);
   Generator gen(model);
   auto message = [&](const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& c) {
     try {

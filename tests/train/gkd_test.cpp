@@ -42,8 +42,10 @@ const json& golden() {
 }
 
 // The golden's teacher: tiny widths, one layer (as tests/reference/make_goldens.sh makes it).
-CausalLM golden_teacher(test::TempDir& dir) {
+// The goldens' teacher; with vocab_size (test::kCutVocab) the cut vocabulary, for the tests that compare with no golden.
+CausalLM golden_teacher(test::TempDir& dir, int64_t vocab_size = 0) {
   InitOptions o;
+  o.vocab_size = vocab_size;
   o.preset = "tiny";
   o.dtype = DType::F32;
   o.seed = 4321;
@@ -205,10 +207,10 @@ Dataset chat_rows(test::TempDir& dir, size_t n) {
 }
 
 TEST(Gkd, CompletionsComeFromTheStudentTheTeacherOrTheDataset) {
-  test::TinyModel student;
+  test::TinyModel student(test::kCutVocab);
   test::TempDir dir;
-  const CausalLM teacher = golden_teacher(dir);
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  const CausalLM teacher = golden_teacher(dir, test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   auto run = [&](double lmbda, bool seq_kd, int64_t steps) {
     GKDConfig c = golden_config(dir.file("src" + std::to_string(lmbda) + std::to_string(seq_kd)), 0.5);
     c.lmbda = lmbda, c.seq_kd = seq_kd, c.max_steps = steps, c.max_new_tokens = 6;
@@ -235,9 +237,9 @@ TEST(Gkd, CompletionsComeFromTheStudentTheTeacherOrTheDataset) {
 }
 
 TEST(Distillation, TheStudentGeneratesEveryCompletion) {
-  test::TinyModel student;
+  test::TinyModel student(test::kCutVocab);
   test::TempDir dir;
-  const CausalLM teacher = golden_teacher(dir);
+  const CausalLM teacher = golden_teacher(dir, test::kCutVocab);
   Dataset prompts;
   for (const char* w : {"apple", "river", "stone", "cloud"}) {
     prompts.rows.push_back(ojson{{"prompt", ojson::array({ojson{{"role", "user"}, {"content", std::string("Say ") + w}}})}});
@@ -254,7 +256,7 @@ TEST(Distillation, TheStudentGeneratesEveryCompletion) {
   c.logging_steps = 1;
   c.report = false;
   c.progress = false;
-  DistillationTrainer trainer(student.model, teacher, test::qwen3_tokenizer(), prompts, c);
+  DistillationTrainer trainer(student.model, teacher, test::cut_tokenizer(), prompts, c);
   const TrainOutput out = trainer.train();
   ASSERT_EQ(out.log_history.size(), 2u);
   for (const ojson& e : out.log_history) {

@@ -60,7 +60,7 @@ std::vector<NamedRewardFunction> rewards(const std::vector<std::string>& specs) 
 // Two runs from the same weights and seed: with learning_rate 0 and with a large one. Round 1 is the same; round 2
 // differs only if generation read the weights the first optimizer step changed (the generator holds no copy).
 TEST(GrpoTrainer, GenerationReadsTheLiveWeights) {
-  const test::TinyModel m;
+  const test::TinyModel m(test::kCutVocab);
   std::vector<std::vector<std::string>> completions[2];
   ProgramCacheStats gen_stats;
   for (int run = 0; run < 2; ++run) {
@@ -68,7 +68,7 @@ TEST(GrpoTrainer, GenerationReadsTheLiveWeights) {
     GRPOConfig c = small_config<GRPOConfig>(out.path());
     c.learning_rate = run == 0 ? 0.0 : 0.05;
     c.shuffle_dataset = false;
-    GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), prompt_rows({"Say a word.", "Say a word."}), c);
+    GRPOTrainer t(m.model, test::cut_tokenizer(), rewards({"length:20"}), prompt_rows({"Say a word.", "Say a word."}), c);
     t.on_rollout = [&](const RolloutRecord& r) { completions[run].push_back(r.completions); };
     t.train();
     gen_stats = t.generation_program_stats();
@@ -123,14 +123,14 @@ TEST(GrpoTrainer, ChatPromptsUseTheTemplateAndItsKwargs) {
 
 // Prompts of 2 to ~90 tokens over a whole epoch: programs are compiled per bucket, not per length.
 TEST(GrpoTrainer, AnEpochCompilesAProgramPerBucket) {
-  const test::TinyModel m;
+  const test::TinyModel m(test::kCutVocab);
   std::vector<std::string> prompts;
   std::set<int64_t> buckets;
   for (int k = 0; k < 10; ++k) {
     std::string p = "Count";
     for (int w = 0; w < k * k; ++w) p += " w";
     prompts.push_back(p);
-    const int64_t n = static_cast<int64_t>(test::qwen3_tokenizer().encode(p, false).size());
+    const int64_t n = static_cast<int64_t>(test::cut_tokenizer().encode(p, false).size());
     buckets.insert((n + 31) / 32 * 32);
   }
   ASSERT_GE(buckets.size(), 3u);
@@ -139,7 +139,7 @@ TEST(GrpoTrainer, AnEpochCompilesAProgramPerBucket) {
   c.max_steps = -1;
   c.num_train_epochs = 1;
   c.learning_rate = 0;
-  GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), prompt_rows(prompts), c);
+  GRPOTrainer t(m.model, test::cut_tokenizer(), rewards({"length:20"}), prompt_rows(prompts), c);
   const TrainOutput o = t.train();
   EXPECT_EQ(o.global_step, 10);  // one prompt × 4 generations per step
   // Training: one program per prompt bucket (every completion fits one bucket of 32). Generation: a prefill per
@@ -151,7 +151,7 @@ TEST(GrpoTrainer, AnEpochCompilesAProgramPerBucket) {
 // A generation round that spans two optimizer steps (num_iterations 2, so the old log-probs are computed): a run
 // resumed from the checkpoint between them (the round is in the checkpoint) logs what the uninterrupted run logs.
 TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
-  const test::TinyModel m;
+  const test::TinyModel m(test::kCutVocab);
   test::TempDir out;
   auto config = [&](const std::string& dir) {
     GRPOConfig c = small_config<GRPOConfig>(dir);
@@ -163,12 +163,12 @@ TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
     return c;
   };
   const Dataset d = prompt_rows({"One", "Two", "Three", "Four"});
-  GRPOTrainer full(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), d, config(out.file("full")));
+  GRPOTrainer full(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, config(out.file("full")));
   const TrainOutput a = full.train();
   ASSERT_TRUE(std::filesystem::exists(out.file("full/checkpoint-1/rollout.json")));
   GRPOConfig rc = config(out.file("full"));
   rc.resume_from_checkpoint = out.file("full/checkpoint-1");
-  GRPOTrainer resumed(m.model, test::qwen3_tokenizer(), rewards({"length:20"}), d, rc);
+  GRPOTrainer resumed(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, rc);
   const TrainOutput b = resumed.train();
   ASSERT_EQ(a.log_history.size(), 4u);
   ASSERT_EQ(b.log_history.size(), 4u);
@@ -327,13 +327,13 @@ TEST(GrpoTrainer, BadOptionsAndDataAreClearErrors) {
 // A reward process that fails at the third round: the error names it and the batch, and the checkpoints saved
 // before it stay complete.
 TEST(GrpoTrainer, AFailingRewardStopsTheRunWithItsCheckpointsIntact) {
-  const test::TinyModel m;
+  const test::TinyModel m(test::kCutVocab);
   test::TempDir out;
   GRPOConfig c = small_config<GRPOConfig>(out.path());
   c.max_steps = 4;
   c.save_steps = 1;
   const std::string script = "n=0; while read -r l; do n=$((n+1)); if [ $n -eq 3 ]; then exit 7; fi; echo '[0, 0.5, 1, 0]'; done";
-  GRPOTrainer t(m.model, test::qwen3_tokenizer(), rewards({"exec:" + script}), prompt_rows({"a", "b", "c", "d"}), c);
+  GRPOTrainer t(m.model, test::cut_tokenizer(), rewards({"exec:" + script}), prompt_rows({"a", "b", "c", "d"}), c);
   const std::string e = error_of([&] { t.train(); });
   EXPECT_NE(e.find("batch 3"), std::string::npos) << e;
   EXPECT_NE(e.find("exited with status 7"), std::string::npos) << e;

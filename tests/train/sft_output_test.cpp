@@ -239,8 +239,8 @@ TEST(SFTSaving, FailedWeightSaveKeepsTheEarlierWeights) {
 
 // As in Transformers, the last step is checkpointed when it is a multiple of save_steps.
 TEST(SFTSaving, LastStepIsCheckpointedWhenAMultipleOfSaveSteps) {
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   SFTConfig c = small_config(t.dir.file("five"));
   c.max_steps = 5;
   c.save_steps = 1;
@@ -294,8 +294,8 @@ void expect_log_matches_state(const std::string& out, size_t expected_entries) {
 
 // A second run in the same output_dir starts a new log.jsonl instead of appending to the first run's.
 TEST(SFTLog, FreshRunStartsANewLog) {
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   SFTConfig c = small_config(t.dir.file("out"));
   c.max_steps = 3;
   SFTTrainer(t.model, tok, text_rows(), c).train();
@@ -308,8 +308,8 @@ TEST(SFTLog, FreshRunStartsANewLog) {
 // After a 6-step run (evaluated every 3 steps), resuming from checkpoint-2 keeps the log entries of steps 1-2 and
 // logs steps 3-6 again: log.jsonl holds no entry of the abandoned steps.
 TEST(SFTLog, ResumeKeepsTheCheckpointsEntriesOnly) {
-  test::TinyModel t;
-  const Tokenizer& tok = test::qwen3_tokenizer();
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
   SFTConfig c = small_config(t.dir.file("out"));
   c.max_steps = 6;
   c.save_steps = 2;

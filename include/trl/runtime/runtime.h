@@ -22,6 +22,11 @@ std::vector<int> visible_cores();
 void set_rank_cores(std::vector<int> cores);
 // TRL_NUM_THREADS, else the number of visible cores.
 int num_threads();
+// Makes num_threads() OpenMP's thread count for the calling thread's parallel loops outside programs (the trainer's
+// host loops, conversions). OpenMP fixes its default when the library loads, from the cores the process had then:
+// a rank pinned later to 1 of 2 cores would run 2 threads on one core, each spinning while the other works
+// (measured 70x slower steps). set_rank_cores calls it; the CLI calls it at start.
+void apply_num_threads();
 // TRL_CACHE_DIR, else $XDG_CACHE_HOME/trl.cpp, else ~/.cache/trl.cpp.
 std::string cache_dir();
 
