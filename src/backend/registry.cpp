@@ -10,12 +10,42 @@
 
 namespace trl {
 
-std::vector<BackendInfo> backend_registry() {
-  return {
-      {"cpu", "oneDNN GEMMs, a planned arena and OpenMP kernels on this machine's cores", true, true},
-      {"reference", "the oracle: plain loops with f64 accumulation (slow; for tests and torch_compile=false)", true, true},
-      {"cuda", "NVIDIA GPUs (not in this build: no CUDA backend has landed yet)", false, false},
+namespace {
+
+// One entry per backend: a new backend is a line here (and its factory), never a search through the callers.
+struct BackendEntry {
+  const char* name;
+  const char* description;
+  bool built;                // compiled into this binary
+  bool device;               // a device of its own (not the host's oracle)
+  bool (*present)();         // its device is on this machine now
+  std::unique_ptr<Backend> (*make)(const BackendOptions&);
+};
+
+bool always() { return true; }
+bool never() { return false; }
+
+std::unique_ptr<Backend> make_cpu(const BackendOptions& o) {
+  return make_cpu_backend(CpuBackendOptions{.share_arena = o.share_arena, .graph_passes = o.graph_passes});
+}
+// The oracle interprets graphs as written: it has no passes and no shared working memory to choose.
+std::unique_ptr<Backend> make_reference(const BackendOptions&) { return make_reference_backend(); }
+
+const std::vector<BackendEntry>& entries() {
+  static const std::vector<BackendEntry> table = {
+      {"cpu", "oneDNN GEMMs, a planned arena and OpenMP kernels on this machine's cores", true, true, always, make_cpu},
+      {"reference", "the oracle: plain loops with f64 accumulation (slow; for tests and torch_compile=false)", true, false, always, make_reference},
+      {"cuda", "NVIDIA GPUs (not in this build: no CUDA backend has landed yet)", false, true, never, nullptr},
   };
+  return table;
+}
+
+}  // namespace
+
+std::vector<BackendInfo> backend_registry() {
+  std::vector<BackendInfo> out;
+  for (const BackendEntry& e : entries()) out.push_back({e.name, e.description, e.built, e.built && e.present(), e.device});
+  return out;
 }
 
 std::vector<std::string> available_backends() {
@@ -42,9 +72,26 @@ std::string resolve_backend(const std::string& name) {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
   const std::string resolved = resolve_backend(name);
-  if (resolved == "cpu") return make_cpu_backend(CpuBackendOptions{.share_arena = options.share_arena, .num_threads = options.num_threads, .graph_passes = options.graph_passes});
-  if (resolved == "reference") return make_reference_backend();
-  fail("backend '{}' is registered but has no constructor", resolved);  // a registry entry without its make_ line
+  for (const BackendEntry& e : entries())
+    if (e.name == resolved && e.make != nullptr) return e.make(options);
+  fail("backend '{}' is registered but has no constructor", resolved);  // a built entry without its factory
+}
+
+std::vector<std::string> available_devices() {
+  std::vector<std::string> out;
+  for (const BackendInfo& b : backend_registry())
+    if (b.built && b.present && b.device) out.push_back(b.name);
+  return out;
+}
+
+std::string resolve_device(const std::string& requested) {
+  const std::vector<std::string> devices = available_devices();
+  if (requested == "auto") return devices.front();
+  if (std::find(devices.begin(), devices.end(), requested) == devices.end()) {
+    resolve_backend(requested);  // says why: unknown, not built, or not present
+    fail("'{}' is not a device (devices: {}, or auto)", requested, fmt::join(devices, ", "));
+  }
+  return requested;
 }
 
 }  // namespace trl

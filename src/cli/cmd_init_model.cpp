@@ -5,6 +5,7 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
+#include "trl/core/byte_size.h"
 #include "trl/io/safetensors.h"
 #include "trl/models/init.h"
 

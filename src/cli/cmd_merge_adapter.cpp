@@ -7,6 +7,7 @@
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/fs.h"
+#include "trl/core/byte_size.h"
 #include "trl/core/error.h"
 #include "trl/io/hub.h"
 #include "trl/models/init.h"

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "trl/io/safetensors.h"
+#include "trl/core/byte_size.h"
 
 namespace trl {
 

@@ -13,6 +13,7 @@
 #include "graph/autodiff.h"
 #include "graph/passes.h"
 #include "trl/io/hub.h"
+#include "trl/backend/registry.h"
 #include "trl/runtime/runtime.h"
 
 namespace trl {

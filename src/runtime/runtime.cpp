@@ -11,27 +11,9 @@
 
 #include <fmt/ranges.h>
 
-#include "trl/backend/registry.h"
 #include "trl/core/error.h"
 
 namespace trl {
-
-std::vector<std::string> available_devices() {
-  std::vector<std::string> out;
-  for (const std::string& b : available_backends())
-    if (b != "reference") out.push_back(b);  // the oracle runs on the host: not a device of its own
-  return out;
-}
-
-std::string resolve_device(const std::string& requested) {
-  const auto devices = available_devices();
-  if (requested == "auto") return devices.front();
-  if (std::find(devices.begin(), devices.end(), requested) == devices.end()) {
-    resolve_backend(requested);  // says why: unknown, not built, or not present
-    fail("'{}' is not a device (devices: {}, or auto)", requested, fmt::join(devices, ", "));
-  }
-  return requested;
-}
 
 static int machine_cores() {
   long n = ::sysconf(_SC_NPROCESSORS_ONLN);

@@ -88,7 +88,7 @@ TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
     EXPECT_EQ(cache.stats().disk_writes, 0);
     for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k].to_f32_vector(), first[k]);
   }
-  test::write_file(path, "trl-cpu-plan 3 3 64\n0 0\n");  // the wrong node count
+  test::write_file(path, "trl-plan 4 3 64\n0 0\n");  // the wrong node count
   {
     ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
     testing::internal::CaptureStderr();

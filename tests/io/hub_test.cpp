@@ -6,6 +6,7 @@
 #include "trl/core/error.h"
 #include "core/fs.h"
 #include "trl/io/hub.h"
+#include "trl/backend/registry.h"
 #include "trl/runtime/runtime.h"
 #include "test_util.h"
 

@@ -19,11 +19,12 @@
 
 namespace trl {
 
+// What any caller may ask of any backend; each backend's factory maps it onto its own options (the CPU's:
+// CpuBackendOptions, which also has its thread count).
 struct BackendOptions {
-  // CPU: all programs of the backend plan into one arena grown to the largest (see CpuBackendOptions).
+  // All programs of the backend share one block of working memory, grown to the largest: peak memory is the largest
+  // program's, and a program's outputs are valid only until any program of the backend runs again.
   bool share_arena = false;
-  // CPU: OpenMP threads (0: TRL_NUM_THREADS, else the visible cores).
-  int num_threads = 0;
   // Compiled backends: run graph::optimize's passes (fusion) before lowering. false lowers the graph as written
   // (dead code aside): to compare a fused program with the unfused one, and to test each op's own lowering.
   bool graph_passes = true;
@@ -34,6 +35,7 @@ struct BackendInfo {
   std::string description;
   bool built = false;    // compiled into this binary
   bool present = false;  // its device is on this machine (always true for the host backends)
+  bool device = false;   // a device of its own, for `device=`/`--device` (the reference backend is the host's oracle)
 };
 
 // Every backend name the registry knows, with whether this build has it and whether its device is present.
@@ -44,5 +46,11 @@ std::vector<std::string> available_backends();
 std::string resolve_backend(const std::string& name);
 // A new backend by name ("auto" | "cpu" | "reference" | "cuda").
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
+
+// Devices this build can run on here, best first ("cpu" is always one): the backends that are built, present and
+// devices of their own.
+std::vector<std::string> available_devices();
+// Resolves "auto" to the best available device; rejects what is not one here, saying why (never a silent fallback).
+std::string resolve_device(const std::string& requested);
 
 }  // namespace trl

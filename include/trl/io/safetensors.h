@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "trl/core/byte_size.h"  // parse_byte_size, for max_shard_size (declared here before)
 #include "trl/core/mapped_file.h"
 #include "trl/core/tensor.h"
 
@@ -80,8 +81,5 @@ class Checkpoint {
 // written atomically, and stale shards of an earlier save in `dir` are removed. Returns the files written.
 std::vector<std::string> save_checkpoint(const std::string& dir, const TensorMap& tensors, uint64_t max_shard_bytes = 0,
                                          const Metadata& metadata = {{"format", "pt"}});
-
-// Parses sizes such as "5GB", "500MB", "100KB", "2GiB" or a plain number of bytes (Transformers' max_shard_size).
-uint64_t parse_byte_size(const std::string& text);
 
 }  // namespace trl

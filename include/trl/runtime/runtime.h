@@ -1,15 +1,11 @@
-// Process-wide runtime settings read from the environment: devices, visible cores, threads, cache folder.
+// Process-wide runtime settings read from the environment: visible cores, threads, cache folder. (Devices are the
+// backend registry's: trl/backend/registry.h.)
 #pragma once
 
 #include <string>
 #include <vector>
 
 namespace trl {
-
-// Devices this build can run on, best first. "cpu" is always present; accelerators join as their backends land.
-std::vector<std::string> available_devices();
-// Resolves "auto" to the best available device; rejects devices that are not available (never a silent fallback).
-std::string resolve_device(const std::string& requested);
 
 // Parses a core list such as "0-3", "0,1" or "2,4-5" (like NEURON_RT_VISIBLE_CORES). Throws on a malformed list,
 // a duplicate, or a core that this machine does not have (`num_cores`).

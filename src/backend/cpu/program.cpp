@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -46,9 +47,11 @@ CpuProgram::CpuProgram(graph::Graph g, const ProgramOptions& options, std::share
   arena_ = arena ? std::move(arena) : std::make_shared<Arena>();
   stage_boundary_ = graph::stage_boundary(g_);
   const auto t0 = std::chrono::steady_clock::now();
-  const bool reused = cached_plan != nullptr && load_plan(*cached_plan);
-  if (used) *used = reused;
-  if (!reused) plan();
+  std::optional<MemoryPlan> cached = cached_plan != nullptr ? MemoryPlan::from_text(g_, *cached_plan) : std::nullopt;
+  if (used) *used = cached.has_value();
+  plan_ = cached ? std::move(*cached) : MemoryPlan::make(g_);
+  inplace_ = plan_.inplace;
+  arena_bytes_ = plan_.bytes;
   ptr_.assign(g_.nodes.size(), nullptr);
   // Compiling allocates nothing: the arena (planned buffers, then the scratch lowering asks for) is reserved by the
   // first run, so `trl compile` and the Trainer's memory check can plan programs larger than the machine. The
@@ -152,138 +155,25 @@ std::vector<Tensor> CpuProgram::outputs(const std::vector<Tensor>& bound, size_t
   return out;
 }
 
-// ---- memory planning: one arena, first-fit reuse of buffers whose last reader has run ----
-void CpuProgram::plan() {
-  const size_t n = g_.nodes.size();
-  ptr_.assign(n, nullptr);
-  std::vector<size_t> root(n), last(n, 0);
-  inplace_.assign(n, false);
-  auto liveness = [&] {
-    for (size_t i = 0; i < n; ++i) {
-      const Node& nd = g_.nodes[i];
-      const bool alias = nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || inplace_[i];
-      root[i] = alias ? root[static_cast<size_t>(inplace_[i] ? nd.inputs[static_cast<size_t>(graph::accumulate_input(nd))] : nd.inputs[0])] : i;
-    }
-    std::fill(last.begin(), last.end(), 0);
-    for (size_t i = 0; i < n; ++i) {
-      last[root[i]] = std::max(last[root[i]], i);
-      for (graph::ValueId in : g_.nodes[i].inputs)
-        if (in != kNone) last[root[static_cast<size_t>(in)]] = std::max(last[root[static_cast<size_t>(in)]], i);
-    }
-    for (graph::ValueId o : g_.outputs) last[root[static_cast<size_t>(o)]] = n;
-  };
-  liveness();
-  // In-place update: an op that adds into one of its inputs (graph::accumulate_input: the scatter-add of a tied
-  // embedding's gradient into the head's, a GEMM into its addend) writes over that input's buffer when nothing
-  // reads it afterwards, instead of copying it first.
-  bool any_inplace = false;
-  for (size_t i = 0; i < n; ++i) {
-    const Node& nd = g_.nodes[i];
-    const int k = graph::accumulate_input(nd);
-    if (k < 0) continue;
-    const size_t base = static_cast<size_t>(nd.inputs[static_cast<size_t>(k)]);
-    if (g_.nodes[base].dtype == nd.dtype && g_.nodes[root[base]].op != Op::Input && last[root[base]] == i) inplace_[i] = any_inplace = true;
-  }
-  if (any_inplace) liveness();
-  struct Block {
-    size_t offset, size;
-  };
-  std::vector<Block> free_blocks;
-  std::vector<std::pair<size_t, Block>> live;  // (last use, block)
-  offsets_.assign(n, SIZE_MAX);
-  size_t top = 0;
-  for (size_t i = 0; i < n; ++i) {
-    // Release buffers whose last reader ran before this node.
-    for (size_t k = 0; k < live.size();) {
-      if (live[k].first < i) {
-        free_blocks.push_back(live[k].second);
-        live[k] = live.back();
-        live.pop_back();
-      } else {
-        ++k;
-      }
-    }
-    const Node& nd = g_.nodes[i];
-    if (nd.op == Op::Input || root[i] != i) continue;
-    const size_t bytes = (static_cast<size_t>(shape_numel(nd.shape)) * dtype_size(nd.dtype) + 63) / 64 * 64 + 64;
-    size_t best = SIZE_MAX;
-    for (size_t k = 0; k < free_blocks.size(); ++k)
-      if (free_blocks[k].size >= bytes && (best == SIZE_MAX || free_blocks[k].size < free_blocks[best].size)) best = k;
-    Block b;
-    if (best != SIZE_MAX) {
-      b = free_blocks[best];
-      free_blocks.erase(free_blocks.begin() + static_cast<std::ptrdiff_t>(best));
-      if (b.size > bytes + 4096) free_blocks.push_back({b.offset + bytes, b.size - bytes}), b.size = bytes;
-    } else {
-      b = {top, bytes};
-      top += bytes;
-    }
-    offsets_[i] = b.offset;
-    live.emplace_back(last[i], b);
-  }
-  arena_bytes_ = top;
-}
-
-// The plan as text: a header line, then "offset inplace" per node (offset - for none).
-static constexpr const char* kPlanMagic = "trl-cpu-plan 3";  // 3: in-place GEMM addends
-std::string CpuProgram::plan_blob() const {
-  std::string out = fmt::format("{} {} {}\n", kPlanMagic, g_.nodes.size(), arena_bytes_);
-  for (size_t i = 0; i < g_.nodes.size(); ++i)
-    out += offsets_[i] == SIZE_MAX ? fmt::format("- {}\n", inplace_[i] ? 1 : 0) : fmt::format("{} {}\n", offsets_[i], inplace_[i] ? 1 : 0);
-  return out;
-}
-
-// Adopts a plan_blob() after checking that it fits this graph: node count, every buffer inside the arena, buffers
-// exactly for the nodes that need one, in-place only where allowed. Anything else: false (plan anew).
-bool CpuProgram::load_plan(const std::string& blob) {
-  std::istringstream in(blob);
-  std::string magic1, magic2;
-  size_t n = 0, arena = 0;
-  if (!(in >> magic1 >> magic2 >> n >> arena) || magic1 + " " + magic2 != kPlanMagic || n != g_.nodes.size()) return false;
-  std::vector<size_t> offsets(n, SIZE_MAX);
-  std::vector<bool> inplace(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    std::string off;
-    int ip = 0;
-    if (!(in >> off >> ip) || (ip != 0 && ip != 1)) return false;
-    const Node& nd = g_.nodes[i];
-    const bool alias = nd.op == Op::Input || nd.op == Op::Reshape || nd.op == Op::View || nd.op == Op::KvCacheWrite || ip == 1;
-    if (ip == 1 && graph::accumulate_input(nd) < 0) return false;
-    if (off == "-") {
-      if (!alias) return false;
-    } else {
-      if (alias) return false;
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(off.c_str(), &end, 10);
-      if (end == off.c_str() || *end != '\0' || v + data_bytes(i) + 64 > arena) return false;
-      offsets[i] = static_cast<size_t>(v);
-    }
-    inplace[i] = ip == 1;
-  }
-  offsets_ = std::move(offsets);
-  inplace_ = std::move(inplace);
-  arena_bytes_ = arena;
-  return true;
-}
+std::string CpuProgram::plan_blob() const { return plan_.to_text(); }
 
 void CpuProgram::bind_arena() {
   if (arena_->bytes == 0) return;  // nothing reserved yet (a program compiled, never run)
   char* base = static_cast<char*>(arena_->buffer.mutable_data());
   for (size_t i = 0; i < ptr_.size(); ++i)
-    if (offsets_[i] != SIZE_MAX) ptr_[i] = base + offsets_[i];
+    if (plan_.offsets[i] != MemoryPlan::kNone) ptr_[i] = base + plan_.offsets[i];
   bound_version_ = arena_->version;
 }
 
 // Every buffer is followed by at least 64 bytes of padding. With TRL_CHECK_GUARDS=1 the padding is filled with
 // a pattern before each node runs and checked after it, so a kernel writing past its output is caught by name.
-size_t CpuProgram::data_bytes(size_t i) const { return static_cast<size_t>(shape_numel(g_.nodes[i].shape)) * dtype_size(g_.nodes[i].dtype); }
 void CpuProgram::fill_guard(size_t i) {
-  if (offsets_[i] != SIZE_MAX) std::memset(static_cast<char*>(ptr_[i]) + data_bytes(i), 0xAB, 64);
+  if (plan_.offsets[i] != MemoryPlan::kNone) std::memset(static_cast<char*>(ptr_[i]) + value_bytes(g_.nodes[i]), 0xAB, MemoryPlan::kGuardBytes);
 }
 void CpuProgram::verify_guard(size_t i) const {
-  if (offsets_[i] == SIZE_MAX) return;
-  const unsigned char* g = static_cast<const unsigned char*>(ptr_[i]) + data_bytes(i);
-  for (int k = 0; k < 64; ++k)
+  if (plan_.offsets[i] == MemoryPlan::kNone) return;
+  const unsigned char* g = static_cast<const unsigned char*>(ptr_[i]) + value_bytes(g_.nodes[i]);
+  for (size_t k = 0; k < MemoryPlan::kGuardBytes; ++k)
     if (g[k] != 0xAB) fail("cpu backend: node %{} ({} '{}') wrote past the end of its output", i, graph::op_name(g_.nodes[i].op), g_.nodes[i].name);
 }
 

@@ -1,4 +1,4 @@
-// A compiled CPU program: the graph's buffers planned into one arena (liveness-based, first-fit reuse), one
+// A compiled CPU program: the graph's buffers planned into one arena (backend/memory_plan.h: liveness, best fit), one
 // kernel per node from the op table (lower.h), and the run loop with its guards and profile. Running a program
 // allocates nothing.
 #pragma once
@@ -11,6 +11,7 @@
 
 #include "trl/backend/backend.h"
 #include "backend/cpu/lower.h"
+#include "backend/memory_plan.h"
 
 namespace trl::cpu {
 
@@ -48,20 +49,17 @@ class CpuProgram final : public Program, public ProgramContext {
   double compile_seconds() const { return compile_seconds_; }
 
  private:
-  void plan();
-  bool load_plan(const std::string& blob);
   void bind_arena();
   void lower_all();
   // Binds the arena and the given inputs (empty tensors are left as they are), then runs nodes [begin, end).
   void execute(const std::vector<Tensor>& bound, size_t begin, size_t end);
   // The outputs of nodes before `end` (the others as empty tensors).
   std::vector<Tensor> outputs(const std::vector<Tensor>& bound, size_t end = SIZE_MAX);
-  size_t data_bytes(size_t i) const;
   void fill_guard(size_t i);
   void verify_guard(size_t i) const;
 
   ProgramOptions options_;
-  std::vector<size_t> offsets_;  // arena offset of each node's buffer; SIZE_MAX: none (inputs, aliases)
+  MemoryPlan plan_;  // each node's buffer in the arena (backend/memory_plan.h)
   std::vector<Kernel> kernels_;
   uint64_t bound_version_ = 0;
   size_t stage_boundary_ = 0;        // graph::stage_boundary of the graph
