@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -152,27 +153,32 @@ int32_t pick_token(const std::vector<float>& s, bool do_sample, double u) {
 }
 
 struct Generator::State {
-  explicit State(const std::string& device) : cpu(make_backend(device)), reference(make_backend("reference")) {}
-  std::unique_ptr<Backend> cpu;        // the model's device (compiled programs)
-  std::unique_ptr<Backend> reference;  // disable_compile
-  ProgramCache compiled{*cpu, 32};
+  explicit State(const std::string& device_name) : device(make_backend(device_name)), reference(make_backend("reference")) {}
+  std::unique_ptr<Backend> device;     // the model's device: compiled programs
+  std::unique_ptr<Backend> reference;  // disable_compile: the oracle
+  ProgramCache compiled{*device, 32};
   ProgramCache oracle{*reference, 8};
   std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> caches;  // (batch, cache length) -> k0, v0, k1, ...
   std::map<std::pair<int64_t, int64_t>, graph::Graph> decode_graphs;   // traced once per (batch, cache length)
 };
 
-Generator::Generator(const CausalLM& model)
-    : model_(model), defaults_(GenerationConfig::from_model_dir(model.path())), state_(std::make_unique<State>(model.device())) {}
-Generator::~Generator() = default;
+namespace {
 
-const ProgramCacheStats& Generator::stats() const { return state_->compiled.stats(); }
+template <typename T, typename U>
+T pick(const std::optional<T>& user, const std::optional<T>& model_default, U fallback) {
+  return user ? *user : model_default ? *model_default : T(fallback);
+}
 
-GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& prompts_in, const GenerationConfig& user, const Tokenizer* tokenizer) {
-  const ModelConfig& mc = model_.config();
-  const TensorParallel& tp = model_.tensor_parallel();  // a tensor-parallel rank's model runs with its group
-  const GenerationConfig& d = defaults_;
-  auto pick = [](const auto& a, const auto& b, auto fallback) { return a ? *a : b ? *b : fallback; };
-  SamplingParams sp;
+// ---- phase 1: the options, resolved against the model's generation_config.json and checked ----
+struct Settings {
+  SamplingParams sampling;
+  std::vector<int32_t> eos;
+  int32_t pad = 0;
+};
+
+Settings resolve_settings(const GenerationConfig& user, const GenerationConfig& d, const ModelConfig& mc, const Tokenizer* tokenizer) {
+  Settings st;
+  SamplingParams& sp = st.sampling;
   sp.do_sample = pick(user.do_sample, d.do_sample, false);
   sp.temperature = pick(user.temperature, d.temperature, 1.0f);
   sp.top_k = pick(user.top_k, d.top_k, int64_t{50});
@@ -184,48 +190,232 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("generate: top_p must be in (0, 1], got {}", sp.top_p);
   if (sp.min_p && !(*sp.min_p >= 0 && *sp.min_p <= 1)) fail("generate: min_p must be in [0, 1], got {}", *sp.min_p);
   if (!(sp.repetition_penalty > 0)) fail("generate: repetition_penalty must be > 0, got {}", sp.repetition_penalty);
-  const std::vector<int32_t> eos = pick(user.eos_token_id, d.eos_token_id, std::vector<int32_t>{});
-  const int32_t pad = user.pad_token_id ? *user.pad_token_id : d.pad_token_id ? *d.pad_token_id : !eos.empty() ? eos[0] : 0;
-  for (int32_t id : eos)
+  st.eos = pick(user.eos_token_id, d.eos_token_id, std::vector<int32_t>{});
+  st.pad = user.pad_token_id ? *user.pad_token_id : d.pad_token_id ? *d.pad_token_id : !st.eos.empty() ? st.eos[0] : 0;
+  for (int32_t id : st.eos)
     if (id < 0 || id >= mc.vocab_size) fail("generate: eos_token_id {} is outside the vocabulary [0, {})", id, mc.vocab_size);
-  if (pad < 0 || pad >= mc.vocab_size) fail("generate: pad_token_id {} is outside the vocabulary [0, {})", pad, mc.vocab_size);
+  if (st.pad < 0 || st.pad >= mc.vocab_size) fail("generate: pad_token_id {} is outside the vocabulary [0, {})", st.pad, mc.vocab_size);
   if (user.cache_implementation != "static" && user.cache_implementation != "dynamic")
     fail("generate: cache_implementation '{}' is not \"static\" or \"dynamic\"", user.cache_implementation);
   if (user.num_return_sequences < 1) fail("generate: num_return_sequences must be >= 1, got {}", user.num_return_sequences);
   if (!user.stop_strings.empty() && tokenizer == nullptr) fail("generate: stop_strings need the tokenizer");
-  if (prompts_in.empty()) fail("generate: no prompts");
+  return st;
+}
 
-  // Rows: each prompt num_return_sequences times, consecutively (as Transformers expands them).
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t i = 0; i < prompts_in.size(); ++i) {
-    if (prompts_in[i].empty()) fail("generate: prompt {} is empty (a prompt needs at least one token)", i);
-    for (int32_t id : prompts_in[i])
+// ---- phase 2: the rows and their shapes: B rows, prompts left-padded to P, N new tokens, a cache of S slots ----
+struct Layout {
+  std::vector<std::vector<int32_t>> rows;  // each prompt num_return_sequences times, consecutively (as Transformers)
+  int64_t B = 0, P = 0, N = 0, S = 0, longest = 0;
+};
+
+Layout plan_layout(const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& user, const GenerationConfig& d, const ModelConfig& mc,
+                   int64_t multiple) {
+  if (prompts.empty()) fail("generate: no prompts");
+  Layout l;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) fail("generate: prompt {} is empty (a prompt needs at least one token)", i);
+    for (int32_t id : prompts[i])
       if (id < 0 || id >= mc.vocab_size) fail("generate: prompt {} holds token id {}, outside the vocabulary [0, {})", i, id, mc.vocab_size);
-    for (int64_t r = 0; r < user.num_return_sequences; ++r) prompts.push_back(prompts_in[i]);
+    for (int64_t r = 0; r < user.num_return_sequences; ++r) l.rows.push_back(prompts[i]);
+    l.longest = std::max<int64_t>(l.longest, static_cast<int64_t>(prompts[i].size()));
   }
-  const int64_t B = static_cast<int64_t>(prompts.size());
-  const bool compiled = !user.disable_compile;
-  Backend& backend = compiled ? *state_->cpu : *state_->reference;
-  ProgramCache& programs = compiled ? state_->compiled : state_->oracle;
-  const int64_t multiple = user.pad_to_multiple_of ? *user.pad_to_multiple_of : backend.auto_pad_multiple();
   if (multiple < 0) fail("generate: pad_to_multiple_of must be >= 0, got {}", multiple);
-  int64_t longest = 0;
-  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
-  const int64_t P = padded_length(longest, multiple);
-  int64_t N = 0;
+  l.B = static_cast<int64_t>(l.rows.size());
+  l.P = padded_length(l.longest, multiple);
   if (user.max_new_tokens || (!user.max_length && d.max_new_tokens)) {
-    N = user.max_new_tokens ? *user.max_new_tokens : *d.max_new_tokens;
+    l.N = user.max_new_tokens ? *user.max_new_tokens : *d.max_new_tokens;
   } else {
     const int64_t max_length = pick(user.max_length, d.max_length, int64_t{20});
-    N = max_length - longest;
-    if (N <= 0) fail("generate: max_length {} leaves no room after a prompt of {} tokens; set max_new_tokens", max_length, longest);
+    l.N = max_length - l.longest;
+    if (l.N <= 0) fail("generate: max_length {} leaves no room after a prompt of {} tokens; set max_new_tokens", max_length, l.longest);
   }
-  if (N < 1) fail("generate: max_new_tokens must be >= 1, got {}", N);
-  const int64_t S = padded_length(P + N, multiple);
-  if (S > mc.max_position_embeddings)
+  if (l.N < 1) fail("generate: max_new_tokens must be >= 1, got {}", l.N);
+  l.S = padded_length(l.P + l.N, multiple);
+  if (l.S > mc.max_position_embeddings)
     fail("generate: a prompt of {} tokens (bucket {}) and {} new tokens need a cache of {} positions, more than the model's "
          "max_position_embeddings ({})",
-         longest, P, N, S, mc.max_position_embeddings);
+         l.longest, l.P, l.N, l.S, mc.max_position_embeddings);
+  return l;
+}
+
+// What stays on the host and grows: the rows' ids so far (GenerationOutput::sequences), the [B, S] mask of filled
+// cache slots, each row's last position; and the prefill's fixed-shape inputs.
+struct HostRows {
+  std::vector<int32_t> mask, last_pos;
+  Tensor ids, prompt_mask;  // [B, P]
+};
+
+HostRows left_pad(const Layout& l, int32_t pad, GenerationOutput& out) {
+  HostRows h;
+  h.mask.assign(static_cast<size_t>(l.B * l.S), 0);
+  h.last_pos.assign(static_cast<size_t>(l.B), 0);
+  h.ids = Tensor::zeros(DType::I32, {l.B, l.P});
+  h.prompt_mask = Tensor::zeros(DType::I32, {l.B, l.P});
+  for (int64_t b = 0; b < l.B; ++b) {
+    const auto& p = l.rows[static_cast<size_t>(b)];
+    const int64_t L = static_cast<int64_t>(p.size()), off = l.P - L;
+    auto& seq = out.sequences[static_cast<size_t>(b)];
+    seq.assign(static_cast<size_t>(off), pad);
+    seq.insert(seq.end(), p.begin(), p.end());
+    for (int64_t t = 0; t < l.P; ++t) {
+      h.ids.mutable_data_as<int32_t>()[b * l.P + t] = seq[static_cast<size_t>(t)];
+      const int32_t m = t >= off ? 1 : 0;
+      h.prompt_mask.mutable_data_as<int32_t>()[b * l.P + t] = m;
+      h.mask[static_cast<size_t>(b * l.S + t)] = m;
+    }
+    h.last_pos[static_cast<size_t>(b)] = static_cast<int32_t>(L - 1);
+  }
+  return h;
+}
+
+// ---- phase 3: the static KV cache, bound by name into every prefill and decode run ----
+// Its tensors (k0, v0, k1, ...; [B, S, kv heads on this rank, head_dim]) are the generator's, kept per (B, S) and
+// zeroed for each call. Programs update them in place (CPU) or return new values (reference): keep() copies those.
+class StaticKvCache {
+ public:
+  StaticKvCache(std::vector<Tensor>& tensors, const ModelConfig& mc, int64_t B, int64_t S, DType dtype, int64_t tp_size) : t_(tensors) {
+    if (t_.empty())
+      for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv) t_.push_back(Tensor::zeros(dtype, {B, S, mc.num_key_value_heads / tp_size, mc.head_dim}));
+    for (Tensor& t : t_) std::memset(t.mutable_data(), 0, t.nbytes());
+  }
+  void bind(TensorMap& in) const {
+    for (size_t i = 0; i < t_.size(); ++i) in[name(i)] = t_[i];
+  }
+  // Outputs are read by the names the model's graphs give them ("past_key_values.<layer>.key|value").
+  void keep(const std::vector<Tensor>& res, const graph::Graph& g) {
+    for (size_t i = 0; i < t_.size(); ++i) {
+      const Tensor& updated = res[g.output_index(name(i))];
+      if (updated.data() != t_[i].data()) t_[i].copy_from(updated);
+    }
+  }
+
+ private:
+  static std::string name(size_t i) { return fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"); }
+  std::vector<Tensor>& t_;
+};
+
+// ---- the logits of the last position of every row, as whole f32 rows on the host ----
+// Under tensor parallel a program's logits are this rank's V / size columns: each rank writes its columns into
+// zeroed rows and one all-reduce joins them, so every rank samples from the same whole rows (and, with the same
+// seeds, the same tokens).
+class LogitRows {
+ public:
+  LogitRows(int64_t B, int64_t V, const TensorParallel& tp)
+      : rows(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V))), B_(B), V_(V), Vl_(V / tp.size), first_(tp.rank * Vl_), tp_(tp),
+        joined_(tp.size > 1 ? static_cast<size_t>(B * V) : 0) {}
+  // Row b's logits from element (b * rows_stride + row_offset) * (V / tp.size) of `t`.
+  void take(const Tensor& t, int64_t rows_stride, int64_t row_offset) {
+    const bool split = tp_.size > 1;
+    if (split) std::fill(joined_.begin(), joined_.end(), 0.0f);
+    for (int64_t b = 0; b < B_; ++b) {
+      float* row = (split ? joined_.data() + b * V_ : rows[static_cast<size_t>(b)].data()) + first_;
+      const int64_t at = (b * rows_stride + row_offset) * Vl_;
+      if (t.dtype() == DType::BF16) {
+        const uint16_t* x = static_cast<const uint16_t*>(t.data()) + at;
+        for (int64_t v = 0; v < Vl_; ++v) row[v] = bf16_to_f32(x[v]);
+      } else if (t.dtype() == DType::F32) {
+        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(Vl_) * sizeof(float));
+      } else {
+        for (int64_t v = 0; v < Vl_; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
+      }
+    }
+    if (!split) return;
+    all_reduce_in_group(tp_.group, joined_.data(), B_ * V_, DType::F32);
+    for (int64_t b = 0; b < B_; ++b) std::memcpy(rows[static_cast<size_t>(b)].data(), joined_.data() + b * V_, static_cast<size_t>(V_) * sizeof(float));
+  }
+  std::vector<std::vector<float>> rows;  // [B][V]
+
+ private:
+  int64_t B_, V_, Vl_, first_;
+  TensorParallel tp_;
+  std::vector<float> joined_;
+};
+
+// ---- phase 4: choosing each row's next token and when a row finishes ----
+class TokenChooser {
+ public:
+  TokenChooser(const GenerationConfig& user, const Settings& st, uint64_t seed, int64_t B, const Tokenizer* tokenizer)
+      : user_(user), st_(st), rng_(seed), unfinished_(static_cast<size_t>(B), 1), text_(static_cast<size_t>(B)), tokenizer_(tokenizer) {
+    if (user.row_seeds.empty()) return;
+    if (static_cast<int64_t>(user.row_seeds.size()) != B)
+      fail("generate: {} row_seeds for {} rows (prompts × num_return_sequences)", user.row_seeds.size(), B);
+    for (uint64_t s : user.row_seeds) row_rng_.emplace_back(s);
+  }
+  // Processes and samples every row's logits; appends the token to each row (pad for a finished one) and returns
+  // them as [B, 1] ids for the next decode.
+  Tensor choose(std::vector<std::vector<float>>& logits, GenerationOutput& out) {
+    const int64_t B = static_cast<int64_t>(logits.size());
+    Tensor next = Tensor::zeros(DType::I32, {B, 1});
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t r = static_cast<size_t>(b);
+      std::vector<float>& s = logits[r];
+      process_logits(s, out.sequences[r], st_.sampling);
+      // Drawn for every row at every step: a row's draws do not depend on when the others finish.
+      const uint64_t bits = row_rng_.empty() ? rng_.next() : row_rng_[r].next();
+      const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
+      int32_t tok = pick_token(s, st_.sampling.do_sample, u);
+      if (!unfinished_[r]) tok = st_.pad;
+      next.mutable_data_as<int32_t>()[b] = tok;
+      out.sequences[r].push_back(tok);
+      if (!unfinished_[r]) continue;
+      out.generated[r].push_back(tok);
+      if (user_.streamer) user_.streamer(b, tok);
+      if (std::find(st_.eos.begin(), st_.eos.end(), tok) != st_.eos.end()) finish(r, "eos", out);
+      else if (hit_stop_string(r, out)) finish(r, "stop_string", out);
+    }
+    return next;
+  }
+  void interrupt(GenerationOutput& out) {
+    for (size_t r = 0; r < unfinished_.size(); ++r)
+      if (unfinished_[r]) finish(r, "interrupted", out);
+  }
+  bool all_finished() const { return std::none_of(unfinished_.begin(), unfinished_.end(), [](char c) { return c != 0; }); }
+
+ private:
+  void finish(size_t r, const char* reason, GenerationOutput& out) {
+    unfinished_[r] = 0;
+    out.finish_reasons[r] = reason;
+  }
+  // A stop string that ends inside the text this token added stops the row (the token is kept).
+  bool hit_stop_string(size_t r, const GenerationOutput& out) {
+    if (user_.stop_strings.empty()) return false;
+    const std::string before = text_[r];
+    text_[r] = tokenizer_->decode(out.generated[r]);
+    const std::string& now = text_[r];
+    for (const std::string& stop : user_.stop_strings) {
+      if (stop.empty()) continue;
+      const size_t from = before.size() >= stop.size() ? before.size() - stop.size() + 1 : 0;
+      if (now.find(stop, std::min(from, now.size())) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  const GenerationConfig& user_;
+  const Settings& st_;
+  SplitMix64 rng_;
+  std::vector<SplitMix64> row_rng_;
+  std::vector<char> unfinished_;
+  std::vector<std::string> text_;
+  const Tokenizer* tokenizer_;
+};
+
+}  // namespace
+
+Generator::Generator(const CausalLM& model)
+    : model_(model), defaults_(GenerationConfig::from_model_dir(model.path())), state_(std::make_unique<State>(model.device())) {}
+Generator::~Generator() = default;
+
+const ProgramCacheStats& Generator::stats() const { return state_->compiled.stats(); }
+
+GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& user, const Tokenizer* tokenizer) {
+  const ModelConfig& mc = model_.config();
+  const Settings st = resolve_settings(user, defaults_, mc, tokenizer);
+  const bool compiled = !user.disable_compile;
+  ProgramCache& programs = compiled ? state_->compiled : state_->oracle;
+  const Backend& backend = compiled ? *state_->device : *state_->reference;
+  const Layout l = plan_layout(prompts, user, defaults_, mc, user.pad_to_multiple_of ? *user.pad_to_multiple_of : backend.auto_pad_multiple());
+  const int64_t B = l.B, P = l.P, S = l.S;
 
   GenerationOutput out;
   out.prompt_length = P;
@@ -233,174 +423,73 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   out.sequences.assign(static_cast<size_t>(B), {});
   out.generated.assign(static_cast<size_t>(B), {});
   out.finish_reasons.assign(static_cast<size_t>(B), "length");
-  // Host state: left-padded prompts, the [B, S] mask of filled cache slots, each row's last position.
-  std::vector<int32_t> mask(static_cast<size_t>(B * S), 0), last_pos(static_cast<size_t>(B), 0);
-  Tensor ids = Tensor::zeros(DType::I32, {B, P}), pmask = Tensor::zeros(DType::I32, {B, P});
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = prompts[static_cast<size_t>(b)];
-    const int64_t L = static_cast<int64_t>(p.size()), off = P - L;
-    auto& seq = out.sequences[static_cast<size_t>(b)];
-    seq.assign(static_cast<size_t>(off), pad);
-    seq.insert(seq.end(), p.begin(), p.end());
-    for (int64_t t = 0; t < P; ++t) {
-      ids.mutable_data_as<int32_t>()[b * P + t] = seq[static_cast<size_t>(t)];
-      const int32_t m = t >= off ? 1 : 0;
-      pmask.mutable_data_as<int32_t>()[b * P + t] = m;
-      mask[static_cast<size_t>(b * S + t)] = m;
-    }
-    last_pos[static_cast<size_t>(b)] = static_cast<int32_t>(L - 1);
-  }
-
+  HostRows host = left_pad(l, st.pad, out);
   const bool use_cache = user.cache_implementation == "static";
-  std::vector<Tensor>* cache = nullptr;
-  if (use_cache) {
-    auto& c = state_->caches[{B, S}];
-    if (c.empty())
-      for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
-        for (int kv = 0; kv < 2; ++kv) c.push_back(Tensor::zeros(model_.dtype(), {B, S, mc.num_key_value_heads / tp.size, mc.head_dim}));
-    for (Tensor& t : c) std::memset(t.mutable_data(), 0, t.nbytes());
-    cache = &c;
-  }
-  auto bind_cache = [&](TensorMap& in) {
-    for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-      in["past_key_values." + std::to_string(l) + ".key"] = (*cache)[static_cast<size_t>(2 * l)];
-      in["past_key_values." + std::to_string(l) + ".value"] = (*cache)[static_cast<size_t>(2 * l + 1)];
-    }
-  };
-  // After a run: the caches are updated in place (CPU) or returned as new values (reference): copy those back.
-  // Outputs are read by the names the model's graphs give them ("logits", "past_key_values.<layer>.key|value").
-  auto keep_cache = [&](const std::vector<Tensor>& res, const graph::Graph& g) {
-    for (size_t i = 0; i < cache->size(); ++i) {
-      const Tensor& updated = res[g.output_index(fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"))];
-      if (updated.data() != (*cache)[i].data()) (*cache)[i].copy_from(updated);
-    }
-  };
-  // Under tensor parallel a program's logits are this rank's V / size columns: each rank writes its columns into
-  // zeroed rows and one all-reduce joins them, so every rank samples from the same whole rows (and, with the same
-  // seeds, the same tokens).
-  const int64_t V = mc.vocab_size, Vl = V / tp.size, first = tp.rank * Vl;
-  std::vector<std::vector<float>> logits(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V)));
-  std::vector<float> joined(tp.size > 1 ? static_cast<size_t>(B * V) : 0);
-  auto take_logits = [&](const Tensor& t, int64_t rows_stride, int64_t row_offset) {
-    if (tp.size > 1) std::fill(joined.begin(), joined.end(), 0.0f);
-    for (int64_t b = 0; b < B; ++b) {
-      float* row = (tp.size > 1 ? joined.data() + b * V : logits[static_cast<size_t>(b)].data()) + first;
-      const int64_t at = (b * rows_stride + row_offset) * Vl;
-      if (t.dtype() == DType::BF16) {
-        const uint16_t* x = static_cast<const uint16_t*>(t.data()) + at;
-        for (int64_t v = 0; v < Vl; ++v) row[v] = bf16_to_f32(x[v]);
-      } else if (t.dtype() == DType::F32) {
-        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(Vl) * sizeof(float));
-      } else {
-        for (int64_t v = 0; v < Vl; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
-      }
-    }
-    if (tp.size == 1) return;
-    all_reduce_in_group(tp.group, joined.data(), B * V, DType::F32);
-    for (int64_t b = 0; b < B; ++b) std::memcpy(logits[static_cast<size_t>(b)].data(), joined.data() + b * V, static_cast<size_t>(V) * sizeof(float));
-  };
+  std::optional<StaticKvCache> cache;
+  if (use_cache) cache.emplace(state_->caches[{B, S}], mc, B, S, model_.dtype(), model_.tensor_parallel().size);
+  LogitRows logits(B, mc.vocab_size, model_.tensor_parallel());  // a tensor-parallel rank's model runs with its group
+
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).
   auto run_full = [&](int64_t T) {
     Tensor x = Tensor::zeros(DType::I32, {B, T}), m = Tensor::zeros(DType::I32, {B, T});
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {
         x.mutable_data_as<int32_t>()[b * T + t] = out.sequences[static_cast<size_t>(b)][static_cast<size_t>(t)];
-        m.mutable_data_as<int32_t>()[b * T + t] = mask[static_cast<size_t>(b * S + t)];
+        m.mutable_data_as<int32_t>()[b * T + t] = host.mask[static_cast<size_t>(b * S + t)];
       }
     TensorMap in = model_.weights();
     in["input_ids"] = x, in["attention_mask"] = m, in["position_ids"] = default_position_ids(m);
     const graph::Graph g = model_.forward_graph(B, T);
     const auto res = programs.get(g).run(in);
-    take_logits(res[g.output_index("logits")], T, T - 1);
+    logits.take(res[g.output_index("logits")], T, T - 1);
   };
 
-  // Prefill.
+  // Prefill: the left-padded prompts fill cache slots [0, P).
   if (use_cache) {
     TensorMap in = model_.weights();
-    in["input_ids"] = ids, in["attention_mask"] = pmask, in["position_ids"] = default_position_ids(pmask);
+    in["input_ids"] = host.ids, in["attention_mask"] = host.prompt_mask, in["position_ids"] = default_position_ids(host.prompt_mask);
     in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{0}, {1});
-    bind_cache(in);
+    cache->bind(in);
     const graph::Graph g = model_.prefill_graph(B, P, S);
     const auto res = programs.get(g).run(in);
-    take_logits(res[g.output_index("logits")], 1, 0);
-    keep_cache(res, g);
+    logits.take(res[g.output_index("logits")], 1, 0);
+    cache->keep(res, g);
   } else {
     run_full(P);
   }
-  (void)backend;
 
-  SplitMix64 rng(pick(user.seed, d.seed, uint64_t{0}));
-  std::vector<SplitMix64> row_rng;
-  if (!user.row_seeds.empty()) {
-    if (static_cast<int64_t>(user.row_seeds.size()) != B)
-      fail("generate: {} row_seeds for {} rows (prompts × num_return_sequences)", user.row_seeds.size(), B);
-    for (uint64_t s : user.row_seeds) row_rng.emplace_back(s);
-  }
-  std::vector<char> unfinished(static_cast<size_t>(B), 1);
-  std::vector<std::string> text(static_cast<size_t>(B));
-  for (int64_t step = 0; step < N; ++step) {
+  // Decode: a token per row per step; the next one enters cache slot P + step for every row (finished rows too, as
+  // in Transformers).
+  TokenChooser chooser(user, st, pick(user.seed, defaults_.seed, uint64_t{0}), B, tokenizer);
+  for (int64_t step = 0; step < l.N; ++step) {
     if (user.interrupted && user.interrupted()) {
-      for (int64_t b = 0; b < B; ++b)
-        if (unfinished[static_cast<size_t>(b)]) out.finish_reasons[static_cast<size_t>(b)] = "interrupted";
+      chooser.interrupt(out);
       break;
     }
-    Tensor next = Tensor::zeros(DType::I32, {B, 1});
-    if (user.output_logits) out.logits.push_back(logits);
-    for (int64_t b = 0; b < B; ++b) {
-      std::vector<float>& s = logits[static_cast<size_t>(b)];
-      process_logits(s, out.sequences[static_cast<size_t>(b)], sp);
-      // Drawn for every row at every step: a row's draws do not depend on when the others finish.
-      const uint64_t bits = row_rng.empty() ? rng.next() : row_rng[static_cast<size_t>(b)].next();
-      const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
-      int32_t tok = pick_token(s, sp.do_sample, u);
-      if (!unfinished[static_cast<size_t>(b)]) tok = pad;
-      next.mutable_data_as<int32_t>()[b] = tok;
-      out.sequences[static_cast<size_t>(b)].push_back(tok);
-      if (!unfinished[static_cast<size_t>(b)]) continue;
-      out.generated[static_cast<size_t>(b)].push_back(tok);
-      if (user.streamer) user.streamer(b, tok);
-      if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
-        unfinished[static_cast<size_t>(b)] = 0;
-        out.finish_reasons[static_cast<size_t>(b)] = "eos";
-      } else if (!user.stop_strings.empty()) {
-        // A stop string that ends inside the text this token added stops the row (the token is kept).
-        const std::string before = text[static_cast<size_t>(b)];
-        text[static_cast<size_t>(b)] = tokenizer->decode(out.generated[static_cast<size_t>(b)]);
-        const std::string& now = text[static_cast<size_t>(b)];
-        for (const std::string& stop : user.stop_strings) {
-          if (stop.empty()) continue;
-          const size_t from = before.size() >= stop.size() ? before.size() - stop.size() + 1 : 0;
-          if (now.find(stop, std::min(from, now.size())) != std::string::npos) {
-            unfinished[static_cast<size_t>(b)] = 0;
-            out.finish_reasons[static_cast<size_t>(b)] = "stop_string";
-            break;
-          }
-        }
-      }
-    }
-    if (step + 1 == N || std::none_of(unfinished.begin(), unfinished.end(), [](char c) { return c != 0; })) break;
-    // The next token enters cache slot P + step for every row (finished rows too, as in Transformers).
+    if (user.output_logits) out.logits.push_back(logits.rows);
+    const Tensor next = chooser.choose(logits.rows, out);
+    if (step + 1 == l.N || chooser.all_finished()) break;
     const int64_t slot = P + step;
-    for (int64_t b = 0; b < B; ++b) mask[static_cast<size_t>(b * S + slot)] = 1;
+    for (int64_t b = 0; b < B; ++b) host.mask[static_cast<size_t>(b * S + slot)] = 1;
     if (!use_cache) {
       run_full(slot + 1);
       continue;
     }
     Tensor pos = Tensor::zeros(DType::I32, {B, 1}), qpos = Tensor::zeros(DType::I32, {B, 1});
     for (int64_t b = 0; b < B; ++b) {
-      pos.mutable_data_as<int32_t>()[b] = ++last_pos[static_cast<size_t>(b)];
+      pos.mutable_data_as<int32_t>()[b] = ++host.last_pos[static_cast<size_t>(b)];
       qpos.mutable_data_as<int32_t>()[b] = static_cast<int32_t>(slot);
     }
     TensorMap in = model_.weights();
     in["input_ids"] = next, in["position_ids"] = pos, in["query_positions"] = qpos;
-    in["attention_mask"] = Tensor::from_i32(mask, {B, S});
+    in["attention_mask"] = Tensor::from_i32(host.mask, {B, S});
     in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{static_cast<int32_t>(slot)}, {1});
-    bind_cache(in);
+    cache->bind(in);
     auto g = state_->decode_graphs.find({B, S});
     if (g == state_->decode_graphs.end()) g = state_->decode_graphs.emplace(std::make_pair(B, S), model_.decode_graph(B, S)).first;
     const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
-    take_logits(res[g->second.output_index("logits")], 1, 0);
-    keep_cache(res, g->second);
+    logits.take(res[g->second.output_index("logits")], 1, 0);
+    cache->keep(res, g->second);
   }
   return out;
 }
