@@ -18,6 +18,7 @@ struct BackendEntry {
   const char* description;
   bool built;                // compiled into this binary
   bool device;               // a device of its own (not the host's oracle)
+  bool listed;               // named in `trl env` and in errors (false: a backend for tests, made by name only)
   bool (*present)();         // its device is on this machine now
   std::unique_ptr<Backend> (*make)(const BackendOptions&);
 };
@@ -30,12 +31,14 @@ std::unique_ptr<Backend> make_cpu(const BackendOptions& o) {
 }
 // The oracle interprets graphs as written: it has no passes and no shared working memory to choose.
 std::unique_ptr<Backend> make_reference(const BackendOptions&) { return make_reference_backend(); }
+std::unique_ptr<Backend> make_reference_device(const BackendOptions&) { return make_reference_device_backend(); }
 
 const std::vector<BackendEntry>& entries() {
   static const std::vector<BackendEntry> table = {
-      {"cpu", "oneDNN GEMMs, a planned arena and OpenMP kernels on this machine's cores", true, true, always, make_cpu},
-      {"reference", "the oracle: plain loops with f64 accumulation (slow; for tests and torch_compile=false)", true, false, always, make_reference},
-      {"cuda", "NVIDIA GPUs (not in this build: no CUDA backend has landed yet)", false, true, never, nullptr},
+      {"cpu", "oneDNN GEMMs, a planned arena and OpenMP kernels on this machine's cores", true, true, true, always, make_cpu},
+      {"reference", "the oracle: plain loops with f64 accumulation (slow; for tests and torch_compile=false)", true, false, true, always, make_reference},
+      {"reference-device", "the oracle on tensors the host may not read: stands for a device backend in tests", true, false, false, always, make_reference_device},
+      {"cuda", "NVIDIA GPUs (not in this build: no CUDA backend has landed yet)", false, true, true, never, nullptr},
   };
   return table;
 }
@@ -44,23 +47,20 @@ const std::vector<BackendEntry>& entries() {
 
 std::vector<BackendInfo> backend_registry() {
   std::vector<BackendInfo> out;
-  for (const BackendEntry& e : entries()) out.push_back({e.name, e.description, e.built, e.built && e.present(), e.device});
+  for (const BackendEntry& e : entries()) out.push_back({e.name, e.description, e.built, e.built && e.present(), e.device, e.listed});
   return out;
 }
 
 std::vector<std::string> available_backends() {
   std::vector<std::string> out;
   for (const BackendInfo& b : backend_registry())
-    if (b.built && b.present) out.push_back(b.name);
+    if (b.built && b.present && b.listed) out.push_back(b.name);
   return out;
 }
 
 std::string resolve_backend(const std::string& name) {
   const std::vector<std::string> names = available_backends();
-  if (name == "auto") {
-    for (const std::string& n : names)
-      if (n != "reference") return n;
-  }
+  if (name == "auto") return available_devices().front();  // the best device; never an oracle
   for (const BackendInfo& b : backend_registry()) {
     if (b.name != name) continue;
     if (!b.built) fail("backend '{}' is not built into this binary (available: {}, or auto)", name, fmt::join(names, ", "));
@@ -80,7 +80,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
 std::vector<std::string> available_devices() {
   std::vector<std::string> out;
   for (const BackendInfo& b : backend_registry())
-    if (b.built && b.present && b.device) out.push_back(b.name);
+    if (b.built && b.present && b.device && b.listed) out.push_back(b.name);
   return out;
 }
 

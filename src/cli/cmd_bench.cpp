@@ -208,8 +208,8 @@ void register_bench(CLI::App& app) {
     ProgramCache tcache(*tbackend);
     if (gkd) teacher = CausalLM::from_weights(cfg, init_weights(cfg, dt, 7, 0.02, false), "teacher");
     auto trace = [&] {
-      return gkd ? model.distillation_graph(B, T, K, {cfg.hidden_size, dt}, a->gkd_beta, 1.0, a->gradient_checkpointing)
-                 : model.training_graph(B, T, DType::F32, a->gradient_checkpointing);
+      return gkd ? model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = K, .teacher = {cfg.hidden_size, dt}, .beta = a->gkd_beta, .gradient_checkpointing = a->gradient_checkpointing})
+                 : model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
     };
     auto t0 = Clock::now();
     const graph::Graph g = trace();

@@ -60,7 +60,7 @@ void register_compile(CLI::App& app) {
     for (int64_t T : bucket_lengths(a->max_length, multiple)) {
       const int64_t hits_before = cache.stats().disk_hits;
       const auto t0 = std::chrono::steady_clock::now();
-      const graph::Graph g = model->training_graph(a->batch, T, DType::F32, a->gradient_checkpointing);
+      const graph::Graph g = model->training_graph({.batch = a->batch, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
       Program& p = cache.get(g);
       nlohmann::ordered_json j;
       j["program"] = "train";

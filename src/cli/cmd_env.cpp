@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "backend/cpu/kernel_report.h"
 #include "core/cpu_features.h"
+#include "core/memory.h"
 #include "train/optim/adamw.h"
 #include "trl/backend/registry.h"
 #include "trl/dist/communicator.h"
@@ -37,8 +38,11 @@ nlohmann::ordered_json env_info() {
   j["devices"] = available_devices();
   std::vector<std::string> backends;
   for (const BackendInfo& b : backend_registry())
-    backends.push_back(b.built && b.present ? b.name : b.name + (b.built ? " (device not present)" : " (not built)"));
+    if (b.listed) backends.push_back(b.built && b.present ? b.name : b.name + (b.built ? " (device not present)" : " (not built)"));
   j["backends"] = backends;
+  // The memory the default device's tensors and programs draw on (what the trainers' memory check plans against).
+  const Backend::Memory m = make_backend("auto")->memory();
+  j["device_memory"] = fmt::format("{} available of {} ({})", format_bytes(m.available), m.total ? format_bytes(m.total) : "unknown", m.source);
   const dist::Communicator& world = dist::world();
   j["communicator"] = world.kind();
   j["rank"] = world.rank();

@@ -36,10 +36,13 @@ uint64_t file_number(const char* path) {
 }  // namespace
 
 MemoryBudget memory_budget() {
-  if (const char* e = std::getenv("TRL_MEMORY_LIMIT"); e && *e) return {parse_byte_size(e), "TRL_MEMORY_LIMIT"};
-  MemoryBudget b{proc_kb("/proc/meminfo", "MemAvailable:"), "MemAvailable"};
+  if (const char* e = std::getenv("TRL_MEMORY_LIMIT"); e && *e) {
+    const uint64_t limit = parse_byte_size(e);
+    return {limit, "TRL_MEMORY_LIMIT", limit};
+  }
+  MemoryBudget b{proc_kb("/proc/meminfo", "MemAvailable:"), "MemAvailable", proc_kb("/proc/meminfo", "MemTotal:")};
   const uint64_t limit = file_number("/sys/fs/cgroup/memory.max"), current = file_number("/sys/fs/cgroup/memory.current");
-  if (limit > 0 && current <= limit && (b.available == 0 || limit - current < b.available)) b = {limit - current, "cgroup memory.max"};
+  if (limit > 0 && current <= limit && (b.available == 0 || limit - current < b.available)) b = {limit - current, "cgroup memory.max", limit};
   return b;
 }
 

@@ -11,6 +11,7 @@ namespace trl {
 struct MemoryBudget {
   uint64_t available = 0;  // bytes this process may still allocate
   std::string source;      // what the figure came from: "MemAvailable", "cgroup memory.max", "TRL_MEMORY_LIMIT"
+  uint64_t total = 0;      // the memory behind it: MemTotal, the cgroup limit, or TRL_MEMORY_LIMIT; 0 when unknown
 };
 
 MemoryBudget memory_budget();

@@ -83,6 +83,27 @@ Tensor Tensor::view(const void* data, DType dtype, Shape shape, std::shared_ptr<
   return t;
 }
 
+Tensor Tensor::device(void* handle, DType dtype, Shape shape, std::shared_ptr<const void> keepalive, std::string label) {
+  Tensor t = view(handle, dtype, std::move(shape), std::move(keepalive), StorageKind::Device);
+  t.device_label_ = std::make_shared<const std::string>(std::move(label));
+  return t;
+}
+
+void* Tensor::device_handle() const {
+  if (kind_ != StorageKind::Device) fail("internal: device_handle() of a {} {} tensor in host memory", dtype_name(dtype_), shape_str(shape_));
+  return const_cast<void*>(data_);
+}
+
+const std::string& Tensor::device_label() const {
+  static const std::string host = "host memory";
+  return device_label_ ? *device_label_ : host;
+}
+
+void Tensor::host_access_error(const char* what) const {
+  fail("the host tried to {} a {} {} tensor, {}, which only its backend can reach: download it first (Backend::download)", what,
+       dtype_name(dtype_), shape_str(shape_), device_label());
+}
+
 Tensor Tensor::from_f32(std::span<const float> values, Shape shape, DType dtype) {
   if (!dtype_is_float(dtype)) fail("Tensor::from_f32: {} is not a float dtype", dtype_name(dtype));
   Tensor t = zeros(dtype, std::move(shape));
@@ -114,6 +135,7 @@ bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape
 
 void* Tensor::mutable_data() {
   if (kind_ == StorageKind::Mapped) fail("tensor {} is a read-only view of a memory-mapped file; copy it first", shape_str(shape_));
+  if (kind_ == StorageKind::Device) host_access_error("write");
   return const_cast<void*>(data_);
 }
 
@@ -167,7 +189,7 @@ Tensor Tensor::to(DType dtype) const {
   if (src_float && !dst_float) fail("cannot convert a {} tensor to {}", dtype_name(dtype_), dtype_name(dtype));
   Tensor out = zeros(dtype, shape_);
   if (dtype == dtype_) {
-    std::memcpy(out.mutable_data(), data_, nbytes());
+    std::memcpy(out.mutable_data(), data(), nbytes());
     return out;
   }
   void* dst = out.mutable_data();
@@ -185,7 +207,7 @@ Tensor Tensor::to(DType dtype) const {
     }
     return out;
   }
-  for (int64_t i = 0; i < numel_; ++i) store_element(dst, dtype, i, load_element(data_, dtype_, i));
+  for (int64_t i = 0; i < numel_; ++i) store_element(dst, dtype, i, load_element(data(), dtype_, i));
   return out;
 }
 
@@ -210,7 +232,8 @@ void Tensor::copy_from(const Tensor& src) {
 std::vector<float> Tensor::to_f32_vector() const {
   if (!is_contiguous()) fail("to_f32_vector of a non-contiguous tensor");
   std::vector<float> v(static_cast<size_t>(numel_));
-  for (int64_t i = 0; i < numel_; ++i) v[static_cast<size_t>(i)] = static_cast<float>(load_element(data_, dtype_, i));
+  const void* src = data();
+  for (int64_t i = 0; i < numel_; ++i) v[static_cast<size_t>(i)] = static_cast<float>(load_element(src, dtype_, i));
   return v;
 }
 
@@ -218,7 +241,7 @@ std::vector<int64_t> Tensor::to_i64_vector() const {
   if (!is_contiguous()) fail("to_i64_vector of a non-contiguous tensor");
   std::vector<int64_t> v(static_cast<size_t>(numel_));
   for (int64_t i = 0; i < numel_; ++i) {
-    v[static_cast<size_t>(i)] = dtype_ == DType::I64 ? data_as<int64_t>()[i] : static_cast<int64_t>(load_element(data_, dtype_, i));
+    v[static_cast<size_t>(i)] = dtype_ == DType::I64 ? data_as<int64_t>()[i] : static_cast<int64_t>(load_element(data(), dtype_, i));
   }
   return v;
 }

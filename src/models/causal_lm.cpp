@@ -575,8 +575,11 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
   return b.finish();
 }
 
-graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bool gradient_checkpointing, bool metrics, bool logit_sums,
-                                      double temperature, int64_t logits_to_keep) const {
+graph::Graph CausalLM::training_graph(const TrainingSpec& spec) const {
+  const int64_t B = spec.batch, T = spec.tokens, logits_to_keep = spec.logits_to_keep;
+  const DType grad_dtype = spec.grad_dtype;
+  const bool metrics = spec.metrics, logit_sums = spec.logit_sums;
+  const double temperature = spec.temperature;
   Builder b;
   ValueId head = kNone;
   const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
@@ -611,7 +614,7 @@ graph::Graph CausalLM::training_graph(int64_t B, int64_t T, DType grad_dtype, bo
   if (logit_sums) b.output(logit_sum, "logit_sum");
   b.output(logp, "token_logprobs");
   graph::Graph g = b.finish();
-  return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
+  return spec.gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
 
 graph::Graph CausalLM::hidden_graph(int64_t B, int64_t T, double temperature, int64_t logits_to_keep) const {
@@ -622,8 +625,11 @@ graph::Graph CausalLM::hidden_graph(int64_t B, int64_t T, double temperature, in
   return b.finish();
 }
 
-graph::Graph CausalLM::distillation_graph(int64_t B, int64_t T, int64_t logits_to_keep, const TeacherShape& teacher, double beta, double temperature,
-                                          bool gradient_checkpointing, bool backward, bool dropout) const {
+graph::Graph CausalLM::distillation_graph(const DistillationSpec& spec) const {
+  const int64_t B = spec.batch, T = spec.tokens, logits_to_keep = spec.logits_to_keep;
+  const TeacherShape& teacher = spec.teacher;
+  const double beta = spec.beta, temperature = spec.temperature;
+  const bool gradient_checkpointing = spec.gradient_checkpointing, backward = spec.backward, dropout = spec.dropout;
   if (tp_.size > 1) fail("distillation: tensor parallel (tp_size {}) is not supported; use data parallel or FSDP", tp_.size);
   Builder b;
   ValueId head = kNone;

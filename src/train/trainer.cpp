@@ -502,8 +502,9 @@ std::optional<Trainer::State::MemoryPlan> Trainer::State::plan_memory(int64_t ba
   const uint64_t accumulation = cfg.gradient_accumulation_steps > 1 ? whole_f32 : 0;
   MemoryPlan p;
   p.more = moments + accumulation + arena + frozen.arena;
-  p.budget = memory_budget();
-  if (comm.local_size() > 1) {  // the ranks on this machine share its memory
+  const Backend::Memory m = backend->memory();
+  p.budget = {m.available, m.source, m.total};
+  if (comm.local_size() > 1 && backend->host_memory()) {  // the ranks on this machine share its memory
     p.budget.available /= static_cast<uint64_t>(comm.local_size());
     p.budget.source += fmt::format(", shared by {} ranks on this machine", comm.local_size());
   }
@@ -698,14 +699,7 @@ void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, siz
     }
     if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, grad.shape());
     Tensor& acc_t = accumulated.at(name);
-    float* acc = acc_t.mutable_data_as<float>();
-    const float* g = grad.data_as<float>();
-    const int64_t numel = grad.numel();
-    if (k == 0) std::memcpy(acc, g, static_cast<size_t>(numel) * sizeof(float));
-    else {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < numel; ++i) acc[i] += g[i];
-    }
+    backend->accumulate(acc_t, grad, /*first=*/k == 0);
     grads[name] = acc_t;
   }
 }
@@ -714,24 +708,17 @@ void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, siz
 // parallel the squares of the split parameters are summed over the ranks, those whole on every rank counted once.
 double Trainer::State::clip_gradients(double step_loss) {
   double sq[2] = {0, 0};  // whole, split
-  for (const auto& [name, g] : grads) {
-    const float* x = g.data_as<float>();
-    double part = 0;
-#pragma omp parallel for reduction(+ : part) schedule(static)
-    for (int64_t i = 0; i < g.numel(); ++i) part += static_cast<double>(x[i]) * x[i];
-    sq[tp() > 1 && tensor_parallel_axis(name) >= 0 ? 1 : 0] += part;
-  }
+  std::vector<Tensor> all;
+  for (const auto& [name, g] : grads) all.push_back(g);
+  const std::vector<double> parts = backend->sum_of_squares(all);
+  size_t i = 0;
+  for (const auto& [name, g] : grads) sq[tp() > 1 && tensor_parallel_axis(name) >= 0 ? 1 : 0] += parts[i++];
   if (fsdp()) shard_group->all_reduce(sq, 2, DType::F64, dist::ReduceOp::Sum);  // the shards' parts (the replicas hold the same)
   if (tp_group) sq[1] = tp_group->sum(sq[1]);
   const double norm = std::sqrt(sq[0] + sq[1]);
   if (!std::isfinite(norm)) fail("training step {}: the gradient norm is {} (the loss was {})", global_step + 1, norm, step_loss);
   if (cfg.max_grad_norm > 0 && norm > cfg.max_grad_norm) {
-    const float coef = static_cast<float>(cfg.max_grad_norm / (norm + 1e-6));
-    for (auto& [name, g] : grads) {
-      float* x = g.mutable_data_as<float>();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < g.numel(); ++i) x[i] *= coef;
-    }
+    backend->scale(all, static_cast<float>(cfg.max_grad_norm / (norm + 1e-6)));  // `all` shares the gradients' storage
   }
   return norm;
 }

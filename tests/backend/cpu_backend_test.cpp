@@ -304,7 +304,7 @@ TEST(CpuBackend, GradientCheckpointingIsBitIdenticalAndSmaller) {
     in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
     auto backend = make_cpu_backend();
     auto plain = backend->compile(model.training_graph(B, T));
-    auto remat = backend->compile(model.training_graph(B, T, DType::F32, true));
+    auto remat = backend->compile(model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = true}));
     EXPECT_LT(remat->arena_bytes(), plain->arena_bytes());
     std::vector<std::vector<float>> want;
     for (const Tensor& t : plain->run(in)) want.push_back(t.to_f32_vector());

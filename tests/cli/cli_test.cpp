@@ -21,7 +21,7 @@ TEST(Cli, EnvJson) {
   std::string out;
   ASSERT_EQ(test::run_command(trl_cmd("env --json"), &out), 0) << out;
   const json j = json::parse(out);
-  for (const char* key : {"version", "build_type", "isa", "devices", "visible_cores", "threads", "onednn", "cache_dir"}) {
+  for (const char* key : {"version", "build_type", "isa", "devices", "device_memory", "visible_cores", "threads", "onednn", "cache_dir"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_TRUE(j["isa"] == "avx512bf16" || j["isa"] == "avx512" || j["isa"] == "avx2" || j["isa"] == "scalar");

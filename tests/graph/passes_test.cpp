@@ -107,7 +107,7 @@ TEST(FuseVocabularyOps, LeavesGraphsWithoutVocabularyOpsAlone) {
 
 TEST(FuseVocabularyOps, TheTrainingGraphHasOneVocabularyPass) {
   const test::TinyModel tiny;
-  const graph::Graph g = graph::optimize(tiny.model.training_graph(2, 8, DType::F32, false, /*metrics=*/true));
+  const graph::Graph g = graph::optimize(tiny.model.training_graph({.batch = 2, .tokens = 8, .metrics = true}));
   EXPECT_EQ(count(g, Op::VocabStats), 1u) << "the loss, entropy and accuracy share one lm_head pass";
   EXPECT_EQ(count(g, Op::TokenLogprobs) + count(g, Op::Entropy) + count(g, Op::TokenArgmaxMatch), 0u);
   EXPECT_NE(only(g, Op::TokenLogprobsBackward).inputs.back(), kNone);

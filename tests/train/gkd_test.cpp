@@ -158,7 +158,7 @@ TEST(Gkd, DivergenceWithATemperatureEqualsPyTorch) {
     TensorMap in = student.model.weights();
     in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = pos, in["kept_positions"] = kept;
     in["teacher_hidden"] = th, in["teacher_lm_head"] = teacher.weights().at(teacher.lm_head_name()), in["loss_weights"] = w;
-    const graph::Graph g = student.model.distillation_graph(B, T, C, {teacher.config().hidden_size, teacher.dtype()}, beta, temperature);
+    const graph::Graph g = student.model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = C, .teacher = {teacher.config().hidden_size, teacher.dtype()}, .beta = beta, .temperature = temperature});
     const auto out = programs.get(g).run(in);
     expect_near(out[g.output_index("loss")].data_as<float>()[0], d["loss"].get<double>(), 1e-5, what + " loss");
     TensorMap grads;

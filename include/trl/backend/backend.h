@@ -46,8 +46,35 @@ class Backend {
   // state and KV caches in its own memory: the caller uploads each once, binds the returned tensors on every run
   // (programs update them in place there, as the CPU does on the host), and downloads only what the host reads.
   virtual bool host_memory() const { return true; }
-  virtual Tensor upload(const Tensor& host) { return host; }
+  // `name` labels the device tensor in errors ("'lm_head.weight' in cuda:0 memory").
+  virtual Tensor upload(const Tensor& host, const std::string& name = "") {
+    (void)name;
+    return host;
+  }
   virtual Tensor download(const Tensor& tensor) { return tensor; }
+  // What crossed between the host and this backend's memory since it was made (host backends: nothing).
+  struct Transfers {
+    int64_t uploads = 0, upload_bytes = 0, downloads = 0, download_bytes = 0;
+  };
+  virtual Transfers transfers() const { return {}; }
+  // The memory this backend's tensors and programs draw on: for the host backends the process's budget (MemAvailable,
+  // a cgroup limit, or TRL_MEMORY_LIMIT), for a device its free and total bytes. The trainers' memory check and
+  // auto_find_batch_size plan against it; `trl env` prints it.
+  struct Memory {
+    uint64_t available = 0, total = 0;  // bytes; 0: unknown
+    std::string source;                 // what the figures came from ("MemAvailable", "cudaMemGetInfo", ...)
+  };
+  virtual Memory memory() const;
+
+  // Work between programs, on tensors in this backend's memory (f32, contiguous): the trainer's gradient
+  // accumulation and global-norm clipping. Host backends run them as vectorised loops on the host; a device
+  // backend runs them where the tensors live, and only the scalars come back.
+  //   accumulate: acc = x (first) or acc += x, same shape.
+  //   sum_of_squares: Σ x² of each tensor, accumulated in f64 (NaN and Inf propagate).
+  //   scale: x *= factor, every tensor.
+  virtual void accumulate(Tensor& acc, const Tensor& x, bool first);
+  virtual std::vector<double> sum_of_squares(const std::vector<Tensor>& xs);
+  virtual void scale(std::vector<Tensor>& xs, float factor);
 
   virtual std::unique_ptr<Program> compile(const graph::Graph& graph) = 0;
   // Compiles `graph` reusing `plan` (a plan_blob() of an earlier compile of the same graph). A plan that does not
@@ -62,11 +89,19 @@ class Backend {
 // The oracle: plain loops, f64 accumulation, rounding to each value's dtype exactly where Transformers rounds.
 // Callers that pick a backend by name use make_backend() (backend/registry.h).
 std::unique_ptr<Backend> make_reference_backend();
+// The same programs on tensors the host may not read (backend "reference-device"): it stands for a device backend in
+// tests on any machine. upload/download copy and are counted (transfers()); programs take device tensors only and
+// return device tensors.
+std::unique_ptr<Backend> make_reference_device_backend();
 
-// Looks up and checks the binding of every graph input (shared by all backends).
-std::vector<Tensor> bind_inputs(const graph::Graph& graph, const TensorMap& inputs);
+// Where a program's inputs must live: in host memory (the host backends) or in the backend's device memory.
+enum class InputMemory { Host, Device };
+// Looks up and checks the binding of every graph input (shared by all backends): name, dtype, shape, contiguity,
+// and the memory it is in (a device tensor bound on a host backend, or a host tensor on a device backend, is an
+// error naming the input and what to do).
+std::vector<Tensor> bind_inputs(const graph::Graph& graph, const TensorMap& inputs, InputMemory memory = InputMemory::Host);
 // The same for the inputs of one stage of a two-stage program (stage 0: all but the seeds; stage 1: the seeds);
 // the others are left as empty tensors.
-std::vector<Tensor> bind_stage_inputs(const graph::Graph& graph, const TensorMap& inputs, int stage);
+std::vector<Tensor> bind_stage_inputs(const graph::Graph& graph, const TensorMap& inputs, int stage, InputMemory memory = InputMemory::Host);
 
 }  // namespace trl

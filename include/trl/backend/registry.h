@@ -4,6 +4,7 @@
 //   "cpu"        oneDNN GEMMs, planned arena, OpenMP kernels (src/backend/cpu/)
 //   "reference"  the oracle: plain loops, f64 accumulation (src/backend/reference/); torch_compile=false,
 //                disable_compile=True
+//   "reference-device"  the oracle on tensors the host may not read (tests of the device seam; not listed)
 //   "cuda"       not built yet: asking for it is an error that lists what this build has
 //   "auto"       the best backend whose device is present, in the order above (never the reference)
 //
@@ -36,11 +37,13 @@ struct BackendInfo {
   bool built = false;    // compiled into this binary
   bool present = false;  // its device is on this machine (always true for the host backends)
   bool device = false;   // a device of its own, for `device=`/`--device` (the reference backend is the host's oracle)
+  bool listed = true;    // in `trl env` and in errors' lists; false for a backend made for tests by name only
 };
 
-// Every backend name the registry knows, with whether this build has it and whether its device is present.
+// Every backend name the registry knows, with whether this build has it, whether its device is present and whether
+// it is listed.
 std::vector<BackendInfo> backend_registry();
-// The names of the backends that can run here, best first.
+// The names of the listed backends that can run here, best first.
 std::vector<std::string> available_backends();
 // "auto" resolved to a backend name, or `name` itself after checking it can run here (an error otherwise).
 std::string resolve_backend(const std::string& name);

@@ -1,6 +1,7 @@
 // Tensor: a dtype, a shape, strides (in elements) and a pointer into storage that is owned (heap, 64-byte
-// aligned), memory-mapped (a read-only view of a checkpoint file) or a view into memory owned by someone
-// else (an arena planned by the compiler, a caller's buffer). Copying a Tensor is cheap and shares storage.
+// aligned), memory-mapped (a read-only view of a checkpoint file), a view into memory owned by someone else (an
+// arena planned by the compiler, a caller's buffer), or a backend's device memory, which the host cannot read.
+// Copying a Tensor is cheap and shares storage.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ namespace trl {
 
 using Shape = std::vector<int64_t>;
 
-enum class StorageKind : uint8_t { Owned, Mapped, View };
+enum class StorageKind : uint8_t { Owned, Mapped, View, Device };
 
 std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
 int64_t shape_numel(const Shape& shape);     // throws on negative dims or overflow
@@ -31,6 +32,10 @@ class Tensor {
   // A contiguous view of memory owned elsewhere; `keepalive` (may be null) is held while the view lives.
   static Tensor view(const void* data, DType dtype, Shape shape, std::shared_ptr<const void> keepalive,
                      StorageKind kind = StorageKind::View);
+  // A tensor in a backend's device memory: the host cannot read or write it (data(), mutable_data() and every
+  // conversion fail, naming it by `label`, such as "'lm_head.weight' in cuda:0 memory"); the backend that made it
+  // reaches its memory through device_handle(). `keepalive` frees the memory when the last copy goes.
+  static Tensor device(void* handle, DType dtype, Shape shape, std::shared_ptr<const void> keepalive, std::string label);
   // Owned f32 / i32 tensors from values (for tests and small inputs).
   static Tensor from_f32(std::span<const float> values, Shape shape, DType dtype = DType::F32);
   static Tensor from_i32(std::span<const int32_t> values, Shape shape);
@@ -44,12 +49,20 @@ class Tensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   StorageKind storage_kind() const { return kind_; }
+  bool is_device() const { return kind_ == StorageKind::Device; }
+  // A device tensor's memory, for the backend that made it (an error on a host tensor), and what it is and where.
+  void* device_handle() const;
+  const std::string& device_label() const;
   bool is_contiguous() const;
 
-  const void* data() const { return data_; }
-  // Writable pointer; throws for memory-mapped (read-only) storage.
+  // The host address of the data; an error for a device tensor (download it first: Backend::download).
+  const void* data() const {
+    if (kind_ == StorageKind::Device) [[unlikely]] host_access_error("read");
+    return data_;
+  }
+  // Writable pointer; throws for memory-mapped (read-only) storage and device tensors.
   void* mutable_data();
-  template <typename T> const T* data_as() const { return static_cast<const T*>(data_); }
+  template <typename T> const T* data_as() const { return static_cast<const T*>(data()); }
   template <typename T> T* mutable_data_as() { return static_cast<T*>(mutable_data()); }
 
   // Same storage, new shape (contiguous tensors only; numel must match).
@@ -66,6 +79,8 @@ class Tensor {
   std::vector<int64_t> to_i64_vector() const;
 
  private:
+  [[noreturn]] void host_access_error(const char* what) const;
+
   DType dtype_ = DType::F32;
   Shape shape_;
   Shape strides_;
@@ -73,6 +88,7 @@ class Tensor {
   StorageKind kind_ = StorageKind::Owned;
   std::shared_ptr<const void> keepalive_;
   const void* data_ = nullptr;
+  std::shared_ptr<const std::string> device_label_;  // device tensors only
 };
 
 // Element i (row-major index into a contiguous tensor) as double / stored from double, any float dtype.

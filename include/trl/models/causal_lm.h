@@ -165,8 +165,18 @@ class CausalLM {
   // logits_to_keep K > 0 (TRL's option of that name): the vocabulary ops run only at the K positions that predict
   // each row's last K tokens, [T − 1 − K, T − 1); labels, loss_weights and the per-token outputs are then [B, K],
   // and the input kept_positions [B, K] i32 holds those positions' flat indices b·T + t (token_train_step binds it).
-  graph::Graph training_graph(int64_t batch, int64_t tokens, DType grad_dtype = DType::F32, bool gradient_checkpointing = false,
-                              bool metrics = false, bool logit_sums = false, double temperature = 1.0, int64_t logits_to_keep = 0) const;
+  struct TrainingSpec {
+    int64_t batch = 1, tokens = 1;
+    DType grad_dtype = DType::F32;        // the gradients' dtype (F64 for the finite-difference tests)
+    bool gradient_checkpointing = false;
+    bool metrics = false;                 // the entropy and token_accuracy outputs
+    bool logit_sums = false;              // the logit_sum output
+    double temperature = 1.0;
+    int64_t logits_to_keep = 0;
+  };
+  graph::Graph training_graph(const TrainingSpec& spec) const;
+  // The plain objective of a [batch, tokens] batch: no metrics, f32 gradients, temperature 1.
+  graph::Graph training_graph(int64_t batch, int64_t tokens) const { return training_graph(TrainingSpec{.batch = batch, .tokens = tokens}); }
   // Distillation (docs/DISTILLATION.md). hidden_graph: the teacher's side, forward only: the final hidden state
   // [B, Tk, C] in the model's dtype ("hidden"), divided by `temperature` and, with logits_to_keep K > 0, gathered at
   // kept_positions [B, K] i32 as training_graph's. The lm_head it pairs with is the weight named lm_head_name().
@@ -182,8 +192,15 @@ class CausalLM {
     int64_t hidden_size = 0;
     DType dtype = DType::F32;
   };
-  graph::Graph distillation_graph(int64_t batch, int64_t tokens, int64_t logits_to_keep, const TeacherShape& teacher, double beta, double temperature,
-                                  bool gradient_checkpointing = false, bool backward = true, bool dropout = true) const;
+  struct DistillationSpec {
+    int64_t batch = 1, tokens = 1, logits_to_keep = 0;
+    TeacherShape teacher;
+    double beta = 0.5, temperature = 1.0;
+    bool gradient_checkpointing = false;
+    bool backward = true;  // false: the loss and jsd only (evaluation)
+    bool dropout = true;   // false: a LoRA adapter's dropout is off
+  };
+  graph::Graph distillation_graph(const DistillationSpec& spec) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

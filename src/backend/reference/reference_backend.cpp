@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/vocab_parallel.h"
 #include "core/rng.h"
 #include "trl/backend/backend.h"
@@ -566,25 +568,41 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   for (double x : dv) store_element(out.mutable_data(), out.dtype(), i++, x);
 }
 
+// The device mode's memory (backend "reference-device"): host bytes marked as device memory, so every host read of
+// them fails as it would on a GPU. Only this file turns them back into host views, for the programs' kernels.
+constexpr const char* kDeviceName = "reference-device";
+
+// A device tensor holding a copy of `host` (device-to-device copies are this too).
+Tensor to_device(const Tensor& host, const std::string& name) {
+  auto owned = std::make_shared<Tensor>(host.clone());
+  const std::string label = name.empty() ? fmt::format("a tensor in {} memory", kDeviceName) : fmt::format("'{}' in {} memory", name, kDeviceName);
+  return Tensor::device(const_cast<void*>(owned->data()), owned->dtype(), owned->shape(), owned, label);
+}
+// The host view of a device tensor's bytes, valid while the device tensor lives.
+Tensor host_view(const Tensor& device) { return Tensor::view(device.device_handle(), device.dtype(), device.shape(), nullptr); }
+
 class ReferenceProgram final : public Program {
  public:
-  explicit ReferenceProgram(Graph graph) : graph_(std::move(graph)) {}
+  ReferenceProgram(Graph graph, bool device_memory) : graph_(std::move(graph)), device_(device_memory) {}
 
   std::vector<Tensor> run(const TensorMap& inputs) override {
-    start(bind_inputs(graph_, inputs));
+    start(to_host(bind_inputs(graph_, inputs, memory())));
     execute(0, graph_.nodes.size());
     return finish();
   }
 
   std::vector<Tensor> run_stage(const TensorMap& inputs, int stage) override {
-    const std::vector<Tensor> part = bind_stage_inputs(graph_, inputs, stage);
+    const std::vector<Tensor> part = to_host(bind_stage_inputs(graph_, inputs, stage, memory()));
     const size_t boundary = graph::stage_boundary(graph_);
     if (stage == 0) {
       start(part);
       staged_ = true;
       execute(0, boundary);
       std::vector<Tensor> out;
-      for (graph::ValueId v : graph_.outputs) out.push_back(static_cast<size_t>(v) < boundary ? values_[static_cast<size_t>(v)] : Tensor());
+      for (size_t i = 0; i < graph_.outputs.size(); ++i) {
+        const auto v = static_cast<size_t>(graph_.outputs[i]);
+        out.push_back(v < boundary ? to_memory(values_[v], i) : Tensor());
+      }
       return out;
     }
     if (!staged_) fail("reference backend: stage 1 of a two-stage program needs its stage 0 first (Program::run_stage)");
@@ -601,10 +619,28 @@ class ReferenceProgram final : public Program {
     for (size_t i = 0; i < graph_.inputs.size(); ++i) values_[static_cast<size_t>(graph_.inputs[i])] = bound[i];
   }
 
+  InputMemory memory() const { return device_ ? InputMemory::Device : InputMemory::Host; }
+  // In the device mode: the bound device tensors as host views for the kernels (unbound ones stay empty).
+  std::vector<Tensor> to_host(std::vector<Tensor> bound) const {
+    if (device_)
+      for (Tensor& t : bound)
+        if (t.is_device()) t = host_view(t);
+    return bound;
+  }
+  // An output as the caller gets it: in the device mode, a device tensor of its own (a copy: an output may be a
+  // view of an input or of a value about to be freed).
+  Tensor to_memory(const Tensor& value, size_t output) const {
+    if (!device_ || value.numel() == 0) return value;
+    const std::string& name = output < graph_.output_names.size() && !graph_.output_names[output].empty()
+                                  ? graph_.output_names[output]
+                                  : graph_.node(graph_.outputs[output]).name;
+    return to_device(value, name);
+  }
+
   // The outputs, then the values let go (the oracle holds nothing between runs).
   std::vector<Tensor> finish() {
     std::vector<Tensor> out;
-    for (graph::ValueId v : graph_.outputs) out.push_back(values_[static_cast<size_t>(v)]);
+    for (size_t i = 0; i < graph_.outputs.size(); ++i) out.push_back(to_memory(values_[static_cast<size_t>(graph_.outputs[i])], i));
     values_.clear();
     return out;
   }
@@ -740,18 +776,65 @@ class ReferenceProgram final : public Program {
   std::vector<size_t> last_use_;
   std::vector<Tensor> values_;  // during a run, and from a stage 0 to its stage 1
   bool staged_ = false;
+  bool device_ = false;
 };
 
 class ReferenceBackend final : public Backend {
  public:
-  std::string name() const override { return "reference"; }
-  std::unique_ptr<Program> compile(const Graph& graph) override {
-    return std::make_unique<ReferenceProgram>(graph::eliminate_dead_code(graph));
+  explicit ReferenceBackend(bool device_memory) : device_(device_memory) {}
+  std::string name() const override { return device_ ? kDeviceName : "reference"; }
+  bool host_memory() const override { return !device_; }
+  Tensor upload(const Tensor& host, const std::string& name) override {
+    if (!device_) return host;
+    if (host.is_device()) fail("upload of '{}': it is already {}", name, host.device_label());
+    ++transfers_.uploads;
+    transfers_.upload_bytes += static_cast<int64_t>(host.nbytes());
+    return to_device(host, name);
   }
+  Tensor download(const Tensor& tensor) override {
+    if (!device_ || !tensor.is_device()) return tensor;
+    ++transfers_.downloads;
+    transfers_.download_bytes += static_cast<int64_t>(tensor.nbytes());
+    return host_view(tensor).clone();
+  }
+  Transfers transfers() const override { return transfers_; }
+  // The between-program work on device tensors: on their host views here, as a device runs it in its memory.
+  void accumulate(Tensor& acc, const Tensor& x, bool first) override {
+    Tensor a = on_host(acc, "accumulate");
+    Backend::accumulate(a, on_host(x, "accumulate"), first);
+  }
+  std::vector<double> sum_of_squares(const std::vector<Tensor>& xs) override {
+    std::vector<Tensor> h;
+    for (const Tensor& t : xs) h.push_back(on_host(t, "sum_of_squares"));
+    return Backend::sum_of_squares(h);
+  }
+  void scale(std::vector<Tensor>& xs, float factor) override {
+    std::vector<Tensor> h;
+    for (const Tensor& t : xs) h.push_back(on_host(t, "scale"));
+    Backend::scale(h, factor);
+  }
+  std::unique_ptr<Program> compile(const Graph& graph) override {
+    return std::make_unique<ReferenceProgram>(graph::eliminate_dead_code(graph), device_);
+  }
+
+ private:
+  // A tensor of this backend's memory as the host loops see it: the host view of a device tensor; on the host
+  // oracle the tensor itself. The wrong memory is an error naming the call.
+  Tensor on_host(const Tensor& t, const char* what) const {
+    if (device_ != t.is_device())
+      fail("{} on the {} backend: {}", what, name(), device_ ? "a tensor in host memory (upload it first)" : t.device_label() + " (download it first)");
+    return device_ ? host_view(t) : t;
+  }
+
+  bool device_;
+  Transfers transfers_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_reference_backend() { return std::make_unique<ReferenceBackend>(); }
+std::unique_ptr<Backend> make_reference_backend() { return std::make_unique<ReferenceBackend>(/*device_memory=*/false); }
+std::unique_ptr<Backend> make_reference_device_backend() {
+  return std::make_unique<ReferenceBackend>(/*device_memory=*/true);
+}
 
 }  // namespace trl

@@ -91,7 +91,7 @@ class DpoMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const auto [R, T] = largest_shape(batch);
-    return model.training_graph(R, T, DType::F32, cfg_.gradient_checkpointing, true, /*logit_sums=*/true);
+    return model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     const auto [R, T] = largest_shape(batch);

@@ -109,7 +109,7 @@ class DistillMethod final : public TrainingMethod {
 
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const int64_t C = padded_length(longest_completion_, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
-    return model.distillation_graph(batch, T, C, teacher_shape_, spec_.beta, spec_.loss_temperature, gradient_checkpointing_, true, spec_.dropout);
+    return model.distillation_graph({.batch = batch, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .dropout = spec_.dropout});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     return teacher_->memory(batch, padded_length(longest_prompt_, multiple_) + padded_length(longest_completion_, multiple_));
@@ -208,7 +208,7 @@ class DistillMethod final : public TrainingMethod {
     in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
     in["kept_positions"] = kept, in["loss_weights"] = weights;
     const graph::Graph g =
-        ctx.model.distillation_graph(B, T, C, teacher_shape_, spec_.beta, spec_.loss_temperature, gradient_checkpointing_, train, spec_.dropout);
+        ctx.model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .backward = train, .dropout = spec_.dropout});
     const auto result = ctx.programs.get(g).run(in);
     RunResult out;
     const std::map<std::string, size_t> at = g.output_indices();

@@ -179,7 +179,7 @@ class OnlineMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const int64_t C = padded_length(cfg_.max_completion_length, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
-    return model.training_graph(batch, T, DType::F32, cfg_.gradient_checkpointing, true, false, cfg_.temperature, C);
+    return model.training_graph({.batch = batch, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .temperature = cfg_.temperature, .logits_to_keep = C});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     if (!reference_) return {};
