@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "backend/adamw_update.h"
 #include "core/memory.h"
 #include "trl/core/error.h"
 
@@ -50,6 +52,8 @@ Backend::Memory Backend::memory() const {
 }
 
 namespace {
+constexpr int64_t kChunk = 1 << 14;  // elements per unit of work of the host loops below
+
 void check_f32(const Tensor& t, const char* what) {
   if (t.dtype() != DType::F32 || !t.is_contiguous()) fail("{}: expected a contiguous f32 tensor, got {} {}", what, dtype_name(t.dtype()), shape_str(t.shape()));
 }
@@ -75,11 +79,20 @@ std::vector<double> Backend::sum_of_squares(const std::vector<Tensor>& xs) {
   out.reserve(xs.size());
   for (const Tensor& t : xs) {
     check_f32(t, "sum_of_squares");
+    // Fixed chunks summed in order: the same bits on any number of threads (an OpenMP reduction adds the threads'
+    // parts in the order they finish).
     const float* x = t.data_as<float>();
-    double part = 0;
-#pragma omp parallel for reduction(+ : part) schedule(static)
-    for (int64_t i = 0; i < t.numel(); ++i) part += static_cast<double>(x[i]) * x[i];
-    out.push_back(part);
+    const int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> parts(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double part = 0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) part += static_cast<double>(x[i]) * x[i];
+      parts[static_cast<size_t>(c)] = part;
+    }
+    double sum = 0;
+    for (double p : parts) sum += p;
+    out.push_back(sum);
   }
   return out;
 }
@@ -91,6 +104,59 @@ void Backend::scale(std::vector<Tensor>& xs, float factor) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < t.numel(); ++i) x[i] *= factor;
   }
+}
+
+Tensor Backend::allocate(DType dtype, const Shape& shape, const std::string& name) {
+  (void)name;
+  return Tensor::uninitialized(dtype, shape);
+}
+
+void check_adamw_step(const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& weight, const Tensor* compute) {
+  for (const Tensor* t : {&grad, &exp_avg, &exp_avg_sq, &weight})
+    if (t->dtype() != DType::F32 || t->shape() != weight.shape() || !t->is_contiguous())
+      fail("AdamW step: the gradient, both moments and the weight must be contiguous f32 tensors of one shape (weight {} {}, got {} {})",
+           dtype_name(weight.dtype()), shape_str(weight.shape()), dtype_name(t->dtype()), shape_str(t->shape()));
+  if (compute != nullptr && (compute->dtype() != DType::BF16 || compute->shape() != weight.shape() || !compute->is_contiguous()))
+    fail("AdamW step: the compute copy must be a contiguous bf16 tensor of the weight's shape {} (got {} {})", shape_str(weight.shape()),
+         dtype_name(compute->dtype()), shape_str(compute->shape()));
+}
+
+void Backend::adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step) {
+  const AdamWArrays a = adamw_arrays(grad, exp_avg, exp_avg_sq, weight, compute);
+  const int64_t n = a.n;
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t i1 = std::min(n, i0 + kChunk);
+    if (step.fresh)
+      adamw_update_scalar<true>(a.g, a.m, a.v, a.w, a.w16, i0, i1, step);
+    else
+      adamw_update_scalar<false>(a.g, a.m, a.v, a.w, a.w16, i0, i1, step);
+  }
+}
+
+Tensor Backend::mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name) {
+  for (const Tensor* t : {&target, &source})
+    if ((t->dtype() != DType::F32 && t->dtype() != DType::BF16) || t->shape() != target.shape() || !t->is_contiguous())
+      fail("mix of '{}': the target and the source must be contiguous f32 or bf16 tensors of one shape (target {} {}, source {} {})", name,
+           dtype_name(target.dtype()), shape_str(target.shape()), dtype_name(source.dtype()), shape_str(source.shape()));
+  Tensor out = allocate(target.dtype(), target.shape(), name);
+  const int64_t n = target.numel();
+  const void* a = target.data();
+  const void* b = source.data();
+  void* o = out.mutable_data();
+  const DType ta = target.dtype(), tb = source.dtype();
+  auto f32_at = [](const void* p, DType dt, int64_t i) {
+    return dt == DType::F32 ? static_cast<const float*>(p)[i] : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = alpha * f32_at(b, tb, i) + (1.0f - alpha) * f32_at(a, ta, i);
+    if (ta == DType::F32)
+      static_cast<float*>(o)[i] = m;
+    else
+      static_cast<uint16_t*>(o)[i] = f32_to_bf16(m);
+  }
+  return out;
 }
 
 std::vector<Tensor> Program::run_stage(const TensorMap&, int) {

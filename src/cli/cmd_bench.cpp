@@ -256,7 +256,7 @@ void register_bench(CLI::App& app) {
       loss = out[0].data_as<float>()[0];
       TensorMap grads;
       for (size_t k = 0; k < trained.size(); ++k) grads[trained[k]] = std::move(out[k + 1]);
-      opt.step(master, grads, 1e-5, dt == DType::F32 ? nullptr : &compute);
+      opt.step(master, grads, 1e-5, *backend, dt == DType::F32 ? nullptr : &compute);
     };
     step();  // warm-up
     double best = 1e9, total = 0;

@@ -88,7 +88,7 @@ void register_bench_dpo(CLI::App* bench) {
       loss = r.loss.loss;
       TensorMap grads;
       for (auto& [name, g] : r.grads) grads[name.substr(5)] = std::move(g);  // "grad.<parameter>"
-      opt.step(master, grads, 1e-6, dt == DType::F32 ? nullptr : &compute);
+      opt.step(master, grads, 1e-6, *policy_backend, dt == DType::F32 ? nullptr : &compute);
     };
     step();  // warm-up (compiles)
     double best = 1e9, total = 0;

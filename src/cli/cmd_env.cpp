@@ -11,7 +11,6 @@
 #include "backend/cpu/kernel_report.h"
 #include "core/cpu_features.h"
 #include "core/memory.h"
-#include "train/optim/adamw.h"
 #include "trl/backend/registry.h"
 #include "trl/dist/communicator.h"
 #include "trl/io/hub.h"
@@ -67,7 +66,6 @@ nlohmann::ordered_json env_info() {
 nlohmann::ordered_json cpu_kernels_info() {
   nlohmann::ordered_json kernels;
   for (const auto& [op, family] : cpu::kernel_families()) kernels[op] = family;
-  kernels["adamw"] = adamw_kernel();
   return kernels;
 }
 

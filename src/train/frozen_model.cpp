@@ -95,11 +95,7 @@ void FrozenModel::mix_in(const TensorMap& policy, double alpha) {
     if (it == policy.end() || it->second.shape() != w.shape())
       fail("sync_ref_model: the reference's {} {} has no counterpart of that shape in the policy; sync_ref_model needs a reference of the "
            "policy's architecture", name, shape_str(w.shape()));
-    const std::vector<float> p = it->second.to_f32_vector(), r = w.to_f32_vector();
-    std::vector<float> out(p.size());
-    const float a = static_cast<float>(alpha);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = a * p[i] + (1.0f - a) * r[i];
-    mixed[name] = Tensor::from_f32(out, w.shape(), w.dtype());
+    mixed[name] = backend_->mix(w, it->second, static_cast<float>(alpha), name);
   }
   model_ = std::make_unique<CausalLM>(m.with_weights(std::move(mixed), "reference"));
 }

@@ -697,7 +697,7 @@ void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, siz
       grads[name] = grad;
       continue;
     }
-    if (!accumulated.count(name)) accumulated[name] = Tensor::uninitialized(DType::F32, grad.shape());
+    if (!accumulated.count(name)) accumulated[name] = backend->allocate(DType::F32, grad.shape(), "the accumulated gradient of " + name);
     Tensor& acc_t = accumulated.at(name);
     backend->accumulate(acc_t, grad, /*first=*/k == 0);
     grads[name] = acc_t;
@@ -771,7 +771,7 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   r.grad_norm = clip_gradients(r.loss);
   if (pre_optimizer) pre_optimizer(global_step + 1, grads);
   r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
-  opt.step(master, grads, r.lr, cfg.bf16 ? (fsdp() ? &compute_pieces : &compute) : nullptr);
+  opt.step(master, grads, r.lr, *backend, cfg.bf16 ? (fsdp() ? &compute_pieces : &compute) : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
   if (fsdp()) {  // every rank's updated shard into every rank's compute weights
     const auto t_gather = Clock::now();

@@ -176,7 +176,7 @@ TEST(LoraGolden, ThreeSftStepsOfTheAdapterMatchPyTorch) {
         for (const auto& s : want["samples"]) EXPECT_NEAR(got.at(s[0].get<size_t>()), s[1].get<double>(), 1e-4 * norm + 1e-9) << n << "[" << s[0] << "]";
       }
     }
-    opt.step(params, grads, golden["lr"].get<double>());
+    opt.step(params, grads, golden["lr"].get<double>(), *make_cpu_backend());
   }
   const std::vector<Tensor> out = run();
   EXPECT_NEAR(load_element(out[0].data(), out[0].dtype(), 0), golden["final_loss"].get<double>(), 1e-5 * golden["final_loss"].get<double>());

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/cpu/cpu_backend.h"
+#include "trl/backend/registry.h"
 #include "core/fs.h"
 #include "trl/models/causal_lm.h"
 #include "trl/models/init.h"
@@ -100,7 +101,7 @@ TEST_P(TrainGolden, LossAndGradientsMatchPyTorch) {
     EXPECT_NEAR(l, adam["losses"][static_cast<size_t>(step)].get<double>(), 1e-4 * std::fabs(l)) << "step " << step;
     TensorMap grads;
     for (size_t k = 0; k < shapes.size(); ++k) grads[shapes[k].first] = out[k + 1];
-    opt.step(params, grads, adam["lr"].get<double>());
+    opt.step(params, grads, adam["lr"].get<double>(), *make_reference_backend());
   }
   out = run();
   EXPECT_NEAR(load_element(out[0].data(), out[0].dtype(), 0), adam["final_loss"].get<double>(), 1e-4 * adam["final_loss"].get<double>());
@@ -124,38 +125,43 @@ TEST(AdamW, WeightDecayGroupsLikeTransformers) {
   EXPECT_TRUE(applies_weight_decay("model.normalizer.weight"));  // "norm" must be a whole name part
 }
 
-// AdamW's pass (vectorised with non-temporal stores where the CPU has AVX-512 or AVX2: adamw_kernel()) against the formula written out here
-// for each element, over two steps (fresh moments, then stored ones), a length with a tail of 16-lane groups, the
-// bf16 compute copy, and a NaN and an infinite gradient (the weight turns NaN; its bf16 copy is a quiet NaN).
+// AdamW's pass on each host backend (the CPU's kernel is vectorised with non-temporal stores where the CPU has AVX-512
+// or AVX2: Backend::adamw_kernel(); the reference runs the portable loop) against the formula written out here for
+// each element, over two steps (fresh moments, then stored ones), a length with a tail of 16-lane groups, the bf16
+// compute copy, and a NaN and an infinite gradient (the weight turns NaN; its bf16 copy is a quiet NaN).
 TEST(AdamW, UpdateMatchesTheFormulaForEachElement) {
-  const int64_t n = 4099;
-  std::vector<float> w0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) w0[i] = std::sin(0.37f * static_cast<float>(i)), g[i] = 0.01f * std::cos(1.3f * static_cast<float>(i));
-  g[5] = NAN, g[4000] = INFINITY;
-  TensorMap params{{"w", Tensor::from_f32(w0, {n})}}, grads{{"w", Tensor::from_f32(g, {n})}};
-  TensorMap compute{{"w", Tensor::zeros(DType::BF16, {n})}};
-  AdamWConfig cfg{0.9, 0.999, 1e-8, 0.01};
-  AdamW opt(cfg);
-  std::vector<float> m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f), w = w0;
-  const double lr = 1e-3;
-  for (int step = 1; step <= 2; ++step) {
-    opt.step(params, grads, lr, &compute);
-    const double bc1 = 1.0 - std::pow(0.9, step), bc2 = 1.0 - std::pow(0.999, step);
-    const float keep = static_cast<float>(1.0 - lr * 0.01), step_size = static_cast<float>(lr / bc1), isb = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float* got = params.at("w").data_as<float>();
-    const uint16_t* got16 = compute.at("w").data_as<uint16_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      m[i] = m[i] + (1.0f - 0.9f) * (g[i] - m[i]);
-      v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g[i] * g[i];
-      w[i] = w[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * isb + 1e-8f);
-      if (std::isnan(w[i])) {
-        ASSERT_TRUE(std::isnan(got[i])) << "step " << step << " element " << i;
-        ASSERT_EQ(got16[i] & 0x7fc0u, 0x7fc0u) << "a quiet NaN in the bf16 copy, element " << i;
-        continue;
+  for (const char* name : {"cpu", "reference"}) {
+    SCOPED_TRACE(name);
+    auto backend = make_backend(name);
+    const int64_t n = 4099;
+    std::vector<float> w0(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) w0[i] = std::sin(0.37f * static_cast<float>(i)), g[i] = 0.01f * std::cos(1.3f * static_cast<float>(i));
+    g[5] = NAN, g[4000] = INFINITY;
+    TensorMap params{{"w", Tensor::from_f32(w0, {n})}}, grads{{"w", Tensor::from_f32(g, {n})}};
+    TensorMap compute{{"w", Tensor::zeros(DType::BF16, {n})}};
+    AdamWConfig cfg{0.9, 0.999, 1e-8, 0.01};
+    AdamW opt(cfg);
+    std::vector<float> m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f), w = w0;
+    const double lr = 1e-3;
+    for (int step = 1; step <= 2; ++step) {
+      opt.step(params, grads, lr, *backend, &compute);
+      const double bc1 = 1.0 - std::pow(0.9, step), bc2 = 1.0 - std::pow(0.999, step);
+      const float keep = static_cast<float>(1.0 - lr * 0.01), step_size = static_cast<float>(lr / bc1), isb = static_cast<float>(1.0 / std::sqrt(bc2));
+      const float* got = params.at("w").data_as<float>();
+      const uint16_t* got16 = compute.at("w").data_as<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = m[i] + (1.0f - 0.9f) * (g[i] - m[i]);
+        v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g[i] * g[i];
+        w[i] = w[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * isb + 1e-8f);
+        if (std::isnan(w[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << "step " << step << " element " << i;
+          ASSERT_EQ(got16[i] & 0x7fc0u, 0x7fc0u) << "a quiet NaN in the bf16 copy, element " << i;
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(got[i])) << "step " << step << " element " << i;
+        ASSERT_NEAR(got[i], w[i], 1e-6f * std::max(1.0f, std::fabs(w[i]))) << "step " << step << " element " << i;
+        ASSERT_EQ(got16[i], f32_to_bf16(got[i])) << "the bf16 copy, element " << i;
       }
-      ASSERT_TRUE(std::isfinite(got[i])) << "step " << step << " element " << i;
-      ASSERT_NEAR(got[i], w[i], 1e-6f * std::max(1.0f, std::fabs(w[i]))) << "step " << step << " element " << i;
-      ASSERT_EQ(got16[i], f32_to_bf16(got[i])) << "the bf16 copy, element " << i;
     }
   }
 }

@@ -76,6 +76,28 @@ class Backend {
   virtual std::vector<double> sum_of_squares(const std::vector<Tensor>& xs);
   virtual void scale(std::vector<Tensor>& xs, float factor);
 
+  // A tensor in this backend's memory, its contents undefined (the optimizer's moments are made with it; `name`
+  // labels it in errors).
+  virtual Tensor allocate(DType dtype, const Shape& shape, const std::string& name = "");
+
+  // One AdamW step of one parameter, torch.optim.AdamW's arithmetic in f32 (decoupled weight decay):
+  //   m = m + (1-b1)(g-m);  v = b2·v + (1-b2)·g²;  w = w·keep - step_size·m / (sqrt(v)·inv_sqrt_bc2 + eps)
+  // with keep = 1 - lr·weight_decay, step_size = lr / (1 - b1^t), inv_sqrt_bc2 = 1 / sqrt(1 - b2^t) computed by
+  // the caller (src/train/optim/adamw.cpp). fresh: m and v start at zero (their contents are not read). compute
+  // (optional, bf16): receives the updated weight rounded to bf16 in the same pass (mixed precision's copy).
+  // grad, exp_avg, exp_avg_sq and weight are f32 of one shape; every backend gives the same bits (no FMA).
+  struct AdamWStep {
+    float keep = 1, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, step_size = 0, inv_sqrt_bc2 = 1;
+    bool fresh = false;
+  };
+  virtual void adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step);
+  // TR-DPO's reference update: a new tensor in this backend's memory with target's dtype (f32 or bf16) and shape,
+  // each element alpha·source + (1 - alpha)·target computed in f32 and rounded once to the dtype (source: f32 or
+  // bf16, target's shape). Never in place: a given reference's tensors may be the caller's or a mapped file.
+  virtual Tensor mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name = "");
+  // The kernel adamw_step runs on this machine ("avx512", "avx2", "portable"): `trl env` prints it.
+  virtual std::string adamw_kernel() const { return "portable"; }
+
   virtual std::unique_ptr<Program> compile(const graph::Graph& graph) = 0;
   // Compiles `graph` reusing `plan` (a plan_blob() of an earlier compile of the same graph). A plan that does not
   // fit the graph is not used: the program is planned anew and *used is false.
@@ -99,6 +121,9 @@ enum class InputMemory { Host, Device };
 // Looks up and checks the binding of every graph input (shared by all backends): name, dtype, shape, contiguity,
 // and the memory it is in (a device tensor bound on a host backend, or a host tensor on a device backend, is an
 // error naming the input and what to do).
+// The checks of Backend::adamw_step's arguments (dtypes, shapes, contiguity), shared by every backend's override.
+void check_adamw_step(const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& weight, const Tensor* compute);
+
 std::vector<Tensor> bind_inputs(const graph::Graph& graph, const TensorMap& inputs, InputMemory memory = InputMemory::Host);
 // The same for the inputs of one stage of a two-stage program (stage 0: all but the seeds; stage 1: the seeds);
 // the others are left as empty tensors.

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cpu/adamw.h"
 #include "backend/cpu/lower.h"
 #include "backend/cpu/program.h"
 #include "graph/passes.h"
@@ -86,6 +87,10 @@ class CpuBackend final : public Backend {
   // A full-depth Qwen3-0.6B training program compiles in about 0.1 s here, so the bucket is finer than Neuron's
   // 128: less padding for the same handful of programs, and one query block of the attention kernel.
   int64_t auto_pad_multiple() const override { return 64; }
+  void adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step) override {
+    cpu::adamw_step(grad, exp_avg, exp_avg_sq, weight, compute, step);
+  }
+  std::string adamw_kernel() const override { return cpu::adamw_kernel(); }
   std::unique_ptr<Program> compile(const graph::Graph& graph) override { return make(graph, nullptr, nullptr); }
   std::unique_ptr<Program> compile_with_plan(const graph::Graph& graph, const std::string& plan, bool* used) override {
     return make(graph, &plan, used);

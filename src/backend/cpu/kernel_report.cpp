@@ -2,6 +2,7 @@
 
 #include <dnnl.hpp>
 
+#include "backend/cpu/adamw.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
 
@@ -48,7 +49,8 @@ std::vector<std::pair<std::string, std::string>> kernel_families() {
           {"gemm bf16", gemm_family(bf16)},
           {"gemv (decoding)", gemv_kernel()},
           {"exp, softmax, swiglu", vec::exp_kernel()},
-          {"row kernels", clone_family()}};
+          {"row kernels", clone_family()},
+          {"adamw", adamw_kernel()}};
 }
 
 }  // namespace trl::cpu

@@ -572,12 +572,14 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 // them fails as it would on a GPU. Only this file turns them back into host views, for the programs' kernels.
 constexpr const char* kDeviceName = "reference-device";
 
-// A device tensor holding a copy of `host` (device-to-device copies are this too).
-Tensor to_device(const Tensor& host, const std::string& name) {
-  auto owned = std::make_shared<Tensor>(host.clone());
+// A device tensor that owns `bytes` (an owned host tensor no one else holds).
+Tensor adopt(Tensor bytes, const std::string& name) {
+  auto owned = std::make_shared<Tensor>(std::move(bytes));
   const std::string label = name.empty() ? fmt::format("a tensor in {} memory", kDeviceName) : fmt::format("'{}' in {} memory", name, kDeviceName);
   return Tensor::device(const_cast<void*>(owned->data()), owned->dtype(), owned->shape(), owned, label);
 }
+// A device tensor holding a copy of `host` (device-to-device copies are this too).
+Tensor to_device(const Tensor& host, const std::string& name) { return adopt(host.clone(), name); }
 // The host view of a device tensor's bytes, valid while the device tensor lives.
 Tensor host_view(const Tensor& device) { return Tensor::view(device.device_handle(), device.dtype(), device.shape(), nullptr); }
 
@@ -812,6 +814,20 @@ class ReferenceBackend final : public Backend {
     std::vector<Tensor> h;
     for (const Tensor& t : xs) h.push_back(on_host(t, "scale"));
     Backend::scale(h, factor);
+  }
+  Tensor allocate(DType dtype, const Shape& shape, const std::string& name) override {
+    if (!device_) return Backend::allocate(dtype, shape, name);
+    return adopt(Tensor::uninitialized(dtype, shape), name);
+  }
+  void adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step) override {
+    Tensor m = on_host(exp_avg, "adamw_step"), v = on_host(exp_avg_sq, "adamw_step"), w = on_host(weight, "adamw_step");
+    Tensor c = compute != nullptr ? on_host(*compute, "adamw_step") : Tensor();
+    Backend::adamw_step(on_host(grad, "adamw_step"), m, v, w, compute != nullptr ? &c : nullptr, step);
+  }
+  Tensor mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name) override {
+    if (!device_) return Backend::mix(target, source, alpha, name);
+    ReferenceBackend host(/*device_memory=*/false);
+    return adopt(host.mix(on_host(target, "mix"), on_host(source, "mix"), alpha, name), name);
   }
   std::unique_ptr<Program> compile(const Graph& graph) override {
     return std::make_unique<ReferenceProgram>(graph::eliminate_dead_code(graph), device_);

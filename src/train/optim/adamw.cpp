@@ -3,163 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdint>
 
-#include <omp.h>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
-#include "core/cpu_features.h"
 #include "trl/core/dtype.h"
 #include "trl/core/error.h"
 
 namespace trl {
-
-namespace {
-
-// One step's constants of torch.optim.AdamW's update (see AdamW::step).
-struct Update {
-  float keep, b1, b2, eps, step_size, inv_sqrt_bc2;
-};
-
-// Elements [i0, i1) of one tensor: the moments m, v (read unless fresh: then they start at 0), the f32 weight w,
-// and its bf16 compute copy w16 (when given). The vector version below does the same operations in the same order
-// (no fused multiply-add: GCC would otherwise contract the intrinsics' mul + add), so both give the same bits.
-template <bool kFresh>
-__attribute__((optimize("fp-contract=off"))) void update_scalar(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1, const Update& u) {
-  for (int64_t i = i0; i < i1; ++i) {
-    const float gi = g[i];
-    const float m0 = kFresh ? 0.0f : m[i], v0 = kFresh ? 0.0f : v[i];
-    const float mi = m0 + (1.0f - u.b1) * (gi - m0);
-    const float vi = u.b2 * v0 + (1.0f - u.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float wi = w[i] * u.keep - u.step_size * mi / (std::sqrt(vi) * u.inv_sqrt_bc2 + u.eps);
-    w[i] = wi;
-    if (w16 != nullptr) w16[i] = f32_to_bf16(wi);
-  }
-}
-
-#if defined(__x86_64__)
-// AVX-512, 16 elements at a time. The pass streams ~30 bytes per parameter through memory (gigabytes for a 0.6B
-// model): with every stored array aligned, the stores bypass the cache (non-temporal), which saves reading each
-// destination line before writing it. Measured on the qwen3-0.6b step: docs/PERFORMANCE.md.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, falsely, inside _mm512_sqrt_ps
-template <bool kFresh>
-__attribute__((target("avx512f,avx512bw"), optimize("fp-contract=off"))) void update_avx512(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
-                                                                const Update& u) {
-  auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
-  int64_t i = i0;
-  // Scalar head up to a 64-byte boundary of m; then non-temporal stores if w, v (and w16 at 32 bytes) line up too.
-  while (i < i1 && !aligned(m + i, 64)) ++i;
-  update_scalar<kFresh>(g, m, v, w, w16, i0, i, u);
-  const bool nt = aligned(v + i, 64) && aligned(w + i, 64) && (w16 == nullptr || aligned(w16 + i, 32));
-  const __m512 one_b1 = _mm512_set1_ps(1.0f - u.b1), b2 = _mm512_set1_ps(u.b2), one_b2 = _mm512_set1_ps(1.0f - u.b2);
-  const __m512 keep = _mm512_set1_ps(u.keep), step = _mm512_set1_ps(u.step_size), isb = _mm512_set1_ps(u.inv_sqrt_bc2), eps = _mm512_set1_ps(u.eps);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x00400000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
-  for (; i + 16 <= i1; i += 16) {
-    const __m512 gi = _mm512_loadu_ps(g + i);
-    const __m512 m0 = kFresh ? _mm512_setzero_ps() : _mm512_loadu_ps(m + i), v0 = kFresh ? _mm512_setzero_ps() : _mm512_loadu_ps(v + i);
-    const __m512 mi = _mm512_add_ps(m0, _mm512_mul_ps(one_b1, _mm512_sub_ps(gi, m0)));
-    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, v0), _mm512_mul_ps(_mm512_mul_ps(one_b2, gi), gi));
-    const __m512 den = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vi), isb), eps);
-    const __m512 wi = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + i), keep), _mm512_div_ps(_mm512_mul_ps(step, mi), den));
-    if (nt) {
-      _mm512_stream_ps(m + i, mi), _mm512_stream_ps(v + i, vi), _mm512_stream_ps(w + i, wi);
-    } else {
-      _mm512_storeu_ps(m + i, mi), _mm512_storeu_ps(v + i, vi), _mm512_storeu_ps(w + i, wi);
-    }
-    if (w16 != nullptr) {  // f32_to_bf16: round to nearest even; a NaN keeps its sign and becomes quiet
-      const __m512i bits = _mm512_castps_si512(wi);
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs_mask), inf);
-      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(bits, 16), lsb)));
-      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, quiet)), 16));
-      if (nt)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(w16 + i), h);
-      else
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w16 + i), h);
-    }
-  }
-  if (nt) _mm_sfence();  // order the streaming stores before whatever reads these tensors next
-  update_scalar<kFresh>(g, m, v, w, w16, i, i1, u);
-}
-#pragma GCC diagnostic pop
-
-// The same on AVX2, 8 elements at a time (the same operations in the same order: the same bits).
-template <bool kFresh>
-__attribute__((target("avx2"), optimize("fp-contract=off"))) void update_avx2(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
-                                                                     const Update& u) {
-  auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
-  int64_t i = i0;
-  while (i < i1 && !aligned(m + i, 32)) ++i;
-  update_scalar<kFresh>(g, m, v, w, w16, i0, i, u);
-  const bool nt = aligned(v + i, 32) && aligned(w + i, 32) && (w16 == nullptr || aligned(w16 + i, 16));
-  const __m256 one_b1 = _mm256_set1_ps(1.0f - u.b1), b2 = _mm256_set1_ps(u.b2), one_b2 = _mm256_set1_ps(1.0f - u.b2);
-  const __m256 keep = _mm256_set1_ps(u.keep), step = _mm256_set1_ps(u.step_size), isb = _mm256_set1_ps(u.inv_sqrt_bc2), eps = _mm256_set1_ps(u.eps);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x00400000);
-  const __m256i bias = _mm256_set1_epi32(0x7fff), lsb = _mm256_set1_epi32(1);
-  for (; i + 8 <= i1; i += 8) {
-    const __m256 gi = _mm256_loadu_ps(g + i);
-    const __m256 m0 = kFresh ? _mm256_setzero_ps() : _mm256_loadu_ps(m + i), v0 = kFresh ? _mm256_setzero_ps() : _mm256_loadu_ps(v + i);
-    const __m256 mi = _mm256_add_ps(m0, _mm256_mul_ps(one_b1, _mm256_sub_ps(gi, m0)));
-    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, v0), _mm256_mul_ps(_mm256_mul_ps(one_b2, gi), gi));
-    const __m256 den = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), isb), eps);
-    const __m256 wi = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(w + i), keep), _mm256_div_ps(_mm256_mul_ps(step, mi), den));
-    if (nt) {
-      _mm256_stream_ps(m + i, mi), _mm256_stream_ps(v + i, vi), _mm256_stream_ps(w + i, wi);
-    } else {
-      _mm256_storeu_ps(m + i, mi), _mm256_storeu_ps(v + i, vi), _mm256_storeu_ps(w + i, wi);
-    }
-    if (w16 != nullptr) {  // f32_to_bf16, as above
-      const __m256i bits = _mm256_castps_si256(wi);
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, abs_mask), inf);
-      const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(bits, 16), lsb)));
-      const __m256i hi = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, _mm256_or_si256(bits, quiet), nan), 16);
-      const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
-      if (nt)
-        _mm_stream_si128(reinterpret_cast<__m128i*>(w16 + i), h);
-      else
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(w16 + i), h);
-    }
-  }
-  if (nt) _mm_sfence();
-  update_scalar<kFresh>(g, m, v, w, w16, i, i1, u);
-}
-#endif
-
-template <bool kFresh>
-void update(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t n, const Update& u) {
-#if defined(__x86_64__)
-  static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw, avx2 = cpu_features().avx2;
-#endif
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t i0 = n * t / threads / 16 * 16, i1 = t + 1 == threads ? n : n * (t + 1) / threads / 16 * 16;
-#if defined(__x86_64__)
-    if (avx512)
-      update_avx512<kFresh>(g, m, v, w, w16, i0, i1, u);
-    else if (avx2)
-      update_avx2<kFresh>(g, m, v, w, w16, i0, i1, u);
-    else
-#endif
-      update_scalar<kFresh>(g, m, v, w, w16, i0, i1, u);
-  }
-}
-
-}  // namespace
-
-const char* adamw_kernel() {
-#if defined(__x86_64__)
-  if (cpu_features().avx512f && cpu_features().avx512bw) return "avx512";
-  if (cpu_features().avx2) return "avx2";
-#endif
-  return "portable";
-}
 
 bool applies_weight_decay(const std::string& name) {
   std::string n = name;
@@ -174,9 +22,7 @@ bool applies_weight_decay(const std::string& name) {
   return true;
 }
 
-void AdamW::step(TensorMap& params, const TensorMap& grads, double lr) { step(params, grads, lr, nullptr); }
-
-void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap* compute) {
+void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, Backend& backend, TensorMap* compute) {
   ++steps_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(steps_));
@@ -188,35 +34,28 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, TensorMap
       fail("AdamW: '{}' needs f32 weights and gradients of the same shape (got {} {} and {} {})", name, dtype_name(p.dtype()),
            shape_str(p.shape()), dtype_name(g.dtype()), shape_str(g.shape()));
     }
-    // New moments start at zero; they are allocated uninitialised and written by the parallel loop below (its
-    // first touch of gigabytes of fresh pages is then split over the threads, and nothing is written twice).
-    const bool fresh = !m_.count(name);
-    float* w = p.mutable_data_as<float>();
-    const float* gr = g.data_as<float>();
-    // torch.optim.AdamW's arithmetic, in f32: decay, moments, then p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
-    const float keep = static_cast<float>(1.0 - lr * (applies_weight_decay(name) ? config_.weight_decay : 0.0));
-    const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2), eps = static_cast<float>(config_.eps);
-    const float step_size = static_cast<float>(lr / bc1), inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    const int64_t n = p.numel();
-    uint16_t* w16 = nullptr;
+    Tensor* w16 = nullptr;
     if (compute != nullptr) {
       auto c = compute->find(name);
       if (c == compute->end() || c->second.dtype() != DType::BF16 || c->second.shape() != p.shape()) {
         fail("AdamW: no bf16 compute copy of '{}' with shape {}", name, shape_str(p.shape()));
       }
-      w16 = c->second.mutable_data_as<uint16_t>();
+      w16 = &c->second;
     }
-    if (fresh) {  // after every check that can fail, so that a failed step leaves no half-made moments
-      m_[name] = Tensor::uninitialized(DType::F32, p.shape());
-      v_[name] = Tensor::uninitialized(DType::F32, p.shape());
+    // torch.optim.AdamW's arithmetic, in f32: decay, moments, then p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
+    Backend::AdamWStep u;
+    u.keep = static_cast<float>(1.0 - lr * (applies_weight_decay(name) ? config_.weight_decay : 0.0));
+    u.b1 = static_cast<float>(config_.beta1), u.b2 = static_cast<float>(config_.beta2), u.eps = static_cast<float>(config_.eps);
+    u.step_size = static_cast<float>(lr / bc1), u.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    // New moments start at zero: they are allocated uninitialised and written by the step's first pass (its first
+    // touch of gigabytes of fresh pages is then split over the threads, and nothing is written twice). Made after
+    // every check that can fail, so that a failed step leaves no half-made moments.
+    u.fresh = !m_.count(name);
+    if (u.fresh) {
+      m_[name] = backend.allocate(DType::F32, p.shape(), "exp_avg of " + name);
+      v_[name] = backend.allocate(DType::F32, p.shape(), "exp_avg_sq of " + name);
     }
-    float* m = m_[name].mutable_data_as<float>();
-    float* v = v_[name].mutable_data_as<float>();
-    const Update u{keep, b1, b2, eps, step_size, inv_sqrt_bc2};
-    if (fresh)
-      update<true>(gr, m, v, w, w16, n, u);
-    else
-      update<false>(gr, m, v, w, w16, n, u);
+    backend.adamw_step(g, m_[name], v_[name], p, w16, u);
   }
 }
 

@@ -1,10 +1,12 @@
-// AdamW as torch.optim.AdamW computes it (decoupled weight decay), on f32 master weights with f32 moments, in one
-// fused, OpenMP-parallel pass per tensor.
+// AdamW as torch.optim.AdamW computes it (decoupled weight decay), on f32 master weights with f32 moments: the
+// optimizer's state and step constants here, the pass over each tensor on the backend where the tensors live
+// (Backend::adamw_step; the CPU's vectorised kernels are in backend/cpu/adamw.cpp).
 #pragma once
 
 #include <map>
 #include <string>
 
+#include "trl/backend/backend.h"
 #include "trl/core/tensor.h"
 
 namespace trl {
@@ -22,17 +24,13 @@ struct AdamWConfig {
 // rmsnorm, (^|.)norm($|.), _norm($|.)); everything else (embeddings and projections) is decayed.
 bool applies_weight_decay(const std::string& parameter_name);
 
-// The family of AdamW's pass on this CPU: "avx512", "avx2" or "portable" (the same bits on each).
-const char* adamw_kernel();
-
 class AdamW {
  public:
   explicit AdamW(AdamWConfig config = {}) : config_(config) {}
-  // Updates `params` (owned f32 tensors) in place from `grads` (f32, same names and shapes), with learning rate lr.
-  void step(TensorMap& params, const TensorMap& grads, double lr);
-  // The same, also writing each updated weight into `compute` (the bf16 compute copies of mixed precision) in the
-  // same pass over memory.
-  void step(TensorMap& params, const TensorMap& grads, double lr, TensorMap* compute);
+  // Updates `params` (f32 masters in `backend`'s memory) in place from `grads` (f32, same names and shapes) with
+  // learning rate lr, on `backend`; `compute` (optional): the bf16 compute copies of mixed precision, written in
+  // the same pass. The moments are made on `backend` at the first step.
+  void step(TensorMap& params, const TensorMap& grads, double lr, Backend& backend, TensorMap* compute = nullptr);
   int64_t steps() const { return steps_; }
   // Restores the moments and the step count (resuming from a checkpoint).
   void set_state(TensorMap exp_avg, TensorMap exp_avg_sq, int64_t steps) {

@@ -1,0 +1,276 @@
+// The table of Backend's calls between programs (what a trainer runs on the tensors in a backend's memory outside
+// the compiled programs: gradient accumulation, the global norm, clipping, the AdamW step, TR-DPO's mixing,
+// allocation), in the op table's manner: each call has cases with their edges (sizes 1, 7 and 4099 — a tail after
+// the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored moments, with and without
+// the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend under test and on the
+// stand-in device ("reference-device"), and compared with the reference backend bit for bit: every backend runs the
+// same f32 operations in the same order.
+//
+// A new call: add it to Call and call_name(); BackendCalls.EveryCallHasCases fails until it has cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/rng.h"
+#include "trl/backend/backend.h"
+#include "trl/backend/registry.h"
+
+namespace trl {
+namespace {
+
+enum class Call { Allocate, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, kCount };
+
+const char* call_name(Call c) {
+  switch (c) {
+    case Call::Allocate: return "allocate";
+    case Call::Accumulate: return "accumulate";
+    case Call::SumOfSquares: return "sum_of_squares";
+    case Call::Scale: return "scale";
+    case Call::AdamWStep: return "adamw_step";
+    case Call::Mix: return "mix";
+    case Call::kCount: break;
+  }
+  return "?";
+}
+
+// A case uploads its host inputs through `up`, makes the call on the backend, and returns what the host reads back
+// (downloaded through `down`): tensors, and scalars as an f64 tensor.
+using Up = std::function<Tensor(const Tensor&)>;
+using Down = std::function<Tensor(const Tensor&)>;
+struct CallCase {
+  Call call;
+  std::string name;
+  std::function<std::vector<Tensor>(Backend&, const Up&, const Down&)> run;
+  bool non_finite = false;  // the reference's results hold NaN or Inf on purpose (they must match there)
+};
+
+Tensor random_f32(int64_t n, uint64_t seed, float scale = 1.0f) {
+  SplitMix64 rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = scale * static_cast<float>(rng.normal());
+  return Tensor::from_f32(v, {n});
+}
+Tensor with(Tensor t, int64_t i, float value) {
+  t.mutable_data_as<float>()[i] = value;
+  return t;
+}
+Tensor f64_values(const std::vector<double>& v) {
+  Tensor t = Tensor::zeros(DType::F64, {static_cast<int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.mutable_data(), v.data(), v.size() * sizeof(double));
+  return t;
+}
+
+std::vector<CallCase> call_table() {
+  std::vector<CallCase> table;
+  // allocate: the shape and dtype asked for, in the backend's own memory.
+  table.push_back({Call::Allocate, "f32_7x3", [](Backend& b, const Up&, const Down&) {
+                     const Tensor t = b.allocate(DType::F32, {7, 3}, "moments");
+                     EXPECT_EQ(t.is_device(), !b.host_memory());
+                     return std::vector<Tensor>{f64_values({static_cast<double>(t.shape()[0]), static_cast<double>(t.shape()[1]), static_cast<double>(t.dtype())})};
+                   }});
+  for (int64_t n : {1, 7, 4099}) {
+    const std::string size = fmt::format("n{}", n);
+    table.push_back({Call::Accumulate, "first_" + size, [n](Backend& b, const Up& up, const Down& down) {
+                       Tensor acc = b.allocate(DType::F32, {n}, "acc");
+                       b.accumulate(acc, up(random_f32(n, 1)), /*first=*/true);
+                       return std::vector<Tensor>{down(acc)};
+                     }});
+    table.push_back({Call::Accumulate, "sum_of_three_" + size, [n](Backend& b, const Up& up, const Down& down) {
+                       Tensor acc = b.allocate(DType::F32, {n}, "acc");
+                       for (uint64_t k = 0; k < 3; ++k) b.accumulate(acc, up(random_f32(n, 10 + k)), /*first=*/k == 0);
+                       return std::vector<Tensor>{down(acc)};
+                     }});
+    table.push_back({Call::SumOfSquares, "three_tensors_" + size, [n](Backend& b, const Up& up, const Down&) {
+                       return std::vector<Tensor>{f64_values(b.sum_of_squares({up(random_f32(n, 2)), up(random_f32(n + 3, 3)), up(random_f32(1, 4))}))};
+                     }});
+    table.push_back({Call::Scale, "half_" + size, [n](Backend& b, const Up& up, const Down& down) {
+                       std::vector<Tensor> xs = {up(random_f32(n, 5)), up(random_f32(2 * n, 6))};
+                       b.scale(xs, 0.5f);
+                       return std::vector<Tensor>{down(xs[0]), down(xs[1])};
+                     }});
+  }
+  table.push_back({Call::Accumulate, "nan_and_inf_propagate", [](Backend& b, const Up& up, const Down& down) {
+                     Tensor acc = up(with(random_f32(33, 7), 3, NAN));
+                     b.accumulate(acc, up(with(random_f32(33, 8), 20, INFINITY)), /*first=*/false);
+                     return std::vector<Tensor>{down(acc)};
+                   },
+                   /*non_finite=*/true});
+  table.push_back({Call::SumOfSquares, "zero_and_empty_list", [](Backend& b, const Up& up, const Down&) {
+                     const std::vector<double> zero = b.sum_of_squares({up(Tensor::zeros(DType::F32, {9}))});
+                     EXPECT_EQ(zero.at(0), 0.0);  // a zero gradient: a zero norm, exactly
+                     EXPECT_TRUE(b.sum_of_squares({}).empty());
+                     return std::vector<Tensor>{f64_values(zero)};
+                   }});
+  table.push_back({Call::SumOfSquares, "nan_and_inf", [](Backend& b, const Up& up, const Down&) {
+                     return std::vector<Tensor>{f64_values(b.sum_of_squares({up(with(random_f32(17, 9), 4, NAN)), up(with(random_f32(17, 9), 4, -INFINITY))}))};
+                   },
+                   /*non_finite=*/true});
+  table.push_back({Call::Scale, "by_exactly_one_keeps_the_bits", [](Backend& b, const Up& up, const Down& down) {
+                     const Tensor h = random_f32(4099, 11);
+                     std::vector<Tensor> xs = {up(h)};
+                     b.scale(xs, 1.0f);
+                     const Tensor got = down(xs[0]);
+                     EXPECT_EQ(std::memcmp(got.data(), h.data(), h.nbytes()), 0);
+                     return std::vector<Tensor>{got};
+                   }});
+  // adamw_step: two steps (fresh moments, then stored ones), with weight decay, the bf16 copy or not.
+  struct Adam {
+    std::string name;
+    int64_t n;
+    bool compute;
+    float nan_at;  // < 0: none
+  };
+  for (const Adam& a : {Adam{"n1_f32", 1, false, -1}, Adam{"n7_bf16_copy", 7, true, -1}, Adam{"n4099_f32", 4099, false, -1},
+                        Adam{"n4099_bf16_copy", 4099, true, -1}, Adam{"nan_gradient", 4099, true, 1000}}) {
+    table.push_back({Call::AdamWStep, a.name, [a](Backend& b, const Up& up, const Down& down) {
+                       Tensor w = up(random_f32(a.n, 20)), m = b.allocate(DType::F32, {a.n}, "m"), v = b.allocate(DType::F32, {a.n}, "v");
+                       Tensor c = a.compute ? up(Tensor::zeros(DType::BF16, {a.n})) : Tensor();
+                       for (int t = 1; t <= 2; ++t) {
+                         Tensor g = random_f32(a.n, 30 + static_cast<uint64_t>(t), 0.01f);
+                         if (a.nan_at >= 0) g = with(g, static_cast<int64_t>(a.nan_at), NAN);
+                         Backend::AdamWStep s;
+                         s.keep = 1.0f - 1e-3f * 0.01f, s.step_size = static_cast<float>(1e-3 / (1 - std::pow(0.9, t)));
+                         s.inv_sqrt_bc2 = static_cast<float>(1 / std::sqrt(1 - std::pow(0.999, t))), s.fresh = t == 1;
+                         b.adamw_step(up(g), m, v, w, a.compute ? &c : nullptr, s);
+                       }
+                       std::vector<Tensor> out = {down(w), down(m), down(v)};
+                       if (a.compute) out.push_back(down(c));
+                       return out;
+                     },
+                     /*non_finite=*/a.nan_at >= 0});
+  }
+  // mix: TR-DPO's alpha · policy + (1 - alpha) · reference, into the reference's dtype; alpha 0 keeps the reference.
+  struct Mix {
+    std::string name;
+    DType target, source;
+    float alpha;
+  };
+  for (const Mix& x : {Mix{"f32_from_f32", DType::F32, DType::F32, 0.3f}, Mix{"bf16_from_f32", DType::BF16, DType::F32, 0.5f},
+                       Mix{"bf16_from_bf16", DType::BF16, DType::BF16, 0.9f}, Mix{"alpha_0_keeps_the_target", DType::BF16, DType::F32, 0.0f},
+                       Mix{"alpha_1_takes_the_source", DType::F32, DType::F32, 1.0f}}) {
+    table.push_back({Call::Mix, x.name, [x](Backend& b, const Up& up, const Down& down) {
+                       const Tensor target = random_f32(4099, 40).to(x.target), source = random_f32(4099, 41).to(x.source);
+                       const Tensor got = down(b.mix(up(target), up(source), x.alpha, "model.norm.weight"));
+                       EXPECT_EQ(got.dtype(), x.target);
+                       if (x.alpha == 0.0f) {
+                         EXPECT_EQ(std::memcmp(got.data(), target.data(), target.nbytes()), 0);
+                       }
+                       if (x.alpha == 1.0f) {
+                         EXPECT_EQ(std::memcmp(got.data(), source.data(), source.nbytes()), 0);
+                       }
+                       return std::vector<Tensor>{got};
+                     }});
+  }
+  return table;
+}
+
+// ---- running a case on a backend: the host backends take host tensors, a device backend gets them uploaded ----
+
+std::vector<Tensor> run_on(const CallCase& c, Backend& b) {
+  const Up up = [&](const Tensor& h) { return b.host_memory() ? h.clone() : b.upload(h, "input"); };
+  const Down down = [&](const Tensor& t) { return t.is_device() ? b.download(t) : t.clone(); };
+  return c.run(b, up, down);
+}
+
+// Equal bits, or both NaN (a NaN's payload may differ); non-finite values pass only where the case expects them.
+void expect_same(const Tensor& got, const Tensor& want, bool non_finite, const std::string& where) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << where;
+  ASSERT_EQ(got.shape(), want.shape()) << where;
+  const int64_t n = want.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = load_element(got.data(), got.dtype(), i), w = load_element(want.data(), want.dtype(), i);
+    if (!std::isfinite(w)) {
+      ASSERT_TRUE(non_finite) << where << ": the reference is non-finite at " << i << " in a case that expects no NaN or Inf";
+      ASSERT_TRUE(std::isnan(w) ? std::isnan(g) : g == w) << where << "[" << i << "]: " << g << " vs " << w;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(g) && g == w) << where << "[" << i << "]: " << g << " vs " << w;
+  }
+}
+
+std::vector<std::string> backends_under_test() {
+  std::vector<std::string> names;
+  for (const std::string& n : available_backends())
+    if (n != "reference") names.push_back(n);
+  names.push_back("reference-device");
+  return names;
+}
+
+class BackendCallCase : public ::testing::TestWithParam<CallCase> {};
+
+TEST_P(BackendCallCase, MatchesReference) {
+  const CallCase& c = GetParam();
+  auto reference = make_backend("reference");
+  const std::vector<Tensor> want = run_on(c, *reference);
+  for (const std::string& name : backends_under_test()) {
+    auto backend = make_backend(name);
+    const std::vector<Tensor> got = run_on(c, *backend);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t k = 0; k < want.size(); ++k) expect_same(got[k], want[k], c.non_finite, name + " output " + std::to_string(k));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendCalls, BackendCallCase, ::testing::ValuesIn(call_table()),
+                         [](const ::testing::TestParamInfo<CallCase>& p) { return std::string(call_name(p.param.call)) + "_" + p.param.name; });
+
+TEST(BackendCalls, EveryCallHasCases) {
+  std::map<Call, int> count;
+  for (const CallCase& c : call_table()) ++count[c.call];
+  for (int i = 0; i < static_cast<int>(Call::kCount); ++i)
+    EXPECT_GE(count[static_cast<Call>(i)], 1) << "backend call " << call_name(static_cast<Call>(i)) << " has no case (tests/backend/backend_calls_test.cpp)";
+}
+
+// On the stand-in device the calls move nothing but what the case uploads and downloads: an AdamW step of a weight
+// already on the device, with its gradient on the device, reads nothing back.
+TEST(BackendCalls, OnTheDeviceAnAdamWStepMovesNothing) {
+  auto dev = make_backend("reference-device");
+  Tensor w = dev->upload(random_f32(4099, 1), "w"), g = dev->upload(random_f32(4099, 2, 0.01f), "grad.w");
+  Tensor m = dev->allocate(DType::F32, {4099}, "exp_avg of w"), v = dev->allocate(DType::F32, {4099}, "exp_avg_sq of w");
+  Tensor c = dev->upload(Tensor::zeros(DType::BF16, {4099}), "w (bf16)");
+  const Backend::Transfers before = dev->transfers();
+  Backend::AdamWStep s;
+  s.step_size = 1e-3f, s.fresh = true;
+  dev->adamw_step(g, m, v, w, &c, s);
+  s.fresh = false;
+  dev->adamw_step(g, m, v, w, &c, s);
+  const Backend::Transfers after = dev->transfers();
+  EXPECT_EQ(after.uploads, before.uploads);
+  EXPECT_EQ(after.downloads, before.downloads);
+  EXPECT_TRUE(m.is_device() && v.is_device());
+  // A host tensor among device ones is an error that names the call and says what to do.
+  Tensor host_m = Tensor::zeros(DType::F32, {4099});
+  try {
+    dev->adamw_step(g, host_m, v, w, &c, s);
+    ADD_FAILURE() << "a host moment on the device backend was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("adamw_step on the reference-device backend: a tensor in host memory (upload it first)"), std::string::npos) << e.what();
+  }
+}
+
+// The argument checks, shared by every backend: dtype and shape mismatches name what was expected.
+TEST(BackendCalls, AdamWStepChecksItsArguments) {
+  auto cpu = make_backend("cpu");
+  Tensor w = Tensor::zeros(DType::F32, {4}), m = Tensor::zeros(DType::F32, {4}), v = Tensor::zeros(DType::F32, {4});
+  Tensor short_g = Tensor::zeros(DType::F32, {3}), bf16_c = Tensor::zeros(DType::F32, {4});
+  for (const auto& [what, f] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"f32 tensors of one shape", [&] { cpu->adamw_step(short_g, m, v, w, nullptr, {}); }},
+           {"contiguous bf16 tensor", [&] { cpu->adamw_step(m, m, v, w, &bf16_c, {}); }}}) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trl
