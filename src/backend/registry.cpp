@@ -37,7 +37,7 @@ const std::vector<BackendEntry>& entries() {
   static const std::vector<BackendEntry> table = {
       {"cpu", "oneDNN GEMMs, a planned arena and OpenMP kernels on this machine's cores", true, true, true, always, make_cpu},
       {"reference", "the oracle: plain loops with f64 accumulation (slow; for tests and torch_compile=false)", true, false, true, always, make_reference},
-      {"reference-device", "the oracle on tensors the host may not read: stands for a device backend in tests", true, false, false, always, make_reference_device},
+      {"reference-device", "the oracle on tensors the host may not read: stands for a device backend in tests", true, true, false, always, make_reference_device},
       {"cuda", "NVIDIA GPUs (not in this build: no CUDA backend has landed yet)", false, true, true, never, nullptr},
   };
   return table;
@@ -87,6 +87,8 @@ std::vector<std::string> available_devices() {
 std::string resolve_device(const std::string& requested) {
   const std::vector<std::string> devices = available_devices();
   if (requested == "auto") return devices.front();
+  for (const BackendInfo& b : backend_registry())  // an unlisted device (a test's) only when named
+    if (b.name == requested && !b.listed && b.device && b.built && b.present) return requested;
   if (std::find(devices.begin(), devices.end(), requested) == devices.end()) {
     resolve_backend(requested);  // says why: unknown, not built, or not present
     fail("'{}' is not a device (devices: {}, or auto)", requested, fmt::join(devices, ", "));

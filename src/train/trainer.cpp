@@ -293,10 +293,36 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   if (s.cfg.distributed.fsdp_size > 1) s.shard_state();
   s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
   s.backend = backend_.get();
+  if (!backend_->host_memory()) s.move_weights_to_backend();
+}
+
+void Trainer::State::move_weights_to_backend() {
+  if (comm.size() > 1)
+    fail("{}: data parallel, FSDP and tensor parallel run on host backends for now; '{}' keeps the weights in its own memory "
+         "(run one process, or choose device cpu)", config_name, backend->name());
+  std::map<const void*, Tensor> moved;  // by host address: a tensor that is both master and compute goes up once
+  auto move = [&](Tensor& t, const std::string& name) {
+    const void* at = t.data();
+    if (auto it = moved.find(at); it != moved.end() && it->second.shape() == t.shape() && it->second.dtype() == t.dtype()) {
+      t = it->second;
+      return;
+    }
+    t = backend->upload(t, name);
+    moved[at] = t;
+  };
+  for (auto& [name, w] : master) move(w, name);
+  for (auto& [name, w] : compute) move(w, name);
+}
+
+TensorMap Trainer::State::to_host(const TensorMap& tensors) const {
+  TensorMap out;
+  for (const auto& [name, t] : tensors) out[name] = t.is_device() ? backend->download(t) : t;
+  return out;
 }
 
 const TensorMap& Trainer::master_weights() const { return s_->master; }
 const TensorMap& Trainer::compute_weights() const { return s_->compute; }
+TensorMap Trainer::to_host(const TensorMap& tensors) const { return s_->to_host(tensors); }
 const CausalLM& Trainer::model() const { return s_->model; }
 const ProgramCacheStats& Trainer::program_stats() const { return s_->programs->stats(); }
 
@@ -669,7 +695,7 @@ TensorMap Trainer::State::weights_to_save(const TensorMap& whole_master) const {
   TensorMap ready;
   for (const auto& [name, shape] : trained)
     if (const Tensor& c = compute.at(name); c.dtype() == save_dtype_of(name)) ready[name] = c;
-  TensorMap out = join_slices(ready);
+  TensorMap out = join_slices(to_host(ready));
   if (!is_main()) return {};
   for (const auto& [name, shape] : trained)
     if (!out.count(name)) out[name] = whole_master.at(name).to(save_dtype_of(name));
@@ -738,9 +764,11 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   const auto dropout = compute.find(kDropoutSeed);
   auto set_dropout_seed = [&](size_t micro) {
     if (dropout == compute.end()) return;
-    int32_t* sd = dropout->second.mutable_data_as<int32_t>();
+    Tensor seed = Tensor::zeros(DType::I32, {2});
+    int32_t* sd = seed.mutable_data_as<int32_t>();
     sd[0] = static_cast<int32_t>(static_cast<uint32_t>(cfg.seed) ^ (static_cast<uint32_t>(dp->rank()) * 0x9E3779B9u));
     sd[1] = static_cast<int32_t>(static_cast<uint32_t>(global_step) * 4096u + static_cast<uint32_t>(micro));
+    dropout->second = backend->host_memory() ? seed : backend->upload(seed, kDropoutSeed);
   };
   set_dropout_seed(0);
   const MethodStep m = method->step(items.local, ctx, metrics, [&](const std::map<std::string, Tensor>& out) {
@@ -890,6 +918,8 @@ TrainOutput BaseTrainer::train() {
 nlohmann::ordered_json BaseTrainer::evaluate_metrics() { return trainer_->evaluate(); }
 void BaseTrainer::save_model(const std::string& dir) const { trainer_->save_model(dir); }
 const TensorMap& BaseTrainer::master_weights() const { return trainer_->master_weights(); }
+TensorMap BaseTrainer::master_weights_on_host() const { return trainer_->to_host(trainer_->master_weights()); }
+Backend::Transfers BaseTrainer::transfers() const { return trainer_->transfers(); }
 const ProgramCacheStats& BaseTrainer::program_stats() const { return trainer_->program_stats(); }
 
 }  // namespace trl

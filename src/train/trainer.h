@@ -58,8 +58,15 @@ struct MethodContext {
   // and its own slice of each micro-batch; a method's collectives over `dp` are called by every rank in the same
   // order (a micro-batch this rank has no rows of included).
   dist::Communicator& dp;
+  // The backend the programs run on: the weights, gradients and optimizer state live in its memory.
+  Backend& backend;
   // The rows of each micro-batch of the step over all ranks (micro_rows[k] >= this rank's micro[k].size()).
   std::vector<int64_t> micro_rows = {};
+
+  // A host tensor a program reads (the batch), in the backend's memory: uploaded to a device, as it is on the host.
+  Tensor to_backend(const Tensor& host, const std::string& name) const { return backend.host_memory() ? host : backend.upload(host, name); }
+  // An output the host reads (a loss, per-token metrics): downloaded from a device, as it is on the host.
+  Tensor to_host(const Tensor& t) const { return t.is_device() ? backend.download(t) : t; }
 
   // The weight of this rank's rows in micro-batch k's mean: a method that averages over the rows of a micro-batch
   // scales its local mean by this (1 with one process), so that the ranks' shares sum to the mean over all rows.
@@ -156,8 +163,13 @@ class Trainer {
   TrainOutput train();
   nlohmann::ordered_json evaluate();
   void save_model(const std::string& dir) const;
+  // The weights as the trainer holds them: in the backend's memory (a device's: read them through to_host).
   const TensorMap& master_weights() const;
   const TensorMap& compute_weights() const;
+  // Host copies of tensors in the backend's memory (the same tensors on a host backend).
+  TensorMap to_host(const TensorMap& tensors) const;
+  // What crossed between the host and the backend's memory so far (nothing on a host backend).
+  Backend::Transfers transfers() const { return backend_->transfers(); }
   const CausalLM& model() const;
   const ProgramCacheStats& program_stats() const;
   std::function<void(const nlohmann::ordered_json&)> on_step;

@@ -160,7 +160,7 @@ void Trainer::State::report_shard() const {
 // gathered onto the first rank of each data-parallel group (a collective of its shard group; the other ranks get an
 // empty map). Under tensor parallel, this rank's slices (join_slices makes them whole).
 TensorMap Trainer::State::whole(const TensorMap& pieces) const {
-  if (!fsdp()) return pieces;  // shallow: the same storage
+  if (!fsdp()) return to_host(pieces);  // shallow on a host backend: the same storage
   if (dp->rank() >= shards->shards()) return {};
   return dist::gather_whole(*shard_group, *shards, pieces, trained);
 }

@@ -89,7 +89,7 @@ struct Trainer::State {
   State(const CausalLM& m, const TrainingArguments& c, const char* name);
   ~State();
 
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp}; }
+  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp, *backend}; }
   bool is_main() const { return comm.rank() == 0; }
   bool fsdp() const { return shards != nullptr; }
   int64_t tp() const { return cfg.distributed.tp_size; }
@@ -141,6 +141,10 @@ struct Trainer::State {
   nlohmann::ordered_json global_means(const MetricWindow& metrics) const;
   void check_ranks_agree() const;
   void shard_state();
+  // A device backend: the masters and compute weights move to its memory once (a tensor that is both, in an f32
+  // run, once); from then on only the batch goes up and the losses and metrics come down.
+  void move_weights_to_backend();
+  TensorMap to_host(const TensorMap& tensors) const;
   void reduce_gradients_to_shard();
   void report_shard() const;
   TensorMap whole(const TensorMap& pieces) const;

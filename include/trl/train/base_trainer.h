@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "trl/backend/backend.h"
 #include "trl/backend/program_cache.h"
 #include "trl/core/tensor.h"
 #include "trl/train/training_args.h"
@@ -38,6 +39,11 @@ class BaseTrainer {
   // The trained parameters' f32 master weights, by name (under FSDP this rank's pieces of them: 1-D runs of their
   // elements, docs/DISTRIBUTED.md).
   const TensorMap& master_weights() const;
+  // Host copies of the master weights: on a device backend they live in its memory (master_weights() holds tensors
+  // the host cannot read); on the host, the same tensors.
+  TensorMap master_weights_on_host() const;
+  // What crossed between the host and the backend's memory so far (nothing on a host backend).
+  Backend::Transfers transfers() const;
   const ProgramCacheStats& program_stats() const;
   // Called after every optimizer step with the log entry of that step (tests, progress displays).
   std::function<void(const nlohmann::ordered_json&)> on_step;

@@ -116,9 +116,9 @@ class SftMethod final : public TrainingMethod {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
       const graph::Graph graph = ctx.model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
       const std::map<std::string, size_t> at = graph.output_indices();
-      const auto result = ctx.programs.get(graph).run(inputs(ctx.weights, b, scale));
-      out.loss += result[at.at("loss")].data_as<float>()[0];
-      const TokenMetrics m = token_metrics(b, result[at.at("entropy")], result[at.at("token_accuracy")]);
+      const auto result = ctx.programs.get(graph).run(inputs(ctx, b, scale));
+      out.loss += ctx.to_host(result[at.at("loss")]).data_as<float>()[0];
+      const TokenMetrics m = token_metrics(b, ctx.to_host(result[at.at("entropy")]), ctx.to_host(result[at.at("token_accuracy")]));
       metrics.add("entropy", m.entropy);
       metrics.add("mean_token_accuracy", m.accuracy);
       std::map<std::string, Tensor> grads;
@@ -150,9 +150,9 @@ class SftMethod final : public TrainingMethod {
       g.output(g.entropy(v.h, v.w, "entropy", v.split), "entropy");
       g.output(g.token_argmax_match(v.h, v.w, labels, "token_accuracy", v.split), "token_accuracy");
       const graph::Graph graph = g.finish();
-      const auto out = ctx.programs.get(graph).run(inputs(ctx.weights, b, -1.0f));
-      nll += out[graph.output_index("loss")].data_as<float>()[0];
-      const TokenMetrics m = token_metrics(b, out[graph.output_index("entropy")], out[graph.output_index("token_accuracy")]);
+      const auto out = ctx.programs.get(graph).run(inputs(ctx, b, -1.0f));
+      nll += ctx.to_host(out[graph.output_index("loss")]).data_as<float>()[0];
+      const TokenMetrics m = token_metrics(b, ctx.to_host(out[graph.output_index("entropy")]), ctx.to_host(out[graph.output_index("token_accuracy")]));
       entropy += m.entropy, accuracy += m.accuracy;
       items += b.num_items;
       ++batches;
@@ -183,12 +183,14 @@ class SftMethod final : public TrainingMethod {
     }
     return collate_padded(ex, pad_, multiple_, cfg_.max_length);
   }
-  static TensorMap inputs(const TensorMap& weights, const SFTBatch& b, float scale) {
-    TensorMap in = weights;
+  // The compute weights and the batch (uploaded where the backend has memory of its own).
+  static TensorMap inputs(const MethodContext& ctx, const SFTBatch& b, float scale) {
+    TensorMap in = ctx.weights;
     Tensor w = b.weights.clone();
     for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data_as<float>()[i] *= scale;
-    in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
-    in["labels"] = b.labels, in["loss_weights"] = w;
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask},
+                                  {"position_ids", b.position_ids}, {"labels", b.labels}, {"loss_weights", w}})
+      in[name] = ctx.to_backend(t, name);
     return in;
   }
 
