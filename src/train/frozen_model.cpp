@@ -35,6 +35,15 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
   }
   backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
+  move_weights_to_backend();
+}
+
+// A device backend: the weights go to its memory once (those already there stay).
+void FrozenModel::move_weights_to_backend() {
+  if (backend_->host_memory()) return;
+  TensorMap moved;
+  for (const auto& [name, w] : model_->weights()) moved[name] = w.is_device() ? w : backend_->upload(w, name);
+  model_ = std::make_unique<CausalLM>(model_->with_weights(std::move(moved), teacher_ ? "teacher" : "reference"));
 }
 
 FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep) {
@@ -48,15 +57,17 @@ FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& traine
   backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
   teacher_ = true;
+  move_weights_to_backend();
 }
 
 Tensor FrozenModel::hidden_states(const SFTBatch& batch, const Tensor& kept, double temperature) {
   const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1), K = kept.size(1);
   const graph::Graph g = model().hidden_graph(B, T, temperature, K);
   TensorMap in = model().weights();
-  in["input_ids"] = batch.input_ids, in["attention_mask"] = batch.attention_mask, in["position_ids"] = batch.position_ids;
-  in["kept_positions"] = kept;
-  return programs().get(g).run(in).at(0).clone();  // the arena is reused by the next program
+  Backend& b = *backend_;
+  in["input_ids"] = to_backend(b, batch.input_ids, "input_ids"), in["attention_mask"] = to_backend(b, batch.attention_mask, "attention_mask");
+  in["position_ids"] = to_backend(b, batch.position_ids, "position_ids"), in["kept_positions"] = to_backend(b, kept, "kept_positions");
+  return b.copy(programs().get(g).run(in).at(0), "teacher_hidden");  // the arena is reused by the next program
 }
 
 const CausalLM& FrozenModel::model() const {

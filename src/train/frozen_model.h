@@ -44,6 +44,8 @@ class FrozenModel {
   bool released() const { return !model_; }
 
  private:
+  void move_weights_to_backend();
+
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ProgramCache> programs_;

@@ -9,12 +9,13 @@ namespace trl {
 
 namespace {
 
-TensorMap batch_inputs(const TensorMap& weights, const SFTBatch& batch) {
+// The weights and the batch as `backend`'s programs read them (the batch uploaded to a device).
+TensorMap batch_inputs(Backend& backend, const TensorMap& weights, const SFTBatch& batch) {
   TensorMap in = weights;
-  in["input_ids"] = batch.input_ids;
-  in["attention_mask"] = batch.attention_mask;
-  in["position_ids"] = batch.position_ids;
-  in["labels"] = batch.labels;
+  in["input_ids"] = to_backend(backend, batch.input_ids, "input_ids");
+  in["attention_mask"] = to_backend(backend, batch.attention_mask, "attention_mask");
+  in["position_ids"] = to_backend(backend, batch.position_ids, "position_ids");
+  in["labels"] = to_backend(backend, batch.labels, "labels");
   return in;
 }
 
@@ -82,7 +83,8 @@ std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_toke
 
 std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b) {
   const graph::Graph g = model.logprobs_graph(b.batch.input_ids.size(0), b.batch.input_ids.size(1));
-  return sequence_sums(b, programs.get(g).run(batch_inputs(weights, b.batch)).at(g.output_index("token_logprobs")));
+  Backend& backend = programs.backend();
+  return sequence_sums(b, to_host(backend, programs.get(g).run(batch_inputs(backend, weights, b.batch)).at(g.output_index("token_logprobs"))));
 }
 
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
@@ -90,16 +92,18 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   const int64_t R = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
   const graph::Graph g = model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means});
   Program& program = programs.get(g);
+  Backend& backend = programs.backend();
   // Stage 0: the per-token log-probs and metrics; the host sums them per sequence.
-  const TensorMap inputs = batch_inputs(weights, b.batch);
+  const TensorMap inputs = batch_inputs(backend, weights, b.batch);
   const std::vector<Tensor> first = program.run_stage(inputs, 0);
+  auto per_token = [&](const char* name) { return to_host(backend, first.at(g.output_index(name))); };
   SequenceStepResult out;
-  out.logps = sequence_sums(b, first.at(g.output_index("token_logprobs")));
-  out.entropy_sums = sequence_sums(b, first.at(g.output_index("entropy")), false);
-  out.match_sums = sequence_sums(b, first.at(g.output_index("token_accuracy")), false);
+  out.logps = sequence_sums(b, per_token("token_logprobs"));
+  out.entropy_sums = sequence_sums(b, per_token("entropy"), false);
+  out.match_sums = sequence_sums(b, per_token("token_accuracy"), false);
   if (logit_means) {
     const double V = static_cast<double>(model.config().vocab_size);
-    for (double sum : sequence_sums(b, first.at(g.output_index("logit_sum")), false)) out.logit_mean_sums.push_back(sum / V);
+    for (double sum : sequence_sums(b, per_token("logit_sum"), false)) out.logit_mean_sums.push_back(sum / V);
   }
   std::vector<double> d(out.logps.size(), 0.0);
   out.loss = loss(out.logps, d);
@@ -117,7 +121,7 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
     }
   }
   TensorMap seeds;
-  seeds["loss_weights"] = seed;
+  seeds["loss_weights"] = to_backend(backend, seed, "loss_weights");
   const std::vector<Tensor> results = program.run_stage(seeds, 1);
   for (const auto& [name, index] : g.output_indices())
     if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
@@ -126,8 +130,8 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
 
 namespace {
 // The inputs of a logits_to_keep program: the labels of the kept positions [B, K] and their flat indices.
-TensorMap kept_inputs(const TensorMap& weights, const SFTBatch& batch, int64_t K) {
-  TensorMap in = batch_inputs(weights, batch);
+TensorMap kept_inputs(Backend& backend, const TensorMap& weights, const SFTBatch& batch, int64_t K) {
+  TensorMap in = batch_inputs(backend, weights, batch);
   if (K == 0) return in;
   const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
   if (K < 0 || K >= T) fail("logits_to_keep must be in [1, {}) for rows of {} tokens, got {}", T, T, K);
@@ -139,8 +143,8 @@ TensorMap kept_inputs(const TensorMap& weights, const SFTBatch& batch, int64_t K
       labels.mutable_data_as<int32_t>()[b * K + k] = all[b * T + t];
       positions.mutable_data_as<int32_t>()[b * K + k] = static_cast<int32_t>(b * T + t);
     }
-  in["labels"] = labels;
-  in["kept_positions"] = positions;
+  in["labels"] = to_backend(backend, labels, "labels");
+  in["kept_positions"] = to_backend(backend, positions, "kept_positions");
   return in;
 }
 }  // namespace
@@ -151,12 +155,13 @@ TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights
   const graph::Graph g =
       model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .temperature = temperature, .logits_to_keep = logits_to_keep});
   Program& program = programs.get(g);
-  const std::vector<Tensor> first = program.run_stage(kept_inputs(weights, batch, logits_to_keep), 0);
+  Backend& backend = programs.backend();
+  const std::vector<Tensor> first = program.run_stage(kept_inputs(backend, weights, batch, logits_to_keep), 0);
   TokenStepResult out;
   Tensor seed = Tensor::zeros(DType::F32, {R, Tk});
-  out.loss = loss(first.at(g.output_index("token_logprobs")), first.at(g.output_index("entropy")), seed);
+  out.loss = loss(to_host(backend, first.at(g.output_index("token_logprobs"))), to_host(backend, first.at(g.output_index("entropy"))), seed);
   TensorMap seeds;
-  seeds["loss_weights"] = seed;
+  seeds["loss_weights"] = to_backend(backend, seed, "loss_weights");
   const std::vector<Tensor> results = program.run_stage(seeds, 1);
   for (const auto& [name, index] : g.output_indices())
     if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
@@ -166,7 +171,8 @@ TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights
 Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature,
                       int64_t logits_to_keep) {
   const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature, logits_to_keep);
-  return programs.get(g).run(kept_inputs(weights, batch, logits_to_keep)).at(g.output_index("token_logprobs")).clone();
+  Backend& backend = programs.backend();
+  return to_host(backend, programs.get(g).run(kept_inputs(backend, weights, batch, logits_to_keep)).at(g.output_index("token_logprobs"))).clone();
 }
 
 }  // namespace trl

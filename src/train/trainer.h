@@ -64,9 +64,9 @@ struct MethodContext {
   std::vector<int64_t> micro_rows = {};
 
   // A host tensor a program reads (the batch), in the backend's memory: uploaded to a device, as it is on the host.
-  Tensor to_backend(const Tensor& host, const std::string& name) const { return backend.host_memory() ? host : backend.upload(host, name); }
+  Tensor to_backend(const Tensor& host, const std::string& name) const { return trl::to_backend(backend, host, name); }
   // An output the host reads (a loss, per-token metrics): downloaded from a device, as it is on the host.
-  Tensor to_host(const Tensor& t) const { return t.is_device() ? backend.download(t) : t; }
+  Tensor to_host(const Tensor& t) const { return trl::to_host(backend, t); }
 
   // The weight of this rank's rows in micro-batch k's mean: a method that averages over the rows of a micro-batch
   // scales its local mean by this (1 with one process), so that the ranks' shares sum to the mean over all rows.

@@ -10,6 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "trl/models/reward_model.h"
+#include "trl/train/dpo_trainer.h"
+#include "trl/train/kto_trainer.h"
+#include "trl/train/reward_trainer.h"
 #include "trl/train/sft_trainer.h"
 
 namespace trl {
@@ -40,6 +44,29 @@ SFTConfig config(const std::string& out, bool bf16) {
   c.max_grad_norm = 0.5;  // clipping runs (on the device)
   return c;
 }
+
+// Every logged figure of every step (times aside) to 1e-6, relative; the masters to 1e-5.
+void expect_same_run(const TrainOutput& got, const TrainOutput& want, const TensorMap& got_w, const TensorMap& want_w) {
+  ASSERT_EQ(got.log_history.size(), want.log_history.size());
+  for (size_t i = 0; i < want.log_history.size(); ++i) {
+    for (const auto& [key, value] : want.log_history[i].items()) {
+      if (!value.is_number() || key.find("seconds") != std::string::npos || key.find("_per_s") != std::string::npos || key.find("runtime") != std::string::npos) continue;
+      ASSERT_TRUE(got.log_history[i].contains(key)) << key;
+      const double a = got.log_history[i][key].get<double>(), b = value.get<double>();
+      EXPECT_TRUE(std::isfinite(a) && std::fabs(a - b) <= 1e-6 * std::max(1.0, std::fabs(b))) << key << " entry " << i << ": " << a << " vs " << b;
+    }
+  }
+  ASSERT_EQ(got_w.size(), want_w.size());
+  double worst = 0;
+  for (const auto& [name, w] : want_w) {
+    const std::vector<float> a = got_w.at(name).to_f32_vector(), b = w.to_f32_vector();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t i = 0; i < a.size(); ++i) worst = test::nan_max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_LE(worst, 1e-5);
+}
+
+CausalLM on_device(const test::TinyModel& t) { return CausalLM::from_pretrained(t.dir.file("model"), LoadOptions{.device = "reference-device"}); }
 
 // Losses to 1e-6 and weights to 1e-5 of the host oracle's (the same kernels: in practice equal), f32 and bf16.
 TEST(DeviceTrainer, SftEqualsTheHostOracleAndMovesOnlyTheBatchAndTheScalars) {
@@ -85,6 +112,120 @@ TEST(DeviceTrainer, SftEqualsTheHostOracleAndMovesOnlyTheBatchAndTheScalars) {
     EXPECT_EQ(end.uploads - start.uploads, 5 * micro);
     EXPECT_EQ(end.downloads - start.downloads, 3 * micro + static_cast<int64_t>(params) + static_cast<int64_t>(params));
   }
+}
+
+// What crossed during each step (from one on_step to the next): the counters at every step's end.
+struct StepTransfers {
+  std::vector<Backend::Transfers> at_step;
+  void watch(BaseTrainer& t) {
+    at_step.push_back(t.transfers());  // after the weights went up
+    t.on_step = [this, &t](const ojson&) { at_step.push_back(t.transfers()); };
+  }
+  // Every step moved the same number of tensors each way, and no tensor larger than `largest` bytes came down or
+  // went up (a weight, a gradient or a row of logits would be larger).
+  void expect_only_batches_and_scalars(int64_t largest) const {
+    ASSERT_GE(at_step.size(), 3u);
+    EXPECT_GT(at_step[0].uploads, 0);  // the weights are on the device
+    for (size_t i = 1; i < at_step.size(); ++i) {
+      EXPECT_EQ(at_step[i].uploads - at_step[i - 1].uploads, at_step[1].uploads - at_step[0].uploads) << "step " << i;
+      EXPECT_EQ(at_step[i].downloads - at_step[i - 1].downloads, at_step[1].downloads - at_step[0].downloads) << "step " << i;
+    }
+    EXPECT_GT(at_step[1].downloads - at_step[0].downloads, 0);
+    EXPECT_LE(at_step.back().largest_download, largest);
+  }
+};
+
+Dataset word_pairs(int n) {
+  static const char* words[] = {"apple", "river", "stone", "cloud", "green", "tiger", "piano", "light"};
+  Dataset d;
+  for (int i = 0; i < n; ++i) {
+    const std::string w = words[i % 8], other = words[(i + 3) % 8];
+    d.rows.push_back(ojson{{"prompt", "Repeat the word " + w + ":"}, {"chosen", " " + w}, {"rejected", " " + other}});
+    d.where.push_back("pairs:" + std::to_string(i + 1));
+  }
+  return d;
+}
+
+template <typename Config>
+Config preference_config(const std::string& out) {
+  Config c;
+  c.output_dir = out;
+  c.bf16 = false;
+  c.learning_rate = 1e-3;
+  c.logging_steps = 1;
+  c.save_steps = 1000;
+  c.report = false;
+  c.progress = false;
+  c.per_device_train_batch_size = 2;
+  c.gradient_accumulation_steps = 2;
+  c.max_steps = 2;
+  c.max_grad_norm = 0.5;
+  return c;
+}
+
+// DPO with a live reference that TR-DPO mixes into every step (the policy's masters into the reference's weights,
+// on the device), and with a precomputed one: each equal to the host oracle.
+TEST(DeviceTrainer, DpoEqualsTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  for (bool sync : {true, false}) {
+    if (!sync && test::kSanitized) continue;  // the sanitizer pass runs the live reference only
+    SCOPED_TRACE(sync ? "sync_ref_model" : "precompute_ref_log_probs");
+    DPOConfig c = preference_config<DPOConfig>(t.dir.file(sync ? "sync" : "pre"));
+    c.sync_ref_model = sync, c.ref_model_sync_steps = 1, c.ref_model_mixup_alpha = 0.5;
+    c.precompute_ref_log_probs = !sync;
+    DPOConfig h = c;
+    h.output_dir += "-host", h.torch_compile = false;
+    DPOTrainer host(t.model, tok, word_pairs(8), h);
+    const TrainOutput want = host.train();
+    DPOTrainer dev(on_device(t), tok, word_pairs(8), c);
+    StepTransfers watch;
+    watch.watch(dev);
+    const TrainOutput got = dev.train();
+    expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
+    watch.expect_only_batches_and_scalars(/*4 sequences × 128 tokens × f32*/ 4 * 128 * 4);
+  }
+}
+
+TEST(DeviceTrainer, KtoEqualsTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  Dataset rows;
+  const Dataset pairs = word_pairs(8);
+  for (const auto& r : pairs.rows) {
+    rows.rows.push_back(ojson{{"prompt", r["prompt"]}, {"completion", r["chosen"]}, {"label", true}}), rows.where.push_back("rows");
+    rows.rows.push_back(ojson{{"prompt", r["prompt"]}, {"completion", r["rejected"]}, {"label", false}}), rows.where.push_back("rows");
+  }
+  KTOConfig c = preference_config<KTOConfig>(t.dir.file("kto"));
+  KTOConfig h = c;
+  h.output_dir += "-host", h.torch_compile = false;
+  KTOTrainer host(t.model, tok, rows, h);
+  const TrainOutput want = host.train();
+  KTOTrainer dev(on_device(t), tok, rows, c);
+  StepTransfers watch;
+  watch.watch(dev);
+  const TrainOutput got = dev.train();
+  expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
+  watch.expect_only_batches_and_scalars(4 * 128 * 4);
+}
+
+TEST(DeviceTrainer, RewardEqualsTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  const int32_t pad = *tok.pad_token_id();
+  const RewardModel host_model{t.model, new_score_head(t.model.config(), t.model.dtype(), 7), pad, true};
+  const RewardModel dev_model{on_device(t), host_model.score, pad, true};
+  RewardConfig c = preference_config<RewardConfig>(t.dir.file("rm"));
+  RewardConfig h = c;
+  h.output_dir += "-host", h.torch_compile = false;
+  RewardTrainer host(host_model, tok, word_pairs(8), h);
+  const TrainOutput want = host.train();
+  RewardTrainer dev(dev_model, tok, word_pairs(8), c);
+  StepTransfers watch;
+  watch.watch(dev);
+  const TrainOutput got = dev.train();
+  expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
+  watch.expect_only_batches_and_scalars(4 * 128 * 4);
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ class Backend {
   // What crossed between the host and this backend's memory since it was made (host backends: nothing).
   struct Transfers {
     int64_t uploads = 0, upload_bytes = 0, downloads = 0, download_bytes = 0;
+    int64_t largest_upload = 0, largest_download = 0;  // bytes of the largest single tensor each way
   };
   virtual Transfers transfers() const { return {}; }
   // The memory this backend's tensors and programs draw on: for the host backends the process's budget (MemAvailable,
@@ -91,6 +92,12 @@ class Backend {
     bool fresh = false;
   };
   virtual void adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step);
+  // A copy of `t` in this backend's memory (device to device; on the host a clone): an output kept past the next
+  // run of its program's arena, a weight that must not change with its source.
+  virtual Tensor copy(const Tensor& t, const std::string& name = "") {
+    (void)name;
+    return t.clone();
+  }
   // TR-DPO's reference update: a new tensor in this backend's memory with target's dtype (f32 or bf16) and shape,
   // each element alpha·source + (1 - alpha)·target computed in f32 and rounded once to the dtype (source: f32 or
   // bf16, target's shape). Never in place: a given reference's tensors may be the caller's or a mapped file.
@@ -121,6 +128,14 @@ enum class InputMemory { Host, Device };
 // Looks up and checks the binding of every graph input (shared by all backends): name, dtype, shape, contiguity,
 // and the memory it is in (a device tensor bound on a host backend, or a host tensor on a device backend, is an
 // error naming the input and what to do).
+// A host tensor that a program on `backend` reads (a batch, a seed): uploaded to a device backend, the tensor
+// itself on a host backend.
+inline Tensor to_backend(Backend& backend, const Tensor& host, const std::string& name = "") {
+  return backend.host_memory() ? host : backend.upload(host, name);
+}
+// A program's output that the host reads (a loss, per-token values): downloaded from a device, else itself.
+inline Tensor to_host(Backend& backend, const Tensor& t) { return t.is_device() ? backend.download(t) : t; }
+
 // The checks of Backend::adamw_step's arguments (dtypes, shapes, contiguity), shared by every backend's override.
 void check_adamw_step(const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& weight, const Tensor* compute);
 

@@ -791,12 +791,14 @@ class ReferenceBackend final : public Backend {
     if (host.is_device()) fail("upload of '{}': it is already {}", name, host.device_label());
     ++transfers_.uploads;
     transfers_.upload_bytes += static_cast<int64_t>(host.nbytes());
+    transfers_.largest_upload = std::max(transfers_.largest_upload, static_cast<int64_t>(host.nbytes()));
     return to_device(host, name);
   }
   Tensor download(const Tensor& tensor) override {
     if (!device_ || !tensor.is_device()) return tensor;
     ++transfers_.downloads;
     transfers_.download_bytes += static_cast<int64_t>(tensor.nbytes());
+    transfers_.largest_download = std::max(transfers_.largest_download, static_cast<int64_t>(tensor.nbytes()));
     return host_view(tensor).clone();
   }
   Transfers transfers() const override { return transfers_; }
@@ -823,6 +825,10 @@ class ReferenceBackend final : public Backend {
     Tensor m = on_host(exp_avg, "adamw_step"), v = on_host(exp_avg_sq, "adamw_step"), w = on_host(weight, "adamw_step");
     Tensor c = compute != nullptr ? on_host(*compute, "adamw_step") : Tensor();
     Backend::adamw_step(on_host(grad, "adamw_step"), m, v, w, compute != nullptr ? &c : nullptr, step);
+  }
+  Tensor copy(const Tensor& t, const std::string& name) override {
+    if (!device_) return t.clone();
+    return to_device(on_host(t, "copy"), name);
   }
   Tensor mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name) override {
     if (!device_) return Backend::mix(target, source, alpha, name);

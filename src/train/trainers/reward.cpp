@@ -68,9 +68,9 @@ class RewardMethod final : public TrainingMethod {
       const int64_t R = b.input_ids.size(0), T = b.input_ids.size(1);
       const graph::Graph g = ctx.model.reward_training_graph(R, T, cfg_.gradient_checkpointing);
       Program& program = ctx.programs.get(g);
-      const TensorMap in = inputs(ctx.weights, b);
+      const TensorMap in = inputs(ctx, b);
       const std::vector<int64_t> at = pooled(b);
-      const Tensor rewards = program.run_stage(in, 0).at(g.output_index("rewards"));  // read before stage 1 reuses the arena
+      const Tensor rewards = ctx.to_host(program.run_stage(in, 0).at(g.output_index("rewards")));  // read before stage 1 reuses the arena
       const RewardLoss l = reward_loss(pairs(train_, items, rewards, at, T), cfg_.center_rewards_coefficient);
       Tensor seed = Tensor::zeros(DType::F32, {R, T});
       float* s = seed.mutable_data_as<float>();
@@ -80,7 +80,7 @@ class RewardMethod final : public TrainingMethod {
         s[static_cast<int64_t>(N + i) * T + at[N + i]] = static_cast<float>(scale * l.d_rejected[i]);
       }
       TensorMap seeds;
-      seeds["reward_weights"] = seed;
+      seeds["reward_weights"] = ctx.to_backend(seed, "reward_weights");
       const std::vector<Tensor> result = program.run_stage(seeds, 1);
       std::map<std::string, Tensor> grads;
       for (const auto& [n, i] : g.output_indices())
@@ -103,7 +103,7 @@ class RewardMethod final : public TrainingMethod {
       const SFTBatch b = batch(eval_, items);
       const int64_t R = b.input_ids.size(0), T = b.input_ids.size(1);
       const graph::Graph g = ctx.model.reward_graph(R, T);
-      const Tensor rewards = ctx.programs.get(g).run(inputs(ctx.weights, b)).at(g.output_index("rewards"));
+      const Tensor rewards = ctx.to_host(ctx.programs.get(g).run(inputs(ctx, b)).at(g.output_index("rewards")));
       const RewardLoss l = reward_loss(pairs(eval_, items, rewards, pooled(b), T), cfg_.center_rewards_coefficient);
       m.add("eval_loss", l.loss);
       add_metrics(m, l, "eval_");
@@ -139,10 +139,11 @@ class RewardMethod final : public TrainingMethod {
     for (const SFTExample& r : rows) ptrs.push_back(&r);
     return collate_padded(ptrs, pad_, multiple_, cfg_.max_length);
   }
-  static TensorMap inputs(const TensorMap& weights, const SFTBatch& b) {
-    TensorMap in = weights;
+  static TensorMap inputs(const MethodContext& ctx, const SFTBatch& b) {
+    TensorMap in = ctx.weights;
     in.erase("lm_head.weight");
-    in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
+    in["input_ids"] = ctx.to_backend(b.input_ids, "input_ids"), in["attention_mask"] = ctx.to_backend(b.attention_mask, "attention_mask");
+    in["position_ids"] = ctx.to_backend(b.position_ids, "position_ids");
     return in;
   }
   std::vector<int64_t> pooled(const SFTBatch& b) const {
