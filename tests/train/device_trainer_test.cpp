@@ -29,8 +29,10 @@ Dataset sentences() {
   return d;
 }
 
-SFTConfig config(const std::string& out, bool bf16) {
-  SFTConfig c;
+// 2 steps of 2 micro-batches of 2 rows, logged every step, clipped (the norm and the scaling run on the device).
+template <typename Config>
+Config config(const std::string& out, bool bf16 = false) {
+  Config c;
   c.output_dir = out;
   c.bf16 = bf16;
   c.learning_rate = 1e-3;
@@ -41,7 +43,7 @@ SFTConfig config(const std::string& out, bool bf16) {
   c.per_device_train_batch_size = 2;
   c.gradient_accumulation_steps = 2;
   c.max_steps = 2;
-  c.max_grad_norm = 0.5;  // clipping runs (on the device)
+  c.max_grad_norm = 0.5;
   return c;
 }
 
@@ -75,13 +77,13 @@ TEST(DeviceTrainer, SftEqualsTheHostOracleAndMovesOnlyTheBatchAndTheScalars) {
   for (bool bf16 : {false, true}) {
     if (bf16 && test::kSanitized) continue;  // the oracle's bf16 run twice: f32 covers the path under the sanitizers
     SCOPED_TRACE(bf16 ? "bf16" : "f32");
-    SFTConfig host_cfg = config(t.dir.file(bf16 ? "host16" : "host32"), bf16);
+    SFTConfig host_cfg = config<SFTConfig>(t.dir.file(bf16 ? "host16" : "host32"), bf16);
     host_cfg.torch_compile = false;  // the host oracle ("reference")
     SFTTrainer host(t.model, tok, sentences(), host_cfg);
     const TrainOutput want = host.train();
 
     const CausalLM on_device = CausalLM::from_pretrained(t.dir.file("model"), LoadOptions{.device = "reference-device"});
-    SFTTrainer dev(on_device, tok, sentences(), config(t.dir.file(bf16 ? "dev16" : "dev32"), bf16));
+    SFTTrainer dev(on_device, tok, sentences(), config<SFTConfig>(t.dir.file(bf16 ? "dev16" : "dev32"), bf16));
     // The weights went up once: one upload per master and per distinct compute weight, nothing down.
     const Backend::Transfers start = dev.transfers();
     const size_t params = dev.master_weights().size();
@@ -146,23 +148,6 @@ Dataset word_pairs(int n) {
   return d;
 }
 
-template <typename Config>
-Config preference_config(const std::string& out) {
-  Config c;
-  c.output_dir = out;
-  c.bf16 = false;
-  c.learning_rate = 1e-3;
-  c.logging_steps = 1;
-  c.save_steps = 1000;
-  c.report = false;
-  c.progress = false;
-  c.per_device_train_batch_size = 2;
-  c.gradient_accumulation_steps = 2;
-  c.max_steps = 2;
-  c.max_grad_norm = 0.5;
-  return c;
-}
-
 // DPO with a live reference that TR-DPO mixes into every step (the policy's masters into the reference's weights,
 // on the device), and with a precomputed one: each equal to the host oracle.
 TEST(DeviceTrainer, DpoEqualsTheHostOracle) {
@@ -171,7 +156,7 @@ TEST(DeviceTrainer, DpoEqualsTheHostOracle) {
   for (bool sync : {true, false}) {
     if (!sync && test::kSanitized) continue;  // the sanitizer pass runs the live reference only
     SCOPED_TRACE(sync ? "sync_ref_model" : "precompute_ref_log_probs");
-    DPOConfig c = preference_config<DPOConfig>(t.dir.file(sync ? "sync" : "pre"));
+    DPOConfig c = config<DPOConfig>(t.dir.file(sync ? "sync" : "pre"));
     c.sync_ref_model = sync, c.ref_model_sync_steps = 1, c.ref_model_mixup_alpha = 0.5;
     c.precompute_ref_log_probs = !sync;
     DPOConfig h = c;
@@ -196,7 +181,7 @@ TEST(DeviceTrainer, KtoEqualsTheHostOracle) {
     rows.rows.push_back(ojson{{"prompt", r["prompt"]}, {"completion", r["chosen"]}, {"label", true}}), rows.where.push_back("rows");
     rows.rows.push_back(ojson{{"prompt", r["prompt"]}, {"completion", r["rejected"]}, {"label", false}}), rows.where.push_back("rows");
   }
-  KTOConfig c = preference_config<KTOConfig>(t.dir.file("kto"));
+  KTOConfig c = config<KTOConfig>(t.dir.file("kto"));
   KTOConfig h = c;
   h.output_dir += "-host", h.torch_compile = false;
   KTOTrainer host(t.model, tok, rows, h);
@@ -215,7 +200,7 @@ TEST(DeviceTrainer, RewardEqualsTheHostOracle) {
   const int32_t pad = *tok.pad_token_id();
   const RewardModel host_model{t.model, new_score_head(t.model.config(), t.model.dtype(), 7), pad, true};
   const RewardModel dev_model{on_device(t), host_model.score, pad, true};
-  RewardConfig c = preference_config<RewardConfig>(t.dir.file("rm"));
+  RewardConfig c = config<RewardConfig>(t.dir.file("rm"));
   RewardConfig h = c;
   h.output_dir += "-host", h.torch_compile = false;
   RewardTrainer host(host_model, tok, word_pairs(8), h);
