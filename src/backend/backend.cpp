@@ -106,6 +106,11 @@ void Backend::scale(std::vector<Tensor>& xs, float factor) {
   }
 }
 
+void Backend::zero(Tensor& t) {
+  if (!t.is_contiguous()) fail("zero: expected a contiguous tensor, got {} {}", dtype_name(t.dtype()), shape_str(t.shape()));
+  if (t.nbytes() > 0) std::memset(t.mutable_data(), 0, t.nbytes());
+}
+
 Tensor Backend::allocate(DType dtype, const Shape& shape, const std::string& name) {
   (void)name;
   return Tensor::uninitialized(dtype, shape);

@@ -160,6 +160,16 @@ struct Generator::State {
   ProgramCache oracle{*reference, 8};
   std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> caches;  // (batch, cache length) -> k0, v0, k1, ...
   std::map<std::pair<int64_t, int64_t>, graph::Graph> decode_graphs;   // traced once per (batch, cache length)
+  TensorMap device_weights;  // a device backend: the model's weights in its memory (uploaded at the first call)
+
+  // The weights the programs on `backend` bind: the model's own on a host backend; on a device, the model's tensors
+  // already there (a trainer's compute weights, updated in place) and uploads of the others, made once.
+  const TensorMap& weights(const CausalLM& model, Backend& backend) {
+    if (backend.host_memory()) return model.weights();
+    if (device_weights.empty())
+      for (const auto& [name, w] : model.weights()) device_weights[name] = w.is_device() ? w : backend.upload(w, name);
+    return device_weights;
+  }
 };
 
 namespace {
@@ -271,28 +281,37 @@ HostRows left_pad(const Layout& l, int32_t pad, GenerationOutput& out) {
 // ---- phase 3: the static KV cache, bound by name into every prefill and decode run ----
 // Its tensors (k0, v0, k1, ...; [B, S, kv heads on this rank, head_dim]) are the generator's, kept per (B, S) and
 // zeroed for each call. Programs update them in place (CPU) or return new values (reference): keep() copies those.
+// The cache lives in the backend's memory (kept per (batch, cache length) between calls, zeroed at each start).
 class StaticKvCache {
  public:
-  StaticKvCache(std::vector<Tensor>& tensors, const ModelConfig& mc, int64_t B, int64_t S, DType dtype, int64_t tp_size) : t_(tensors) {
+  StaticKvCache(std::vector<Tensor>& tensors, Backend& backend, const ModelConfig& mc, int64_t B, int64_t S, DType dtype, int64_t tp_size)
+      : t_(tensors), backend_(backend) {
     if (t_.empty())
       for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
-        for (int kv = 0; kv < 2; ++kv) t_.push_back(Tensor::zeros(dtype, {B, S, mc.num_key_value_heads / tp_size, mc.head_dim}));
-    for (Tensor& t : t_) std::memset(t.mutable_data(), 0, t.nbytes());
+        for (int kv = 0; kv < 2; ++kv)
+          t_.push_back(backend.allocate(dtype, {B, S, mc.num_key_value_heads / tp_size, mc.head_dim}, name(t_.size())));
+    for (Tensor& t : t_) backend.zero(t);
   }
   void bind(TensorMap& in) const {
     for (size_t i = 0; i < t_.size(); ++i) in[name(i)] = t_[i];
   }
-  // Outputs are read by the names the model's graphs give them ("past_key_values.<layer>.key|value").
+  // Outputs are read by the names the model's graphs give them ("past_key_values.<layer>.key|value"). A program
+  // that wrote the cache in place returns it; one that returned other memory is copied from (on a device, within it).
   void keep(const std::vector<Tensor>& res, const graph::Graph& g) {
     for (size_t i = 0; i < t_.size(); ++i) {
       const Tensor& updated = res[g.output_index(name(i))];
-      if (updated.data() != t_[i].data()) t_[i].copy_from(updated);
+      if (updated.is_device()) {
+        if (updated.device_handle() != t_[i].device_handle()) t_[i] = backend_.copy(updated, name(i));
+      } else if (updated.data() != t_[i].data()) {
+        t_[i].copy_from(updated);
+      }
     }
   }
 
  private:
   static std::string name(size_t i) { return fmt::format("past_key_values.{}.{}", i / 2, i % 2 == 0 ? "key" : "value"); }
   std::vector<Tensor>& t_;
+  Backend& backend_;
 };
 
 // ---- the logits of the last position of every row, as whole f32 rows on the host ----
@@ -407,13 +426,16 @@ Generator::Generator(const CausalLM& model)
 Generator::~Generator() = default;
 
 const ProgramCacheStats& Generator::stats() const { return state_->compiled.stats(); }
+Backend::Transfers Generator::transfers() const { return state_->device->transfers(); }
 
 GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& user, const Tokenizer* tokenizer) {
   const ModelConfig& mc = model_.config();
   const Settings st = resolve_settings(user, defaults_, mc, tokenizer);
   const bool compiled = !user.disable_compile;
   ProgramCache& programs = compiled ? state_->compiled : state_->oracle;
-  const Backend& backend = compiled ? *state_->device : *state_->reference;
+  Backend& backend = compiled ? *state_->device : *state_->reference;
+  const TensorMap& weights = state_->weights(model_, backend);
+  auto up = [&](const Tensor& host, const char* name) { return to_backend(backend, host, name); };
   const Layout l = plan_layout(prompts, user, defaults_, mc, user.pad_to_multiple_of ? *user.pad_to_multiple_of : backend.auto_pad_multiple());
   const int64_t B = l.B, P = l.P, S = l.S;
 
@@ -426,7 +448,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   HostRows host = left_pad(l, st.pad, out);
   const bool use_cache = user.cache_implementation == "static";
   std::optional<StaticKvCache> cache;
-  if (use_cache) cache.emplace(state_->caches[{B, S}], mc, B, S, model_.dtype(), model_.tensor_parallel().size);
+  if (use_cache) cache.emplace(state_->caches[{B, S}], backend, mc, B, S, model_.dtype(), model_.tensor_parallel().size);
   LogitRows logits(B, mc.vocab_size, model_.tensor_parallel());  // a tensor-parallel rank's model runs with its group
 
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).
@@ -437,22 +459,23 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
         x.mutable_data_as<int32_t>()[b * T + t] = out.sequences[static_cast<size_t>(b)][static_cast<size_t>(t)];
         m.mutable_data_as<int32_t>()[b * T + t] = host.mask[static_cast<size_t>(b * S + t)];
       }
-    TensorMap in = model_.weights();
-    in["input_ids"] = x, in["attention_mask"] = m, in["position_ids"] = default_position_ids(m);
+    TensorMap in = weights;
+    in["input_ids"] = up(x, "input_ids"), in["attention_mask"] = up(m, "attention_mask"), in["position_ids"] = up(default_position_ids(m), "position_ids");
     const graph::Graph g = model_.forward_graph(B, T);
     const auto res = programs.get(g).run(in);
-    logits.take(res[g.output_index("logits")], T, T - 1);
+    logits.take(to_host(backend, res[g.output_index("logits")]), T, T - 1);
   };
 
   // Prefill: the left-padded prompts fill cache slots [0, P).
   if (use_cache) {
-    TensorMap in = model_.weights();
-    in["input_ids"] = host.ids, in["attention_mask"] = host.prompt_mask, in["position_ids"] = default_position_ids(host.prompt_mask);
-    in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{0}, {1});
+    TensorMap in = weights;
+    in["input_ids"] = up(host.ids, "input_ids"), in["attention_mask"] = up(host.prompt_mask, "attention_mask");
+    in["position_ids"] = up(default_position_ids(host.prompt_mask), "position_ids");
+    in["cache_position"] = up(Tensor::from_i32(std::vector<int32_t>{0}, {1}), "cache_position");
     cache->bind(in);
     const graph::Graph g = model_.prefill_graph(B, P, S);
     const auto res = programs.get(g).run(in);
-    logits.take(res[g.output_index("logits")], 1, 0);
+    logits.take(to_host(backend, res[g.output_index("logits")]), 1, 0);
     cache->keep(res, g);
   } else {
     run_full(P);
@@ -480,15 +503,15 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
       pos.mutable_data_as<int32_t>()[b] = ++host.last_pos[static_cast<size_t>(b)];
       qpos.mutable_data_as<int32_t>()[b] = static_cast<int32_t>(slot);
     }
-    TensorMap in = model_.weights();
-    in["input_ids"] = next, in["position_ids"] = pos, in["query_positions"] = qpos;
-    in["attention_mask"] = Tensor::from_i32(host.mask, {B, S});
-    in["cache_position"] = Tensor::from_i32(std::vector<int32_t>{static_cast<int32_t>(slot)}, {1});
+    TensorMap in = weights;
+    in["input_ids"] = up(next, "input_ids"), in["position_ids"] = up(pos, "position_ids"), in["query_positions"] = up(qpos, "query_positions");
+    in["attention_mask"] = up(Tensor::from_i32(host.mask, {B, S}), "attention_mask");
+    in["cache_position"] = up(Tensor::from_i32(std::vector<int32_t>{static_cast<int32_t>(slot)}, {1}), "cache_position");
     cache->bind(in);
     auto g = state_->decode_graphs.find({B, S});
     if (g == state_->decode_graphs.end()) g = state_->decode_graphs.emplace(std::make_pair(B, S), model_.decode_graph(B, S)).first;
     const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
-    logits.take(res[g->second.output_index("logits")], 1, 0);
+    logits.take(to_host(backend, res[g->second.output_index("logits")]), 1, 0);
     cache->keep(res, g->second);
   }
   return out;

@@ -8,6 +8,9 @@
 namespace trl {
 
 FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t programs_to_keep) {
+  backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
+  // A copy of a trainer's weight, where it lives (on a device: within the device).
+  auto copy = [&](const Tensor& w, const std::string& name) { return w.is_device() ? backend_->copy(w, name) : w.clone(); };
   if (given) {
     if (given->config().vocab_size != trainer.model().config().vocab_size)
       fail("the reference model's vocabulary ({} tokens) differs from the policy's ({}): their log-probs cannot be compared",
@@ -24,16 +27,15 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
     for (const auto& [name, w] : base.weights()) {
       const Tensor& now = trainer.compute_weights().at(name);
       const bool copied = std::find(saved.begin(), saved.end(), name) != saved.end();
-      frozen[name] = copied ? now.clone() : now;
+      frozen[name] = copied ? copy(now, name) : now;
       if (!copied) shared_bytes_ += static_cast<uint64_t>(now.nbytes());
     }
     model_ = std::make_unique<CausalLM>(base.with_weights(std::move(frozen), "reference"));
   } else {
     TensorMap frozen;
-    for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = w.clone();
+    for (const auto& [name, w] : trainer.compute_weights()) frozen[name] = copy(w, name);
     model_ = std::make_unique<CausalLM>(trainer.model().with_weights(std::move(frozen), "reference"));
   }
-  backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
   move_weights_to_backend();
 }

@@ -266,7 +266,11 @@ Trainer::Trainer(const CausalLM& model, const TrainingArguments& args, const cha
     s.compute[name] = args.bf16 ? s.master[name].to(DType::BF16).clone() : s.master[name];
   }
   if (s.model.lora() && s.model.lora()->lora_dropout > 0) s.compute[kDropoutSeed] = Tensor::zeros(DType::I32, {2});
-  if (args.bf16 || s.model.dtype() != DType::F32) s.model = s.model.with_weights(s.compute, "trainer");
+  // On a device the weights move before any method is made: a method's models over the compute weights (GRPO's
+  // generator, a copied reference) then hold the device tensors that AdamW updates.
+  s.backend = backend_.get();
+  if (!backend_->host_memory()) s.move_weights_to_backend();
+  if (args.bf16 || s.model.dtype() != DType::F32 || !backend_->host_memory()) s.model = s.model.with_weights(s.compute, "trainer");
 }
 
 Trainer::~Trainer() = default;
@@ -292,8 +296,7 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
   for (const auto& [name, w] : s.master) s.trained[name] = w.shape();
   if (s.cfg.distributed.fsdp_size > 1) s.shard_state();
   s.programs = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{method_->programs_to_keep(), ""});
-  s.backend = backend_.get();
-  if (!backend_->host_memory()) s.move_weights_to_backend();
+  if (!backend_->host_memory()) s.move_weights_to_backend();  // the method's extra parameters (a reward head)
 }
 
 void Trainer::State::move_weights_to_backend() {
@@ -302,6 +305,7 @@ void Trainer::State::move_weights_to_backend() {
          "(run one process, or choose device cpu)", config_name, backend->name());
   std::map<const void*, Tensor> moved;  // by host address: a tensor that is both master and compute goes up once
   auto move = [&](Tensor& t, const std::string& name) {
+    if (t.is_device()) return;  // moved before
     const void* at = t.data();
     if (auto it = moved.find(at); it != moved.end() && it->second.shape() == t.shape() && it->second.dtype() == t.dtype()) {
       t = it->second;

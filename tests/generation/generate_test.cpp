@@ -173,6 +173,33 @@ TEST(Generate, SamplingIsReproducibleBySeed) {
   EXPECT_EQ(many.generated.size(), 3u);
 }
 
+// On a device backend (the stand-in "reference-device") generate() gives the host oracle's ids, greedy and sampled,
+// batched and with several sequences per prompt: the weights go up once, the cache stays on the device, and per
+// decode step only the step's inputs go up and the last position's logits come down.
+TEST(Generate, OnADeviceTheIdsEqualTheHostOracle) {
+  test::TempDir dir;
+  (void)golden_model("tiny", DType::F32, dir, test::kCutVocab);
+  const CausalLM host_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "cpu"});
+  const CausalLM dev_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "reference-device"});
+  Generator dev(dev_model), host(host_model);
+  GenerationConfig c = greedy(6);
+  GenerationConfig h = c;
+  h.disable_compile = true;  // the host oracle
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7, 8, 9, 10, 11}};
+  EXPECT_EQ(dev.generate(prompts, c).sequences, host.generate(prompts, h).sequences);
+  const Backend::Transfers greedy_run = dev.transfers();
+  EXPECT_EQ(greedy_run.uploads, static_cast<int64_t>(dev_model.weights().size()) + 4 + 5 * 5);  // weights; prefill; 5 decodes
+  EXPECT_EQ(greedy_run.downloads, 6);                                                            // the logits of 6 positions
+  EXPECT_EQ(greedy_run.largest_download, 2 * test::kCutVocab * 4);                               // [2 rows, V] f32
+  c.do_sample = h.do_sample = true;
+  c.temperature = h.temperature = 1.5f;
+  c.top_k = h.top_k = 20;
+  c.seed = h.seed = 7;
+  c.num_return_sequences = h.num_return_sequences = 2;
+  EXPECT_EQ(dev.generate(prompts, c).sequences, host.generate(prompts, h).sequences);
+  EXPECT_EQ(dev.transfers().uploads - greedy_run.uploads, 4 + 5 * 5);  // the weights stayed
+}
+
 // Top-k, top-p and min-p never let an excluded token through, whatever the draw.
 TEST(Sampling, FiltersNeverEmitExcludedTokens) {
   const std::vector<float> logits = {2.0f, 1.0f, 0.5f, 3.0f, -1.0f, 2.0f, 0.0f, -5.0f};

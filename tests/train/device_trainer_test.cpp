@@ -7,11 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "trl/models/init.h"
 #include "trl/models/reward_model.h"
 #include "trl/train/dpo_trainer.h"
+#include "trl/train/gkd_trainer.h"
+#include "trl/train/grpo_trainer.h"
 #include "trl/train/kto_trainer.h"
 #include "trl/train/reward_trainer.h"
 #include "trl/train/sft_trainer.h"
@@ -47,12 +51,19 @@ Config config(const std::string& out, bool bf16 = false) {
   return c;
 }
 
+// A logged time or speed (step_seconds, time/generation, train_tokens_per_s, ...): they differ between runs.
+bool is_timing(const std::string& key) {
+  for (const char* part : {"time", "seconds", "_per_s", "runtime"})
+    if (key.find(part) != std::string::npos) return true;
+  return false;
+}
+
 // Every logged figure of every step (times aside) to 1e-6, relative; the masters to 1e-5.
 void expect_same_run(const TrainOutput& got, const TrainOutput& want, const TensorMap& got_w, const TensorMap& want_w) {
   ASSERT_EQ(got.log_history.size(), want.log_history.size());
   for (size_t i = 0; i < want.log_history.size(); ++i) {
     for (const auto& [key, value] : want.log_history[i].items()) {
-      if (!value.is_number() || key.find("seconds") != std::string::npos || key.find("_per_s") != std::string::npos || key.find("runtime") != std::string::npos) continue;
+      if (!value.is_number() || is_timing(key)) continue;
       ASSERT_TRUE(got.log_history[i].contains(key)) << key;
       const double a = got.log_history[i][key].get<double>(), b = value.get<double>();
       EXPECT_TRUE(std::isfinite(a) && std::fabs(a - b) <= 1e-6 * std::max(1.0, std::fabs(b))) << key << " entry " << i << ": " << a << " vs " << b;
@@ -211,6 +222,110 @@ TEST(DeviceTrainer, RewardEqualsTheHostOracle) {
   const TrainOutput got = dev.train();
   expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
   watch.expect_only_batches_and_scalars(4 * 128 * 4);
+}
+
+// SFT and DPO with a LoRA adapter (dropout on: its mask seed goes up each micro-batch; DPO's reference is the base
+// with the adapter disabled, sharing the frozen weights): equal to the host oracle.
+TEST(DeviceTrainer, LoraEqualsTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  LoraConfig lora;
+  lora.r = 8, lora.lora_alpha = 16, lora.lora_dropout = 0.1, lora.target_modules = {"all-linear"};
+  for (bool dpo : {false, true}) {
+    SCOPED_TRACE(dpo ? "dpo" : "sft");
+    std::vector<TrainOutput> out;
+    std::vector<TensorMap> weights;
+    for (bool on_dev : {false, true}) {
+      const std::string name = fmt::format("lora-{}-{}", dpo ? "dpo" : "sft", on_dev ? "dev" : "host");
+      const CausalLM model = on_dev ? on_device(t) : t.model;
+      if (dpo) {
+        DPOConfig c = config<DPOConfig>(t.dir.file(name));
+        c.peft_config = lora, c.torch_compile = on_dev;
+        DPOTrainer tr(model, tok, word_pairs(8), c);
+        out.push_back(tr.train()), weights.push_back(tr.master_weights_on_host());
+      } else {
+        SFTConfig c = config<SFTConfig>(t.dir.file(name));
+        c.peft_config = lora, c.torch_compile = on_dev;
+        SFTTrainer tr(model, tok, sentences(), c);
+        out.push_back(tr.train()), weights.push_back(tr.master_weights_on_host());
+      }
+    }
+    expect_same_run(out[1], out[0], weights[1], weights[0]);
+  }
+}
+
+// GRPO (with a KL term against a copied reference) and RLOO: generation on the device from the compute weights AdamW
+// updates there, the same completions, losses and weights as the host oracle.
+template <class Trainer, class Config>
+void expect_online_run_equal(const std::string& name) {
+  SCOPED_TRACE(name);
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  Dataset prompts;
+  for (const char* p : {"Say a word.", "Count to three.", "Name a colour.", "Say hello."})
+    prompts.rows.push_back(ojson{{"prompt", p}}), prompts.where.push_back("prompts");
+  Config c = config<Config>(t.dir.file(name));
+  c.per_device_train_batch_size = 4, c.gradient_accumulation_steps = 1;
+  c.num_generations = 2, c.max_completion_length = 6, c.beta = 0.1, c.pad_to_multiple_of = "32";
+  Config h = c;
+  h.output_dir += "-host", h.torch_compile = false;  // the oracle trains and generates
+  std::vector<std::vector<std::string>> seen[2];
+  Trainer host(t.model, tok, {reward_function("length:20")}, prompts, h);
+  host.on_rollout = [&](const RolloutRecord& r) { seen[0].push_back(r.completions); };
+  const TrainOutput want = host.train();
+  Trainer dev(on_device(t), tok, {reward_function("length:20")}, prompts, c);
+  dev.on_rollout = [&](const RolloutRecord& r) { seen[1].push_back(r.completions); };
+  StepTransfers watch;
+  watch.watch(dev);
+  const TrainOutput got = dev.train();
+  ASSERT_FALSE(seen[0].empty());
+  EXPECT_EQ(seen[1], seen[0]);
+  expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
+  // Generation downloads each decode step's last-position logits ([4 rows, V] f32): the largest tensor that crosses.
+  watch.expect_only_batches_and_scalars(4 * test::kCutVocab * 4);
+}
+
+TEST(DeviceTrainer, GrpoEqualsTheHostOracle) { expect_online_run_equal<GRPOTrainer, GRPOConfig>("grpo"); }
+TEST(DeviceTrainer, RlooEqualsTheHostOracle) { expect_online_run_equal<RLOOTrainer, RLOOConfig>("rloo"); }
+
+// GKD with on-policy completions half the time (the student generates on the device) and the DistillationTrainer:
+// the teacher's hidden states stay on the device between its program and the student's.
+TEST(DeviceTrainer, DistillationEqualsTheHostOracle) {
+  test::TinyModel student(test::kCutVocab);
+  test::TempDir dir;
+  InitOptions o;
+  o.vocab_size = test::kCutVocab, o.preset = "tiny", o.seed = 4321, o.initializer_range = 0.2, o.num_hidden_layers = 1;
+  init_model(o, dir.file("teacher"));
+  const CausalLM teacher = CausalLM::from_pretrained(dir.file("teacher"), LoadOptions{.device = "cpu"});
+  const Tokenizer& tok = test::cut_tokenizer();
+  Dataset rows;
+  for (const char* w : {"apple", "river", "stone", "cloud", "green", "tiger", "piano", "light"})
+    rows.rows.push_back(ojson{{"prompt", std::string("Repeat ") + w + ":"}, {"completion", std::string(" ") + w}}), rows.where.push_back("rows");
+  for (bool gkd : {true, false}) {
+    SCOPED_TRACE(gkd ? "gkd" : "distillation");
+    std::vector<TrainOutput> out;
+    std::vector<TensorMap> weights;
+    for (bool on_dev : {false, true}) {
+      const std::string name = fmt::format("{}-{}", gkd ? "gkd" : "distill", on_dev ? "dev" : "host");
+      const CausalLM model = on_dev ? on_device(student) : student.model;
+      StepTransfers watch;
+      if (gkd) {
+        GKDConfig c = config<GKDConfig>(dir.file(name));
+        c.lmbda = 0.5, c.beta = 0.5, c.max_new_tokens = 4, c.seed = 11, c.torch_compile = on_dev;
+        GKDTrainer t(model, teacher, tok, rows, c);
+        if (on_dev) watch.watch(t);
+        out.push_back(t.train()), weights.push_back(t.master_weights_on_host());
+      } else {
+        DistillationConfig c = config<DistillationConfig>(dir.file(name));
+        c.max_completion_length = 4, c.seed = 11, c.torch_compile = on_dev;
+        DistillationTrainer t(model, teacher, tok, rows, c);
+        if (on_dev) watch.watch(t);
+        out.push_back(t.train()), weights.push_back(t.master_weights_on_host());
+      }
+      if (on_dev) watch.expect_only_batches_and_scalars(4 * test::kCutVocab * 4);  // generation's logits rows
+    }
+    expect_same_run(out[1], out[0], weights[1], weights[0]);
+  }
 }
 
 }  // namespace

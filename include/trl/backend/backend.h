@@ -92,6 +92,8 @@ class Backend {
     bool fresh = false;
   };
   virtual void adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& weight, Tensor* compute, const AdamWStep& step);
+  // Sets every byte of `t` (in this backend's memory) to zero: a static KV cache before its prefill.
+  virtual void zero(Tensor& t);
   // A copy of `t` in this backend's memory (device to device; on the host a clone): an output kept past the next
   // run of its program's arena, a weight that must not change with its source.
   virtual Tensor copy(const Tensor& t, const std::string& name = "") {

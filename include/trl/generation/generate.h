@@ -73,6 +73,10 @@ class Generator {
   const ProgramCacheStats& stats() const;
   // The defaults this generator starts from (the model folder's generation_config.json).
   const GenerationConfig& defaults() const { return defaults_; }
+  // What crossed between the host and the model's device so far (nothing on a host backend): on a device the
+  // weights go up once, then per step the new ids, positions and mask go up and the last position's logits come
+  // down (the sampling runs on the host).
+  Backend::Transfers transfers() const;
 
  private:
   struct State;

@@ -580,8 +580,11 @@ Tensor adopt(Tensor bytes, const std::string& name) {
 }
 // A device tensor holding a copy of `host` (device-to-device copies are this too).
 Tensor to_device(const Tensor& host, const std::string& name) { return adopt(host.clone(), name); }
-// The host view of a device tensor's bytes, valid while the device tensor lives.
-Tensor host_view(const Tensor& device) { return Tensor::view(device.device_handle(), device.dtype(), device.shape(), nullptr); }
+// The host view of a device tensor's bytes; it keeps the device tensor alive (a two-stage program holds its stage-0
+// inputs until stage 1, after the caller may have let go of them, as a device program holds its buffers).
+Tensor host_view(const Tensor& device) {
+  return Tensor::view(device.device_handle(), device.dtype(), device.shape(), std::make_shared<Tensor>(device));
+}
 
 class ReferenceProgram final : public Program {
  public:
@@ -825,6 +828,10 @@ class ReferenceBackend final : public Backend {
     Tensor m = on_host(exp_avg, "adamw_step"), v = on_host(exp_avg_sq, "adamw_step"), w = on_host(weight, "adamw_step");
     Tensor c = compute != nullptr ? on_host(*compute, "adamw_step") : Tensor();
     Backend::adamw_step(on_host(grad, "adamw_step"), m, v, w, compute != nullptr ? &c : nullptr, step);
+  }
+  void zero(Tensor& t) override {
+    Tensor h = on_host(t, "zero");
+    Backend::zero(h);
   }
   Tensor copy(const Tensor& t, const std::string& name) override {
     if (!device_) return t.clone();

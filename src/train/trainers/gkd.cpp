@@ -205,14 +205,15 @@ class DistillMethod final : public TrainingMethod {
     TensorMap in = ctx.weights;
     in["teacher_hidden"] = teacher_->hidden_states(b, kept, spec_.loss_temperature);
     in["teacher_lm_head"] = teacher_->model().weights().at(teacher_->model().lm_head_name());
-    in["input_ids"] = b.input_ids, in["attention_mask"] = b.attention_mask, in["position_ids"] = b.position_ids;
-    in["kept_positions"] = kept, in["loss_weights"] = weights;
+    in["input_ids"] = ctx.to_backend(b.input_ids, "input_ids"), in["attention_mask"] = ctx.to_backend(b.attention_mask, "attention_mask");
+    in["position_ids"] = ctx.to_backend(b.position_ids, "position_ids");
+    in["kept_positions"] = ctx.to_backend(kept, "kept_positions"), in["loss_weights"] = ctx.to_backend(weights, "loss_weights");
     const graph::Graph g =
         ctx.model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .backward = train, .dropout = spec_.dropout});
     const auto result = ctx.programs.get(g).run(in);
     RunResult out;
     const std::map<std::string, size_t> at = g.output_indices();
-    out.loss = result[at.at("loss")].data_as<float>()[0];
+    out.loss = ctx.to_host(result[at.at("loss")]).data_as<float>()[0];
     if (!std::isfinite(out.loss)) fail("{}: the divergence is not finite ({}) on rows {}...", spec_.name, out.loss, rs.front().where);
     out.tokens = b.num_tokens;
     for (const auto& [n, i] : at)
