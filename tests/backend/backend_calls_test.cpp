@@ -1,10 +1,10 @@
 // The table of Backend's calls between programs (what a trainer runs on the tensors in a backend's memory outside
 // the compiled programs: gradient accumulation, the global norm, clipping, the AdamW step, TR-DPO's mixing,
-// allocation), in the op table's manner: each call has cases with their edges (sizes 1, 7 and 4099 — a tail after
-// the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored moments, with and without
-// the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend under test and on the
-// stand-in device ("reference-device"), and compared with the reference backend bit for bit: every backend runs the
-// same f32 operations in the same order.
+// allocation, zeroing and copying), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
+// 4099 — a tail after the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored
+// moments, with and without the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend
+// under test and on the stand-in device ("reference-device"), and compared with the reference backend bit for bit:
+// every backend runs the same f32 operations in the same order.
 //
 // A new call: add it to Call and call_name(); BackendCalls.EveryCallHasCases fails until it has cases.
 #include <gtest/gtest.h>
@@ -26,11 +26,13 @@
 namespace trl {
 namespace {
 
-enum class Call { Allocate, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, kCount };
+enum class Call { Allocate, Zero, Copy, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, kCount };
 
 const char* call_name(Call c) {
   switch (c) {
     case Call::Allocate: return "allocate";
+    case Call::Zero: return "zero";
+    case Call::Copy: return "copy";
     case Call::Accumulate: return "accumulate";
     case Call::SumOfSquares: return "sum_of_squares";
     case Call::Scale: return "scale";
@@ -76,6 +78,22 @@ std::vector<CallCase> call_table() {
                      EXPECT_EQ(t.is_device(), !b.host_memory());
                      return std::vector<Tensor>{f64_values({static_cast<double>(t.shape()[0]), static_cast<double>(t.shape()[1]), static_cast<double>(t.dtype())})};
                    }});
+  // zero and copy: every byte, any dtype; a copy is its own memory (writing the source afterwards leaves it).
+  for (DType dt : {DType::F32, DType::BF16, DType::I32}) {
+    table.push_back({Call::Zero, std::string(dtype_name(dt)), [dt](Backend& b, const Up& up, const Down& down) {
+                       Tensor t = up(random_f32(4099, 50).to(dt == DType::I32 ? DType::F32 : dt));
+                       if (dt == DType::I32) t = up(Tensor::from_i32(std::vector<int32_t>(129, -7), {129}));
+                       b.zero(t);
+                       return std::vector<Tensor>{down(t)};
+                     }});
+    table.push_back({Call::Copy, std::string(dtype_name(dt)), [dt](Backend& b, const Up& up, const Down& down) {
+                       Tensor src = up(dt == DType::I32 ? Tensor::from_i32(std::vector<int32_t>(129, 5), {129}) : random_f32(4099, 51).to(dt));
+                       const Tensor copy = b.copy(src, "copy");
+                       EXPECT_EQ(copy.is_device(), !b.host_memory());
+                       b.zero(src);  // the copy keeps its bytes
+                       return std::vector<Tensor>{down(copy), down(src)};
+                     }});
+  }
   for (int64_t n : {1, 7, 4099}) {
     const std::string size = fmt::format("n{}", n);
     table.push_back({Call::Accumulate, "first_" + size, [n](Backend& b, const Up& up, const Down& down) {
