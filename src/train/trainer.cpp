@@ -591,6 +591,9 @@ void Trainer::State::check_memory(bool resumed) {
 
 // Resume: weights, moments, step, log and the position in the data order.
 void Trainer::State::resume(const std::string& spec) {
+  if (!backend->host_memory())
+    fail("resume_from_checkpoint: resuming on '{}' (a device backend) is not supported yet: the checkpoint loads into host memory; "
+         "resume with device cpu", backend->name());
   std::string dir = spec;
   if (dir == "last" || dir == "true" || dir == "True") {
     const auto all = list_checkpoints(cfg.output_dir);

@@ -159,6 +159,18 @@ Dataset word_pairs(int n) {
   return d;
 }
 
+// A resume on a device is refused up front, saying what to do (the checkpoint would load into host memory).
+TEST(DeviceTrainer, ResumeOnADeviceIsRefusedWithWhatToDo) {
+  test::TinyModel t(test::kCutVocab);
+  SFTConfig c = config<SFTConfig>(t.dir.file("resume"));
+  c.save_steps = 1;
+  SFTTrainer(on_device(t), test::cut_tokenizer(), sentences(), c).train();
+  c.resume_from_checkpoint = "last";
+  const std::string e = test::error_of([&] { SFTTrainer(on_device(t), test::cut_tokenizer(), sentences(), c).train(); });
+  EXPECT_NE(e.find("resume_from_checkpoint: resuming on 'reference-device' (a device backend) is not supported yet"), std::string::npos) << e;
+  EXPECT_NE(e.find("resume with device cpu"), std::string::npos) << e;
+}
+
 // DPO with a live reference that TR-DPO mixes into every step (the policy's masters into the reference's weights,
 // on the device), and with a precomputed one: each equal to the host oracle.
 TEST(DeviceTrainer, DpoEqualsTheHostOracle) {
