@@ -141,10 +141,23 @@ void Backend::adamw_step(const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq
 
 Tensor Backend::mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name) {
   for (const Tensor* t : {&target, &source})
-    if ((t->dtype() != DType::F32 && t->dtype() != DType::BF16) || t->shape() != target.shape() || !t->is_contiguous())
-      fail("mix of '{}': the target and the source must be contiguous f32 or bf16 tensors of one shape (target {} {}, source {} {})", name,
+    if (!dtype_is_float(t->dtype()) || t->shape() != target.shape() || !t->is_contiguous())
+      fail("mix of '{}': the target and the source must be contiguous float tensors of one shape (target {} {}, source {} {})", name,
            dtype_name(target.dtype()), shape_str(target.shape()), dtype_name(source.dtype()), shape_str(source.shape()));
   Tensor out = allocate(target.dtype(), target.shape(), name);
+  const bool f32_or_bf16 = [&] {
+    for (const Tensor* t : {&target, &source})
+      if (t->dtype() != DType::F32 && t->dtype() != DType::BF16) return false;
+    return true;
+  }();
+  if (!f32_or_bf16) {  // f16, f64: element by element, in f32 as below
+    for (int64_t i = 0; i < target.numel(); ++i) {
+      const float m = alpha * static_cast<float>(load_element(source.data(), source.dtype(), i)) +
+                      (1.0f - alpha) * static_cast<float>(load_element(target.data(), target.dtype(), i));
+      store_element(out.mutable_data(), out.dtype(), i, m);
+    }
+    return out;
+  }
   const int64_t n = target.numel();
   const void* a = target.data();
   const void* b = source.data();

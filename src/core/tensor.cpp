@@ -100,7 +100,8 @@ const std::string& Tensor::device_label() const {
 }
 
 void Tensor::host_access_error(const char* what) const {
-  fail("the host tried to {} a {} {} tensor, {}, which only its backend can reach: download it first (Backend::download)", what,
+  fail("the host tried to {} a {} {} tensor, {}, which only its backend can reach: download it first (Backend::download; a "
+       "trainer's weights: master_weights_on_host())", what,
        dtype_name(dtype_), shape_str(shape_), device_label());
 }
 

@@ -158,14 +158,20 @@ struct Generator::State {
   std::unique_ptr<Backend> reference;  // disable_compile: the oracle
   ProgramCache compiled{*device, 32};
   ProgramCache oracle{*reference, 8};
-  std::map<std::pair<int64_t, int64_t>, std::vector<Tensor>> caches;  // (batch, cache length) -> k0, v0, k1, ...
+  std::map<std::tuple<bool, int64_t, int64_t>, std::vector<Tensor>> caches;  // (compiled, batch, cache length) -> k0, v0, k1, ...
   std::map<std::pair<int64_t, int64_t>, graph::Graph> decode_graphs;   // traced once per (batch, cache length)
   TensorMap device_weights;  // a device backend: the model's weights in its memory (uploaded at the first call)
 
   // The weights the programs on `backend` bind: the model's own on a host backend; on a device, the model's tensors
   // already there (a trainer's compute weights, updated in place) and uploads of the others, made once.
   const TensorMap& weights(const CausalLM& model, Backend& backend) {
-    if (backend.host_memory()) return model.weights();
+    if (backend.host_memory()) {
+      for (const auto& [name, w] : model.weights())
+        if (w.is_device())
+          fail("generate: the model's weights are on a device ({}), and disable_compile runs the host oracle: generate with "
+               "disable_compile false there", w.device_label());
+      return model.weights();
+    }
     if (device_weights.empty())
       for (const auto& [name, w] : model.weights()) device_weights[name] = w.is_device() ? w : backend.upload(w, name);
     return device_weights;
@@ -448,7 +454,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   HostRows host = left_pad(l, st.pad, out);
   const bool use_cache = user.cache_implementation == "static";
   std::optional<StaticKvCache> cache;
-  if (use_cache) cache.emplace(state_->caches[{B, S}], backend, mc, B, S, model_.dtype(), model_.tensor_parallel().size);
+  if (use_cache) cache.emplace(state_->caches[{compiled, B, S}], backend, mc, B, S, model_.dtype(), model_.tensor_parallel().size);
   LogitRows logits(B, mc.vocab_size, model_.tensor_parallel());  // a tensor-parallel rank's model runs with its group
 
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).

@@ -173,7 +173,7 @@ std::vector<CallCase> call_table() {
   };
   for (const Mix& x : {Mix{"f32_from_f32", DType::F32, DType::F32, 0.3f}, Mix{"bf16_from_f32", DType::BF16, DType::F32, 0.5f},
                        Mix{"bf16_from_bf16", DType::BF16, DType::BF16, 0.9f}, Mix{"alpha_0_keeps_the_target", DType::BF16, DType::F32, 0.0f},
-                       Mix{"alpha_1_takes_the_source", DType::F32, DType::F32, 1.0f}}) {
+                       Mix{"alpha_1_takes_the_source", DType::F32, DType::F32, 1.0f}, Mix{"f16_from_f32", DType::F16, DType::F32, 0.25f}}) {
     table.push_back({Call::Mix, x.name, [x](Backend& b, const Up& up, const Down& down) {
                        const Tensor target = random_f32(4099, 40).to(x.target), source = random_f32(4099, 41).to(x.source);
                        const Tensor got = down(b.mix(up(target), up(source), x.alpha, "model.norm.weight"));

@@ -52,6 +52,7 @@ void AdamW::step(TensorMap& params, const TensorMap& grads, double lr, Backend& 
     // every check that can fail, so that a failed step leaves no half-made moments.
     u.fresh = !m_.count(name);
     if (u.fresh) {
+      check_adamw_step(g, p, p, p, w16);  // the backend's checks (contiguity) before the moments exist
       m_[name] = backend.allocate(DType::F32, p.shape(), "exp_avg of " + name);
       v_[name] = backend.allocate(DType::F32, p.shape(), "exp_avg_sq of " + name);
     }
