@@ -177,6 +177,34 @@ Tensor Backend::mix(const Tensor& target, const Tensor& source, float alpha, con
   return out;
 }
 
+std::vector<double> Backend::span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans) {
+  check_f32(values, "span_sums");
+  check_f32(weights, "span_sums");
+  if (factors != nullptr) check_f32(*factors, "span_sums");
+  if (values.shape().size() != 2 || weights.shape() != values.shape() || (factors != nullptr && factors->shape() != values.shape()))
+    fail("span_sums: the values, weights and factors must be [rows, tokens] of one shape, got {}, {} and {}", shape_str(values.shape()),
+         shape_str(weights.shape()), factors != nullptr ? shape_str(factors->shape()) : std::string("none"));
+  const int64_t R = values.size(0), T = values.size(1);
+  for (const Span& s : spans)
+    if (s.row < 0 || s.row >= R || s.begin < 0 || s.begin > s.end || s.end > T)
+      fail("span_sums: span [{}, {}) of row {} lies outside the [{}, {}] values", s.begin, s.end, s.row, R, T);
+  const float* v = values.data_as<float>();
+  const float* w = weights.data_as<float>();
+  const float* f = factors != nullptr ? factors->data_as<float>() : nullptr;
+  std::vector<double> out(spans.size());
+#pragma omp parallel for schedule(static) if (spans.size() > 1)
+  for (size_t q = 0; q < spans.size(); ++q) {
+    const Span& s = spans[q];
+    double sum = 0;
+    for (int64_t t = s.begin; t < s.end; ++t) {
+      const int64_t i = s.row * T + t;
+      if (w[i] != 0) sum += static_cast<double>(w[i]) * (f != nullptr ? f[i] : 1.0f) * v[i];
+    }
+    out[q] = sum;
+  }
+  return out;
+}
+
 std::vector<Tensor> Program::run_stage(const TensorMap&, int) {
   fail("this backend's programs do not run in stages (Program::run_stage); use run() with every input bound");
 }

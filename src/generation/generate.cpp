@@ -38,16 +38,6 @@ std::vector<int32_t> ids_field(const json& v, const std::string& what) {
   return out;
 }
 
-// Row-wise softmax of finite scores (-inf stays 0).
-std::vector<double> softmax(const std::vector<float>& s) {
-  const float mx = *std::max_element(s.begin(), s.end());
-  std::vector<double> p(s.size());
-  double sum = 0;
-  for (size_t i = 0; i < s.size(); ++i) sum += p[i] = s[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(s[i]) - mx);
-  for (double& x : p) x /= sum;
-  return p;
-}
-
 }  // namespace
 
 GenerationConfig GenerationConfig::from_model_dir(const std::string& dir) {
@@ -89,67 +79,6 @@ GenerationConfig GenerationConfig::from_model_dir(const std::string& dir) {
   if (j.contains("eos_token_id")) c.eos_token_id = ids_field(j["eos_token_id"], path + ": eos_token_id");
   field("pad_token_id", c.pad_token_id, "an integer");
   return c;
-}
-
-void process_logits(std::vector<float>& s, const std::vector<int32_t>& context, const SamplingParams& p) {
-  const int64_t V = static_cast<int64_t>(s.size());
-  if (p.repetition_penalty != 1.0f) {
-    std::vector<char> seen(static_cast<size_t>(V), 0);
-    for (int32_t id : context)
-      if (id >= 0 && id < V && !seen[static_cast<size_t>(id)]) {
-        seen[static_cast<size_t>(id)] = 1;
-        float& x = s[static_cast<size_t>(id)];
-        x = x < 0 ? x * p.repetition_penalty : x / p.repetition_penalty;
-      }
-  }
-  if (!p.do_sample) return;
-  if (p.temperature != 1.0f)
-    for (float& x : s) x /= p.temperature;
-  if (p.top_k > 0 && p.top_k < V) {
-    std::vector<float> sorted(s);
-    std::nth_element(sorted.begin(), sorted.begin() + (p.top_k - 1), sorted.end(), std::greater<float>());
-    const float kth = sorted[static_cast<size_t>(p.top_k - 1)];
-    for (float& x : s)
-      if (x < kth) x = -INFINITY;  // ties with the k-th are kept
-  }
-  if (p.top_p < 1.0f) {
-    const std::vector<double> prob = softmax(s);
-    std::vector<int32_t> order(static_cast<size_t>(V));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[static_cast<size_t>(a)] < s[static_cast<size_t>(b)]; });
-    double cum = 0;
-    for (int64_t i = 0; i < V - 1; ++i) {  // ascending; the last (the most likely) is always kept
-      cum += prob[static_cast<size_t>(order[static_cast<size_t>(i)])];
-      if (cum <= 1.0 - static_cast<double>(p.top_p)) s[static_cast<size_t>(order[static_cast<size_t>(i)])] = -INFINITY;
-    }
-  }
-  if (p.min_p) {
-    const std::vector<double> prob = softmax(s);
-    const double top = *std::max_element(prob.begin(), prob.end());
-    for (int64_t i = 0; i < V; ++i)
-      if (prob[static_cast<size_t>(i)] < static_cast<double>(*p.min_p) * top) s[static_cast<size_t>(i)] = -INFINITY;
-  }
-}
-
-int32_t pick_token(const std::vector<float>& s, bool do_sample, double u) {
-  if (!do_sample) return static_cast<int32_t>(std::max_element(s.begin(), s.end()) - s.begin());
-  // Inverse CDF of softmax(s): one pass of exps (float, into a buffer) and their total, then the first index whose
-  // running sum passes u·total. -inf scores (filtered tokens) have weight 0 and are never picked.
-  const float mx = *std::max_element(s.begin(), s.end());
-  thread_local std::vector<float> e;
-  e.resize(s.size());
-  double total = 0;
-  for (size_t i = 0; i < s.size(); ++i) total += e[i] = s[i] == -INFINITY ? 0.0f : std::exp(s[i] - mx);
-  const double target = u * total;
-  double cum = 0;
-  int32_t last = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    if (e[i] == 0) continue;
-    cum += e[i];
-    last = static_cast<int32_t>(i);
-    if (target < cum) return last;
-  }
-  return last;  // rounding left u·total above the sum
 }
 
 struct Generator::State {
@@ -320,41 +249,63 @@ class StaticKvCache {
   Backend& backend_;
 };
 
-// ---- the logits of the last position of every row, as whole f32 rows on the host ----
-// Under tensor parallel a program's logits are this rank's V / size columns: each rank writes its columns into
-// zeroed rows and one all-reduce joins them, so every rank samples from the same whole rows (and, with the same
-// seeds, the same tokens).
-class LogitRows {
+// ---- the logits of the last position of every row, where the next tokens are chosen ----
+// A program's logits stay in the backend's memory (row b at row b·stride + offset of the output) and
+// Backend::sample chooses there: one id per row comes back. Under tensor parallel a program's logits are this rank's
+// V / size columns: each rank writes its columns into zeroed host rows and one all-reduce joins them, so every rank
+// chooses from the same whole rows (with the same seeds, the same tokens) on the host.
+class LastLogits {
  public:
-  LogitRows(int64_t B, int64_t V, const TensorParallel& tp)
-      : rows(static_cast<size_t>(B), std::vector<float>(static_cast<size_t>(V))), B_(B), V_(V), Vl_(V / tp.size), first_(tp.rank * Vl_), tp_(tp),
-        joined_(tp.size > 1 ? static_cast<size_t>(B * V) : 0) {}
-  // Row b's logits from element (b * rows_stride + row_offset) * (V / tp.size) of `t`.
+  LastLogits(Backend& backend, Backend& host, int64_t B, int64_t V, const TensorParallel& tp)
+      : backend_(backend), host_(host), B_(B), V_(V), Vl_(V / tp.size), tp_(tp) {}
   void take(const Tensor& t, int64_t rows_stride, int64_t row_offset) {
-    const bool split = tp_.size > 1;
-    if (split) std::fill(joined_.begin(), joined_.end(), 0.0f);
-    for (int64_t b = 0; b < B_; ++b) {
-      float* row = (split ? joined_.data() + b * V_ : rows[static_cast<size_t>(b)].data()) + first_;
-      const int64_t at = (b * rows_stride + row_offset) * Vl_;
-      if (t.dtype() == DType::BF16) {
-        const uint16_t* x = static_cast<const uint16_t*>(t.data()) + at;
-        for (int64_t v = 0; v < Vl_; ++v) row[v] = bf16_to_f32(x[v]);
-      } else if (t.dtype() == DType::F32) {
-        std::memcpy(row, static_cast<const float*>(t.data()) + at, static_cast<size_t>(Vl_) * sizeof(float));
-      } else {
-        for (int64_t v = 0; v < Vl_; ++v) row[v] = static_cast<float>(load_element(t.data(), t.dtype(), at + v));
-      }
+    if (t.shape().empty() || t.shape().back() != Vl_)
+      fail("generate: the program's logits are {}, expected a last dimension of {} (the vocabulary on this rank)", shape_str(t.shape()), Vl_);
+    if (tp_.size == 1) {
+      t_ = t, stride_ = rows_stride, offset_ = row_offset;
+      return;
     }
-    if (!split) return;
-    all_reduce_in_group(tp_.group, joined_.data(), B_ * V_, DType::F32);
-    for (int64_t b = 0; b < B_; ++b) std::memcpy(rows[static_cast<size_t>(b)].data(), joined_.data() + b * V_, static_cast<size_t>(V_) * sizeof(float));
+    const Tensor h = to_host(backend_, t);
+    Tensor joined = Tensor::zeros(DType::F32, {B_, V_});
+    float* j = joined.mutable_data_as<float>();
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t v = 0; v < Vl_; ++v) j[b * V_ + tp_.rank * Vl_ + v] = static_cast<float>(load_element(h.data(), h.dtype(), (b * rows_stride + row_offset) * Vl_ + v));
+    all_reduce_in_group(tp_.group, j, B_ * V_, DType::F32);
+    t_ = joined, stride_ = 1, offset_ = 0;
   }
-  std::vector<std::vector<float>> rows;  // [B][V]
+  // Each row's next token; the rows' ids so far go up only for a repetition penalty.
+  std::vector<int32_t> choose(const SamplingParams& params, std::vector<double> uniforms, const std::vector<std::vector<int32_t>>& sequences) {
+    Backend& where = t_.is_device() || backend_.host_memory() ? backend_ : host_;
+    Backend::SampleRequest r;
+    r.rows = B_, r.row_stride = stride_, r.row_offset = offset_, r.params = params, r.uniforms = std::move(uniforms);
+    Tensor context;
+    if (params.repetition_penalty != 1.0f) {
+      const int64_t T = static_cast<int64_t>(sequences.at(0).size());
+      context = Tensor::zeros(DType::I32, {B_, T});
+      for (int64_t b = 0; b < B_; ++b)
+        std::memcpy(context.mutable_data_as<int32_t>() + b * T, sequences[static_cast<size_t>(b)].data(), static_cast<size_t>(T) * sizeof(int32_t));
+      context = to_backend(where, context, "the rows' ids so far");
+      r.context = &context;
+    }
+    return where.sample(t_, r);
+  }
+  // output_logits: the raw rows as f32 on the host (a download on a device).
+  std::vector<std::vector<float>> host_rows() {
+    const Tensor h = to_host(backend_, t_);
+    const int64_t V = h.shape().back();
+    std::vector<std::vector<float>> rows(static_cast<size_t>(B_), std::vector<float>(static_cast<size_t>(V)));
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t v = 0; v < V; ++v) rows[static_cast<size_t>(b)][static_cast<size_t>(v)] = static_cast<float>(load_element(h.data(), h.dtype(), (b * stride_ + offset_) * V + v));
+    return rows;
+  }
 
  private:
-  int64_t B_, V_, Vl_, first_;
+  Backend& backend_;
+  Backend& host_;  // where the joined rows of tensor parallel are chosen when the model's backend is a device
+  int64_t B_, V_, Vl_;
   TensorParallel tp_;
-  std::vector<float> joined_;
+  Tensor t_;
+  int64_t stride_ = 1, offset_ = 0;
 };
 
 // ---- phase 4: choosing each row's next token and when a row finishes ----
@@ -367,20 +318,24 @@ class TokenChooser {
       fail("generate: {} row_seeds for {} rows (prompts × num_return_sequences)", user.row_seeds.size(), B);
     for (uint64_t s : user.row_seeds) row_rng_.emplace_back(s);
   }
-  // Processes and samples every row's logits; appends the token to each row (pad for a finished one) and returns
-  // them as [B, 1] ids for the next decode.
-  Tensor choose(std::vector<std::vector<float>>& logits, GenerationOutput& out) {
-    const int64_t B = static_cast<int64_t>(logits.size());
+  // This step's draw of every row: drawn for every row at every step, so a row's draws do not depend on when the
+  // others finish.
+  std::vector<double> uniforms() {
+    std::vector<double> u(unfinished_.size());
+    for (size_t r = 0; r < u.size(); ++r) {
+      const uint64_t bits = row_rng_.empty() ? rng_.next() : row_rng_[r].next();
+      u[r] = static_cast<double>(bits >> 11) * 0x1.0p-53;
+    }
+    return u;
+  }
+  // Appends each row's chosen token (pad for a finished one), finishes rows on eos or a stop string, and returns the
+  // tokens as [B, 1] ids for the next decode.
+  Tensor take(const std::vector<int32_t>& chosen, GenerationOutput& out) {
+    const int64_t B = static_cast<int64_t>(chosen.size());
     Tensor next = Tensor::zeros(DType::I32, {B, 1});
     for (int64_t b = 0; b < B; ++b) {
       const size_t r = static_cast<size_t>(b);
-      std::vector<float>& s = logits[r];
-      process_logits(s, out.sequences[r], st_.sampling);
-      // Drawn for every row at every step: a row's draws do not depend on when the others finish.
-      const uint64_t bits = row_rng_.empty() ? rng_.next() : row_rng_[r].next();
-      const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
-      int32_t tok = pick_token(s, st_.sampling.do_sample, u);
-      if (!unfinished_[r]) tok = st_.pad;
+      const int32_t tok = unfinished_[r] ? chosen[r] : st_.pad;
       next.mutable_data_as<int32_t>()[b] = tok;
       out.sequences[r].push_back(tok);
       if (!unfinished_[r]) continue;
@@ -455,7 +410,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
   const bool use_cache = user.cache_implementation == "static";
   std::optional<StaticKvCache> cache;
   if (use_cache) cache.emplace(state_->caches[{compiled, B, S}], backend, mc, B, S, model_.dtype(), model_.tensor_parallel().size);
-  LogitRows logits(B, mc.vocab_size, model_.tensor_parallel());  // a tensor-parallel rank's model runs with its group
+  LastLogits logits(backend, *state_->reference, B, mc.vocab_size, model_.tensor_parallel());  // a tensor-parallel rank's model runs with its group
 
   // The dynamic path: the whole sequence so far, every step (one program per length: the comparison point).
   auto run_full = [&](int64_t T) {
@@ -469,7 +424,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     in["input_ids"] = up(x, "input_ids"), in["attention_mask"] = up(m, "attention_mask"), in["position_ids"] = up(default_position_ids(m), "position_ids");
     const graph::Graph g = model_.forward_graph(B, T);
     const auto res = programs.get(g).run(in);
-    logits.take(to_host(backend, res[g.output_index("logits")]), T, T - 1);
+    logits.take(res[g.output_index("logits")], T, T - 1);
   };
 
   // Prefill: the left-padded prompts fill cache slots [0, P).
@@ -481,7 +436,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     cache->bind(in);
     const graph::Graph g = model_.prefill_graph(B, P, S);
     const auto res = programs.get(g).run(in);
-    logits.take(to_host(backend, res[g.output_index("logits")]), 1, 0);
+    logits.take(res[g.output_index("logits")], 1, 0);
     cache->keep(res, g);
   } else {
     run_full(P);
@@ -495,8 +450,8 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
       chooser.interrupt(out);
       break;
     }
-    if (user.output_logits) out.logits.push_back(logits.rows);
-    const Tensor next = chooser.choose(logits.rows, out);
+    if (user.output_logits) out.logits.push_back(logits.host_rows());
+    const Tensor next = chooser.take(logits.choose(st.sampling, chooser.uniforms(), out.sequences), out);
     if (step + 1 == l.N || chooser.all_finished()) break;
     const int64_t slot = P + step;
     for (int64_t b = 0; b < B; ++b) host.mask[static_cast<size_t>(b * S + slot)] = 1;
@@ -517,7 +472,7 @@ GenerationOutput Generator::generate(const std::vector<std::vector<int32_t>>& pr
     auto g = state_->decode_graphs.find({B, S});
     if (g == state_->decode_graphs.end()) g = state_->decode_graphs.emplace(std::make_pair(B, S), model_.decode_graph(B, S)).first;
     const auto res = programs.get(g->second).run(in);  // a cache lookup every step: the counters show each reuse
-    logits.take(to_host(backend, res[g->second.output_index("logits")]), 1, 0);
+    logits.take(res[g->second.output_index("logits")], 1, 0);
     cache->keep(res, g->second);
   }
   return out;

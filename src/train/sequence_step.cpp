@@ -63,28 +63,24 @@ std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, in
   return {count, T};
 }
 
-std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token, bool weighted) {
-  const int64_t T = b.batch.input_ids.size(1);
-  if (per_token.shape() != b.batch.weights.shape()) fail("sequence_sums: {} values for a {} batch", shape_str(per_token.shape()), shape_str(b.batch.weights.shape()));
-  const float* v = per_token.data_as<float>();
-  const float* w = b.batch.weights.data_as<float>();
-  const float* lw = weighted && b.logp_weights.numel() > 0 ? b.logp_weights.data_as<float>() : nullptr;
-  std::vector<double> out;
-  for (const SequenceBatch::Span& s : b.spans) {
-    double sum = 0;
-    for (int64_t t = s.begin; t < s.end; ++t) {
-      const int64_t i = s.row * T + t;
-      if (w[i] != 0) sum += static_cast<double>(w[i]) * (lw ? lw[i] : 1.0f) * v[i];
-    }
-    out.push_back(sum);
-  }
-  return out;
+SequenceSums::SequenceSums(Backend& backend, const SequenceBatch& b)
+    : backend_(backend),
+      b_(b),
+      weights_(to_backend(backend, b.batch.weights, "weights")),
+      logp_weights_(b.logp_weights.numel() > 0 ? to_backend(backend, b.logp_weights, "logp_weights") : Tensor()) {}
+
+std::vector<double> SequenceSums::operator()(const Tensor& per_token, bool weighted) const {
+  if (per_token.shape() != b_.batch.weights.shape())
+    fail("sequence sums: {} values for a {} batch", shape_str(per_token.shape()), shape_str(b_.batch.weights.shape()));
+  const bool factors = weighted && logp_weights_.numel() > 0;
+  return backend_.span_sums(per_token, weights_, factors ? &logp_weights_ : nullptr, b_.spans);
 }
 
 std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b) {
   const graph::Graph g = model.logprobs_graph(b.batch.input_ids.size(0), b.batch.input_ids.size(1));
   Backend& backend = programs.backend();
-  return sequence_sums(b, to_host(backend, programs.get(g).run(batch_inputs(backend, weights, b.batch)).at(g.output_index("token_logprobs"))));
+  const std::vector<Tensor> out = programs.get(g).run(batch_inputs(backend, weights, b.batch));
+  return SequenceSums(backend, b)(out.at(g.output_index("token_logprobs")));
 }
 
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
@@ -93,17 +89,18 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   const graph::Graph g = model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means});
   Program& program = programs.get(g);
   Backend& backend = programs.backend();
-  // Stage 0: the per-token log-probs and metrics; the host sums them per sequence.
+  // Stage 0: the per-token log-probs and metrics, summed per sequence where they are; the sums come to the host.
   const TensorMap inputs = batch_inputs(backend, weights, b.batch);
   const std::vector<Tensor> first = program.run_stage(inputs, 0);
-  auto per_token = [&](const char* name) { return to_host(backend, first.at(g.output_index(name))); };
+  const SequenceSums sums(backend, b);
+  auto per_token = [&](const char* name) { return first.at(g.output_index(name)); };
   SequenceStepResult out;
-  out.logps = sequence_sums(b, per_token("token_logprobs"));
-  out.entropy_sums = sequence_sums(b, per_token("entropy"), false);
-  out.match_sums = sequence_sums(b, per_token("token_accuracy"), false);
+  out.logps = sums(per_token("token_logprobs"));
+  out.entropy_sums = sums(per_token("entropy"), false);
+  out.match_sums = sums(per_token("token_accuracy"), false);
   if (logit_means) {
     const double V = static_cast<double>(model.config().vocab_size);
-    for (double sum : sequence_sums(b, per_token("logit_sum"), false)) out.logit_mean_sums.push_back(sum / V);
+    for (double sum : sums(per_token("logit_sum"), false)) out.logit_mean_sums.push_back(sum / V);
   }
   std::vector<double> d(out.logps.size(), 0.0);
   out.loss = loss(out.logps, d);

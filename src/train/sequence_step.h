@@ -19,9 +19,7 @@ namespace trl {
 // Sequences in a batch, and where each lies: sequence q is positions [begin, end) of batch row `row`.
 struct SequenceBatch {
   SFTBatch batch;
-  struct Span {
-    int64_t row = 0, begin = 0, end = 0;
-  };
+  using Span = Backend::Span;  // {row, begin, end}
   std::vector<Span> spans;
   std::vector<int64_t> completion_tokens;  // per sequence: the positions its log-prob sums over
   // Optional f32 [B, T]: how much each completion token's log-prob counts in its sequence's sum (LD-DPO); empty:
@@ -43,9 +41,20 @@ SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const Seq
 // The [rows, tokens] of the largest batch of `count` sequences of these lengths under `layout` (the memory check).
 std::pair<int64_t, int64_t> largest_batch_shape(std::vector<int64_t> lengths, int64_t count, const SequenceLayout& layout);
 
-// Σ over each sequence's completion tokens of a per-token [B, T] f32 tensor, each token times its logp_weights
-// entry when `weighted` and the batch has them (log-probs), else plainly (entropies, matches).
-std::vector<double> sequence_sums(const SequenceBatch& b, const Tensor& per_token, bool weighted = true);
+// Σ over each sequence's completion tokens of a batch's per-token [B, T] f32 values, run where the values are
+// (Backend::span_sums): each token times its weight, and its logp_weights entry when `weighted` and the batch has
+// them (log-probs), else plainly (entropies, matches). The batch's weights go to the backend once; the sums come
+// back.
+class SequenceSums {
+ public:
+  SequenceSums(Backend& backend, const SequenceBatch& b);
+  std::vector<double> operator()(const Tensor& per_token, bool weighted = true) const;
+
+ private:
+  Backend& backend_;
+  const SequenceBatch& b_;
+  Tensor weights_, logp_weights_;
+};
 
 // The summed completion log-probs of every sequence under `model` with `weights` bound; forward only.
 std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b);

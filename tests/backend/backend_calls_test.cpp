@@ -1,6 +1,6 @@
 // The table of Backend's calls between programs (what a trainer runs on the tensors in a backend's memory outside
 // the compiled programs: gradient accumulation, the global norm, clipping, the AdamW step, TR-DPO's mixing,
-// allocation, zeroing and copying), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
+// allocation, zeroing and copying, DPO's per-sequence sums and generate()'s choice of the next tokens), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
 // 4099 — a tail after the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored
 // moments, with and without the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend
 // under test and on the stand-in device ("reference-device"), and compared with the reference backend bit for bit:
@@ -26,7 +26,7 @@
 namespace trl {
 namespace {
 
-enum class Call { Allocate, Zero, Copy, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, kCount };
+enum class Call { Allocate, Zero, Copy, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, Sample, SpanSums, kCount };
 
 const char* call_name(Call c) {
   switch (c) {
@@ -38,6 +38,8 @@ const char* call_name(Call c) {
     case Call::Scale: return "scale";
     case Call::AdamWStep: return "adamw_step";
     case Call::Mix: return "mix";
+    case Call::Sample: return "sample";
+    case Call::SpanSums: return "span_sums";
     case Call::kCount: break;
   }
   return "?";
@@ -53,6 +55,8 @@ struct CallCase {
   std::function<std::vector<Tensor>(Backend&, const Up&, const Down&)> run;
   bool non_finite = false;  // the reference's results hold NaN or Inf on purpose (they must match there)
 };
+// gtest prints a failing case's parameter by its name, not its bytes.
+void PrintTo(const CallCase& c, std::ostream* os) { *os << call_name(c.call) << " " << c.name; }
 
 Tensor random_f32(int64_t n, uint64_t seed, float scale = 1.0f) {
   SplitMix64 rng(seed);
@@ -64,6 +68,7 @@ Tensor with(Tensor t, int64_t i, float value) {
   t.mutable_data_as<float>()[i] = value;
   return t;
 }
+Tensor i32_values(const std::vector<int32_t>& v) { return Tensor::from_i32(v, {static_cast<int64_t>(v.size())}); }
 Tensor f64_values(const std::vector<double>& v) {
   Tensor t = Tensor::zeros(DType::F64, {static_cast<int64_t>(v.size())});
   if (!v.empty()) std::memcpy(t.mutable_data(), v.data(), v.size() * sizeof(double));
@@ -187,6 +192,77 @@ std::vector<CallCase> call_table() {
                        return std::vector<Tensor>{got};
                      }});
   }
+  // sample: generate()'s next token per row where the logits are. Rows picked by stride and offset (the last position
+  // of [B, T, V]), f32 and bf16 logits, greedy ties (the first maximum), every processor with draws at 0 and just
+  // below 1, a row masked to one token and a row masked entirely (-inf everywhere gives 0).
+  struct Sample {
+    std::string name;
+    DType dtype;
+    bool do_sample;
+    float repetition_penalty;
+  };
+  for (const Sample& x : {Sample{"greedy_f32", DType::F32, false, 1.0f}, Sample{"greedy_bf16_repetition_penalty", DType::BF16, false, 1.7f},
+                          Sample{"every_processor_f32", DType::F32, true, 1.3f}, Sample{"every_processor_bf16", DType::BF16, true, 1.0f}}) {
+    table.push_back({Call::Sample, x.name, [x](Backend& b, const Up& up, const Down&) {
+                       const int64_t B = 5, T = 3, V = 37;  // logits [B, T, V]; row b's scores at position T - 1
+                       Tensor logits = random_f32(B * T * V, 60, 3.0f).reshape({B, T, V});
+                       float* l = logits.mutable_data_as<float>();
+                       l[(0 * T + 2) * V + 4] = l[(0 * T + 2) * V + 9] = 50.0f;  // a tie at the top: 4 comes first
+                       for (int64_t v = 0; v < V; ++v) l[(3 * T + 2) * V + v] = v == 11 ? 0.5f : -INFINITY;  // one token left
+                       for (int64_t v = 0; v < V; ++v) l[(4 * T + 2) * V + v] = -INFINITY;                   // none
+                       std::vector<int32_t> ctx(static_cast<size_t>(B * 6));
+                       for (size_t i = 0; i < ctx.size(); ++i) ctx[i] = static_cast<int32_t>((i * 7) % V);
+                       const Tensor context = up(Tensor::from_i32(ctx, {B, 6}));
+                       Backend::SampleRequest r;
+                       r.rows = B, r.row_stride = T, r.row_offset = T - 1;
+                       r.params.do_sample = x.do_sample, r.params.repetition_penalty = x.repetition_penalty;
+                       r.params.temperature = 0.7f, r.params.top_k = 20, r.params.top_p = 0.9f, r.params.min_p = 0.01f;
+                       r.uniforms = {0.0, 0.5, 1.0 - 0x1.0p-53, 0.25, 0.75};
+                       r.context = &context;
+                       const std::vector<int32_t> ids = b.sample(up(logits.to(x.dtype)), r);
+                       EXPECT_EQ(ids.at(3), 11);
+                       EXPECT_EQ(ids.at(4), 0);
+                       if (!x.do_sample && x.repetition_penalty == 1.0f) {
+                         EXPECT_EQ(ids.at(0), 4);
+                       }
+                       return std::vector<Tensor>{i32_values(ids)};
+                     }});
+  }
+  table.push_back({Call::Sample, "one_row_no_context", [](Backend& b, const Up& up, const Down&) {
+                     Backend::SampleRequest r;
+                     r.rows = 1, r.params.do_sample = true, r.uniforms = {0.3};
+                     return std::vector<Tensor>{i32_values(b.sample(up(random_f32(151, 61, 2.0f).reshape({1, 151})), r))};
+                   }});
+  // span_sums: per-sequence sums of per-token values — padded rows (one span per row), packed rows (several spans in
+  // one row, an empty one), tokens of weight 0 skipped even where the value is NaN, LD-DPO's factors, NaN and Inf
+  // inside a span propagate.
+  struct Spans {
+    std::string name;
+    std::vector<Backend::Span> spans;
+    bool factors;
+    bool non_finite;
+  };
+  for (const Spans& x : {Spans{"padded_rows", {{0, 0, 40}, {1, 0, 40}, {2, 0, 40}}, false, false},
+                         Spans{"packed_with_an_empty_span_and_factors", {{0, 0, 13}, {0, 13, 13}, {0, 13, 40}, {2, 5, 29}}, true, false},
+                         Spans{"nan_and_inf_inside_spans", {{1, 0, 40}, {2, 0, 40}, {3, 0, 40}}, false, true}}) {
+    table.push_back({Call::SpanSums, x.name, [x](Backend& b, const Up& up, const Down&) {
+                       const int64_t R = 4, T = 40;
+                       Tensor values = random_f32(R * T, 70, 5.0f).reshape({R, T}), weights = random_f32(R * T, 71).reshape({R, T});
+                       float* v = values.mutable_data_as<float>();
+                       float* w = weights.mutable_data_as<float>();
+                       for (int64_t i = 0; i < R * T; ++i)
+                         if (i % 5 == 0) w[i] = 0.0f, v[i] = NAN;  // masked: never read into a sum
+                       if (x.non_finite) v[1 * T + 3] = NAN, v[2 * T + 7] = INFINITY;
+                       const Tensor factors = up(random_f32(R * T, 72).reshape({R, T}));
+                       const std::vector<double> sums = b.span_sums(up(values), up(weights), x.factors ? &factors : nullptr, x.spans);
+                       EXPECT_EQ(sums.size(), x.spans.size());
+                       if (!x.non_finite) {
+                         for (double s : sums) EXPECT_TRUE(std::isfinite(s));
+                       }
+                       return std::vector<Tensor>{f64_values(sums)};
+                     },
+                     x.non_finite});
+  }
   return table;
 }
 
@@ -288,6 +364,67 @@ TEST(BackendCalls, AdamWStepChecksItsArguments) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   }
+}
+
+// sample's checks, shared by every backend: rows outside the logits, a draw missing, a penalty without the ids.
+TEST(BackendCalls, SampleChecksItsArguments) {
+  auto cpu = make_backend("cpu");
+  const Tensor logits = random_f32(2 * 9, 1).reshape({2, 9});
+  for (const auto& [what, edit] : std::vector<std::pair<std::string, std::function<void(Backend::SampleRequest&)>>>{
+           {"3 rows at stride 1 from row 0 do not fit the 2 rows of logits [2, 9]", [](Backend::SampleRequest& r) { r.rows = 3; }},
+           {"1 uniforms for 2 rows", [](Backend::SampleRequest& r) { r.params.do_sample = true, r.uniforms = {0.5}; }},
+           {"a repetition penalty needs the rows' ids so far", [](Backend::SampleRequest& r) { r.params.repetition_penalty = 1.2f; }}}) {
+    Backend::SampleRequest r;
+    r.rows = 2;
+    edit(r);
+    try {
+      cpu->sample(logits, r);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  Backend::SampleRequest r;
+  r.rows = 2;
+  try {
+    cpu->sample(Tensor::from_i32(std::vector<int32_t>{1, 2}, {1, 2}), r);
+    ADD_FAILURE() << "accepted i32 logits";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a contiguous float tensor whose last dimension is the vocabulary"), std::string::npos) << e.what();
+  }
+}
+
+// span_sums checks its spans and shapes; an empty span sums to exactly 0.
+TEST(BackendCalls, SpanSumsCheckTheirSpans) {
+  auto cpu = make_backend("cpu");
+  const Tensor v = random_f32(2 * 5, 1).reshape({2, 5}), w = Tensor::from_f32(std::vector<float>(10, 1.0f), {2, 5});
+  EXPECT_EQ(cpu->span_sums(v, w, nullptr, {{1, 2, 2}}).at(0), 0.0);
+  EXPECT_DOUBLE_EQ(cpu->span_sums(v, w, nullptr, {{0, 0, 2}}).at(0), static_cast<double>(v.data_as<float>()[0]) + v.data_as<float>()[1]);
+  for (const auto& [what, f] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"span [3, 6) of row 0 lies outside the [2, 5] values", [&] { cpu->span_sums(v, w, nullptr, {{0, 3, 6}}); }},
+           {"span [0, 1) of row 2 lies outside", [&] { cpu->span_sums(v, w, nullptr, {{2, 0, 1}}); }},
+           {"must be [rows, tokens] of one shape", [&] { cpu->span_sums(v, v.reshape({5, 2}), nullptr, {}); }}}) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
+// On the stand-in device a choice moves only the ids down: one download of rows x 4 bytes.
+TEST(BackendCalls, OnTheDeviceASampleBringsDownOnlyTheIds) {
+  auto dev = make_backend("reference-device");
+  const Tensor logits = dev->upload(random_f32(4 * 1000, 3).reshape({4, 1000}), "logits");
+  const Backend::Transfers before = dev->transfers();
+  Backend::SampleRequest r;
+  r.rows = 4, r.params.do_sample = true, r.uniforms = {0.1, 0.2, 0.3, 0.4};
+  EXPECT_EQ(dev->sample(logits, r).size(), 4u);
+  const Backend::Transfers after = dev->transfers();
+  EXPECT_EQ(after.uploads, before.uploads);
+  EXPECT_EQ(after.downloads - before.downloads, 1);
+  EXPECT_EQ(after.download_bytes - before.download_bytes, 4 * 4);
 }
 
 }  // namespace

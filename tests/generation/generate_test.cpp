@@ -189,15 +189,35 @@ TEST(Generate, OnADeviceTheIdsEqualTheHostOracle) {
   EXPECT_EQ(dev.generate(prompts, c).sequences, host.generate(prompts, h).sequences);
   const Backend::Transfers greedy_run = dev.transfers();
   EXPECT_EQ(greedy_run.uploads, static_cast<int64_t>(dev_model.weights().size()) + 4 + 5 * 5);  // weights; prefill; 5 decodes
-  EXPECT_EQ(greedy_run.downloads, 6);                                                            // the logits of 6 positions
-  EXPECT_EQ(greedy_run.largest_download, 2 * test::kCutVocab * 4);                               // [2 rows, V] f32
+  EXPECT_EQ(greedy_run.downloads, 6);           // each row's id of each of the 6 steps: the choice runs on the device
+  EXPECT_EQ(greedy_run.largest_download, 2 * 4);  // [2] i32 ids: no logits row comes down
+  // Sampling through every processor, 4 rows: the same ids; each step also uploads the rows' ids so far (the
+  // repetition penalty's context) and still downloads one id per row.
   c.do_sample = h.do_sample = true;
   c.temperature = h.temperature = 1.5f;
   c.top_k = h.top_k = 20;
+  c.top_p = h.top_p = 0.9f;
+  c.min_p = h.min_p = 0.02f;
+  c.repetition_penalty = h.repetition_penalty = 1.3f;
   c.seed = h.seed = 7;
   c.num_return_sequences = h.num_return_sequences = 2;
   EXPECT_EQ(dev.generate(prompts, c).sequences, host.generate(prompts, h).sequences);
-  EXPECT_EQ(dev.transfers().uploads - greedy_run.uploads, 4 + 5 * 5);  // the weights stayed
+  const Backend::Transfers sampled = dev.transfers();
+  EXPECT_EQ(sampled.uploads - greedy_run.uploads, 4 + 5 * 5 + 6);  // the weights stayed
+  EXPECT_EQ(sampled.downloads - greedy_run.downloads, 6);
+  EXPECT_EQ(sampled.largest_download, 4 * 4);
+  // The dynamic cache (the whole sequence every step): the last position's row is chosen inside the [B, T, V]
+  // logits on the device; none of them comes down.
+  c.cache_implementation = h.cache_implementation = "dynamic";
+  EXPECT_EQ(dev.generate(prompts, c).sequences, host.generate(prompts, h).sequences);
+  EXPECT_EQ(dev.transfers().uploads - sampled.uploads, 6 * (3 + 1));  // ids, mask, positions and the context, 6 steps
+  EXPECT_EQ(dev.transfers().largest_download, 4 * 4);
+  // Asking for the logits brings them down: the same raw rows as the host's.
+  c.cache_implementation = h.cache_implementation = "static";
+  c.output_logits = h.output_logits = true;
+  const GenerationOutput with_logits = dev.generate(prompts, c);
+  EXPECT_EQ(with_logits.logits, host.generate(prompts, h).logits);
+  EXPECT_EQ(dev.transfers().largest_download, 4 * test::kCutVocab * 4);  // [4 rows, V] f32
 }
 
 // Top-k, top-p and min-p never let an excluded token through, whatever the draw.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "trl/backend/sampling.h"
 #include "trl/core/tensor.h"
 #include "trl/graph/graph.h"
 
@@ -104,6 +105,27 @@ class Backend {
   // each element alpha·source + (1 - alpha)·target computed in f32 and rounded once to the dtype (source: f32 or
   // bf16, target's shape). Never in place: a given reference's tensors may be the caller's or a mapped file.
   virtual Tensor mix(const Tensor& target, const Tensor& source, float alpha, const std::string& name = "");
+  // generate()'s next token of each row, chosen where the logits are, so only the ids reach the host. Row b's
+  // scores are row b·row_stride + row_offset of `logits` (in this backend's memory; a float tensor whose last
+  // dimension is the vocabulary, seen as [R, V]), processed as process_logits and picked as pick_token do
+  // (trl/backend/sampling.h): row b of `context` is the ids so far (i32 [rows, T] in this backend's memory, read only
+  // with a repetition penalty), uniforms[b] the draw (host scalars, as the AdamW step's constants; read only when
+  // sampling). Every backend gives the same ids.
+  struct SampleRequest {
+    int64_t rows = 0, row_stride = 1, row_offset = 0;
+    SamplingParams params;
+    std::vector<double> uniforms;
+    const Tensor* context = nullptr;
+  };
+  virtual std::vector<int32_t> sample(const Tensor& logits, const SampleRequest& request);
+  // Per-sequence sums of per-token values where they are, so only the sums reach the host (DPO's and KTO's summed
+  // log-probs and their metrics): for each span {row, begin, end} of `values` [R, T] (f32), the sum over t in
+  // [begin, end) of weights[row, t] · factors[row, t] · values[row, t] in f64, skipping tokens whose weight is 0,
+  // added in order (every backend gives the same bits). weights: f32 [R, T]; factors: optional f32 [R, T] (1).
+  struct Span {
+    int64_t row = 0, begin = 0, end = 0;
+  };
+  virtual std::vector<double> span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans);
   // The kernel adamw_step runs on this machine ("avx512", "avx2", "portable"): `trl env` prints it.
   virtual std::string adamw_kernel() const { return "portable"; }
 
@@ -138,6 +160,8 @@ inline Tensor to_backend(Backend& backend, const Tensor& host, const std::string
 // A program's output that the host reads (a loss, per-token values): downloaded from a device, else itself.
 inline Tensor to_host(Backend& backend, const Tensor& t) { return t.is_device() ? backend.download(t) : t; }
 
+// The checks of Backend::sample's arguments (shapes, rows in range, one uniform per row, the context's shape).
+void check_sample_request(const Tensor& logits, const Backend::SampleRequest& request);
 // The checks of Backend::adamw_step's arguments (dtypes, shapes, contiguity), shared by every backend's override.
 void check_adamw_step(const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& weight, const Tensor* compute);
 

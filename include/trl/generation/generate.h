@@ -1,7 +1,8 @@
 // generate(): Transformers' generation loop (facts: docs/GENERATION.md) on compiled programs with a static KV cache.
 // Prompts are left-padded to a bucket (pad_to_multiple_of), so a run compiles one prefill program per (batch,
 // prompt bucket) and one decode program per (batch, cache length), however many tokens it generates. The growing
-// sequences, masks and sampling stay on the host; only fixed-shape inputs enter the programs.
+// sequences and masks stay on the host; only fixed-shape inputs enter the programs, and the next tokens are chosen
+// where the logits are (Backend::sample), so one id per row comes back.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "trl/backend/backend.h"
 #include "trl/backend/program_cache.h"
+#include "trl/backend/sampling.h"  // SamplingParams, process_logits, pick_token
 #include "trl/models/causal_lm.h"
 
 namespace trl {
@@ -74,8 +76,8 @@ class Generator {
   // The defaults this generator starts from (the model folder's generation_config.json).
   const GenerationConfig& defaults() const { return defaults_; }
   // What crossed between the host and the model's device so far (nothing on a host backend): on a device the
-  // weights go up once, then per step the new ids, positions and mask go up and the last position's logits come
-  // down (the sampling runs on the host).
+  // weights go up once, then per step the new ids, positions and mask go up (with a repetition penalty, the rows'
+  // ids so far too) and one chosen id per row comes down.
   Backend::Transfers transfers() const;
 
  private:
@@ -94,20 +96,5 @@ struct ChatAnswer {
 };
 std::vector<ChatAnswer> greedy_chat_answers(Generator& generator, const Tokenizer& tokenizer, const std::vector<nlohmann::ordered_json>& rows,
                                             int64_t max_new_tokens);
-
-// Logit processing and sampling, exposed for tests. Transformers' order: repetition penalty (greedy and sampling),
-// then, when sampling, temperature, top-k, top-p, min-p. `context` is the row's ids so far (prompt with its pads,
-// then generated).
-struct SamplingParams {
-  bool do_sample = false;
-  float temperature = 1.0f;
-  int64_t top_k = 50;
-  float top_p = 1.0f;
-  std::optional<float> min_p;
-  float repetition_penalty = 1.0f;
-};
-void process_logits(std::vector<float>& scores, const std::vector<int32_t>& context, const SamplingParams& p);
-// Greedy: the first maximum. Sampling: a draw from softmax(scores) with `u` uniform in [0, 1).
-int32_t pick_token(const std::vector<float>& scores, bool do_sample, double u);
 
 }  // namespace trl

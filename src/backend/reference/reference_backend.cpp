@@ -799,9 +799,7 @@ class ReferenceBackend final : public Backend {
   }
   Tensor download(const Tensor& tensor) override {
     if (!device_ || !tensor.is_device()) return tensor;
-    ++transfers_.downloads;
-    transfers_.download_bytes += static_cast<int64_t>(tensor.nbytes());
-    transfers_.largest_download = std::max(transfers_.largest_download, static_cast<int64_t>(tensor.nbytes()));
+    count_download(static_cast<int64_t>(tensor.nbytes()));
     return host_view(tensor).clone();
   }
   Transfers transfers() const override { return transfers_; }
@@ -842,6 +840,23 @@ class ReferenceBackend final : public Backend {
     ReferenceBackend host(/*device_memory=*/false);
     return adopt(host.mix(on_host(target, "mix"), on_host(source, "mix"), alpha, name), name);
   }
+  std::vector<double> span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans) override {
+    if (!device_) return Backend::span_sums(values, weights, factors, spans);
+    Tensor f = factors != nullptr ? on_host(*factors, "span_sums") : Tensor();
+    std::vector<double> sums = Backend::span_sums(on_host(values, "span_sums"), on_host(weights, "span_sums"), factors != nullptr ? &f : nullptr, spans);
+    count_download(static_cast<int64_t>(sums.size() * sizeof(double)));
+    return sums;
+  }
+  // The choice runs where the logits are; the ids come down (counted as one download of rows x 4 bytes).
+  std::vector<int32_t> sample(const Tensor& logits, const SampleRequest& request) override {
+    if (!device_) return Backend::sample(logits, request);
+    SampleRequest r = request;
+    Tensor context;
+    if (request.context != nullptr) context = on_host(*request.context, "sample"), r.context = &context;
+    std::vector<int32_t> ids = Backend::sample(on_host(logits, "sample"), r);
+    count_download(static_cast<int64_t>(ids.size() * sizeof(int32_t)));
+    return ids;
+  }
   std::unique_ptr<Program> compile(const Graph& graph) override {
     return std::make_unique<ReferenceProgram>(graph::eliminate_dead_code(graph), device_);
   }
@@ -853,6 +868,13 @@ class ReferenceBackend final : public Backend {
     if (device_ != t.is_device())
       fail("{} on the {} backend: {}", what, name(), device_ ? "a tensor in host memory (upload it first)" : t.device_label() + " (download it first)");
     return device_ ? host_view(t) : t;
+  }
+
+  // What a call brings down to the host (a download, the sums or ids a call returns).
+  void count_download(int64_t bytes) {
+    ++transfers_.downloads;
+    transfers_.download_bytes += bytes;
+    transfers_.largest_download = std::max(transfers_.largest_download, bytes);
   }
 
   bool device_;
