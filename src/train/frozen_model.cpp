@@ -37,15 +37,16 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
     model_ = std::make_unique<CausalLM>(trainer.model().with_weights(std::move(frozen), "reference"));
   }
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
-  move_weights_to_backend();
+  move_weights_to_backend(trainer.device());
 }
 
-// A device backend: the weights go to its memory once (those already there stay).
-void FrozenModel::move_weights_to_backend() {
+// A device backend: the weights go to its memory once (those already there stay), and the model's own programs
+// (a teacher's generate() for GKD's seq_kd) run on that device too, whatever device the model was loaded for.
+void FrozenModel::move_weights_to_backend(const std::string& device) {
   if (backend_->host_memory()) return;
   TensorMap moved;
   for (const auto& [name, w] : model_->weights()) moved[name] = w.is_device() ? w : backend_->upload(w, name);
-  model_ = std::make_unique<CausalLM>(model_->with_weights(std::move(moved), teacher_ ? "teacher" : "reference"));
+  model_ = std::make_unique<CausalLM>(model_->with_weights(std::move(moved), teacher_ ? "teacher" : "reference").with_device(device));
 }
 
 FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep) {
@@ -59,7 +60,7 @@ FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& traine
   backend_ = make_backend(trainer.device(), BackendOptions{.share_arena = true});
   programs_ = std::make_unique<ProgramCache>(*backend_, ProgramCacheOptions{programs_to_keep, ""});
   teacher_ = true;
-  move_weights_to_backend();
+  move_weights_to_backend(trainer.device());
 }
 
 Tensor FrozenModel::hidden_states(const SFTBatch& batch, const Tensor& kept, double temperature) {

@@ -44,7 +44,7 @@ class FrozenModel {
   bool released() const { return !model_; }
 
  private:
-  void move_weights_to_backend();
+  void move_weights_to_backend(const std::string& device);
 
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<Backend> backend_;

@@ -306,8 +306,9 @@ TEST(DeviceTrainer, RlooEqualsTheHostOracle) {
   expect_online_run_equal<RLOOTrainer, RLOOConfig>("rloo");
 }
 
-// GKD with on-policy completions half the time (the student generates on the device) and the DistillationTrainer:
-// the teacher's hidden states stay on the device between its program and the student's.
+// GKD with on-policy completions half the time (the student generates on the device), GKD with seq_kd (the rest
+// from the teacher, loaded for the CPU: its generate() runs on the trainer's device, where its weights went), and the
+// DistillationTrainer: the teacher's hidden states stay on the device between its program and the student's.
 TEST(DeviceTrainer, DistillationEqualsTheHostOracle) {
   test::TinyModel student(test::kCutVocab);
   test::TempDir dir;
@@ -319,18 +320,19 @@ TEST(DeviceTrainer, DistillationEqualsTheHostOracle) {
   Dataset rows;
   for (const char* w : {"apple", "river", "stone", "cloud", "green", "tiger", "piano", "light"})
     rows.rows.push_back(ojson{{"prompt", std::string("Repeat ") + w + ":"}, {"completion", std::string(" ") + w}}), rows.where.push_back("rows");
-  for (bool gkd : {true, false}) {
-    if (gkd && test::kSanitized) continue;  // the DistillationTrainer covers the same device path (and always generates)
-    SCOPED_TRACE(gkd ? "gkd" : "distillation");
+  for (const std::string method : {"gkd", "gkd_seq_kd", "distillation"}) {
+    if (method != "distillation" && test::kSanitized) continue;  // the DistillationTrainer covers the same device path (and always generates)
+    SCOPED_TRACE(method);
     std::vector<TrainOutput> out;
     std::vector<TensorMap> weights;
     for (bool on_dev : {false, true}) {
-      const std::string name = fmt::format("{}-{}", gkd ? "gkd" : "distill", on_dev ? "dev" : "host");
+      const std::string name = fmt::format("{}-{}", method, on_dev ? "dev" : "host");
       const CausalLM model = on_dev ? on_device(student) : student.model;
       StepTransfers watch;
-      if (gkd) {
+      if (method != "distillation") {
         GKDConfig c = config<GKDConfig>(dir.file(name));
         c.lmbda = 0.5, c.beta = 0.5, c.max_new_tokens = 4, c.seed = 11, c.torch_compile = on_dev;
+        c.seq_kd = method == "gkd_seq_kd";
         GKDTrainer t(model, teacher, tok, rows, c);
         if (on_dev) watch.watch(t);
         out.push_back(t.train()), weights.push_back(t.master_weights_on_host());

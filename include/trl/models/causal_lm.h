@@ -77,6 +77,13 @@ class CausalLM {
   // The same architecture (a tensor-parallel rank's included) bound to other weights: the same names and shapes,
   // one floating dtype (which becomes the model's). `source` names them in errors.
   CausalLM with_weights(TensorMap weights, const std::string& source) const;
+  // The same model whose programs (generate()) run on `device`: a frozen model whose weights were moved to a
+  // trainer's device backend runs there, whatever device it was loaded for.
+  CausalLM with_device(const std::string& device) const {
+    CausalLM m = *this;
+    m.device_ = device;
+    return m;
+  }
   // Checkpoint tensors that this architecture does not use (from_pretrained warns about them, as Transformers does).
   const std::vector<std::string>& unused_weights() const { return unused_weights_; }
   int64_t num_parameters() const;
