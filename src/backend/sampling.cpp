@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <numeric>
 
@@ -123,15 +122,7 @@ std::vector<int32_t> Backend::sample(const Tensor& logits, const SampleRequest& 
   for (int64_t b = 0; b < r.rows; ++b) {
     thread_local std::vector<float> s;
     s.resize(static_cast<size_t>(V));
-    const int64_t at = (b * r.row_stride + r.row_offset) * V;
-    if (dt == DType::F32) {
-      std::memcpy(s.data(), static_cast<const float*>(x) + at, static_cast<size_t>(V) * sizeof(float));
-    } else if (dt == DType::BF16) {
-      const uint16_t* h = static_cast<const uint16_t*>(x) + at;
-      for (int64_t v = 0; v < V; ++v) s[static_cast<size_t>(v)] = bf16_to_f32(h[v]);
-    } else {
-      for (int64_t v = 0; v < V; ++v) s[static_cast<size_t>(v)] = static_cast<float>(load_element(x, dt, at + v));
-    }
+    load_f32(x, dt, (b * r.row_stride + r.row_offset) * V, V, s.data());
     process_logits(s, penalty ? ctx + b * T : nullptr, T, r.params);
     ids[static_cast<size_t>(b)] = pick_token(s, r.params.do_sample, r.params.do_sample ? r.uniforms[static_cast<size_t>(b)] : 0.0);
   }

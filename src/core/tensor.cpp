@@ -161,6 +161,17 @@ Tensor Tensor::slice_flat(int64_t offset, Shape shape) const {
   return t;
 }
 
+void load_f32(const void* data, DType dtype, int64_t at, int64_t n, float* out) {
+  if (dtype == DType::F32) {
+    std::memcpy(out, static_cast<const float*>(data) + at, static_cast<size_t>(n) * sizeof(float));
+  } else if (dtype == DType::BF16) {
+    const uint16_t* h = static_cast<const uint16_t*>(data) + at;
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_element(data, dtype, at + i));
+  }
+}
+
 double load_element(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::F32: return static_cast<const float*>(data)[i];

@@ -268,8 +268,7 @@ class LastLogits {
     const Tensor h = to_host(backend_, t);
     Tensor joined = Tensor::zeros(DType::F32, {B_, V_});
     float* j = joined.mutable_data_as<float>();
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t v = 0; v < Vl_; ++v) j[b * V_ + tp_.rank * Vl_ + v] = static_cast<float>(load_element(h.data(), h.dtype(), (b * rows_stride + row_offset) * Vl_ + v));
+    for (int64_t b = 0; b < B_; ++b) load_f32(h.data(), h.dtype(), (b * rows_stride + row_offset) * Vl_, Vl_, j + b * V_ + tp_.rank * Vl_);
     all_reduce_in_group(tp_.group, j, B_ * V_, DType::F32);
     t_ = joined, stride_ = 1, offset_ = 0;
   }
@@ -294,8 +293,7 @@ class LastLogits {
     const Tensor h = to_host(backend_, t_);
     const int64_t V = h.shape().back();
     std::vector<std::vector<float>> rows(static_cast<size_t>(B_), std::vector<float>(static_cast<size_t>(V)));
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t v = 0; v < V; ++v) rows[static_cast<size_t>(b)][static_cast<size_t>(v)] = static_cast<float>(load_element(h.data(), h.dtype(), (b * stride_ + offset_) * V + v));
+    for (int64_t b = 0; b < B_; ++b) load_f32(h.data(), h.dtype(), (b * stride_ + offset_) * V, V, rows[static_cast<size_t>(b)].data());
     return rows;
   }
 

@@ -94,5 +94,8 @@ class Tensor {
 // Element i (row-major index into a contiguous tensor) as double / stored from double, any float dtype.
 double load_element(const void* data, DType dtype, int64_t i);
 void store_element(void* data, DType dtype, int64_t i, double value);
+// Elements [at, at + n) as f32 into `out`: f32 copied, bf16 widened exactly, any other dtype through load_element
+// (a logits row read for sampling).
+void load_f32(const void* data, DType dtype, int64_t at, int64_t n, float* out);
 
 }  // namespace trl
