@@ -195,6 +195,11 @@ bootstrap() {
   echo "debootstrap --variant=minbase bookworm $root $mirror"
   debootstrap --variant=minbase bookworm "$root" "$mirror"
   cp -L --remove-destination /etc/resolv.conf "$root/etc/resolv.conf"
+  # debootstrap writes no /etc/hosts; every installed machine (and container) has one naming itself, as Debian's
+  # installer writes it. Without it each lookup of this machine's name goes to the DNS server and often waits out
+  # its 5 s timeout: measured, half of the mpirun launches took 5.1 s instead of 0.1 s, 150 s of CI's Release tests.
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" \
+    >"$root/etc/hosts"
   # Packages must not start services in the root (none of ours has one; this is the usual chroot guard).
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
   chmod 755 "$root/usr/sbin/policy-rc.d"

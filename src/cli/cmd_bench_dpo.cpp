@@ -10,6 +10,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
+#include "core/clock.h"
 #include "core/cpu_features.h"
 #include "core/rng.h"
 #include "train/dpo_step.h"
@@ -22,7 +23,6 @@ namespace trl::cli {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
 void register_bench_dpo(CLI::App* bench) {

@@ -24,7 +24,9 @@ namespace trl {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-namespace {
+// The pipeline's pieces. A named namespace, not an anonymous one: Tokenizer::Impl (external linkage) holds them,
+// which GCC refuses for anonymous types once this file is compiled inside another (the unity build, TRL_UNITY_BUILD).
+namespace tokenizer_pipeline {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Regex (PCRE2 with UTF + UCP, JIT-compiled): the Split pre-tokenizer and Replace normalizer/decoder patterns.
@@ -388,7 +390,8 @@ std::string special_token_string(const json& cfg, const char* key) {
   return "";
 }
 
-}  // namespace
+}  // namespace tokenizer_pipeline
+using namespace tokenizer_pipeline;
 
 // ---------------------------------------------------------------------------------------------------------------
 

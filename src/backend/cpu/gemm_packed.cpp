@@ -173,12 +173,12 @@ TRL_AVX2 void pack_b_avx2(const PackedGemm& g, const void* b, int64_t k0, int64_
 
 // ---- the driver ------------------------------------------------------------------------------------------------------
 
-using Kernel = void (*)(int64_t, const float*, const float*, float*, int64_t, bool);
+using MicroKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, bool);
 using PackB = void (*)(const PackedGemm&, const void*, int64_t, int64_t, int64_t, float*);
 
 // One task: C rows [m0, m0+mc) × columns [n0, n0+nc), all of K, into the f32 tile t (mc rounded up to 6 rows,
 // nc up to 16 columns, row stride kNc), then stored.
-void run_task(const PackedGemm& g, Kernel kernel, PackB pack_b, const void* a, const void* b, void* c, const float* bias, bool accumulate,
+void run_task(const PackedGemm& g, MicroKernel kernel, PackB pack_b, const void* a, const void* b, void* c, const float* bias, bool accumulate,
               int64_t m0, int64_t mc, int64_t n0, int64_t nc) {
   thread_local std::vector<float> ap, bp, tile;
   ap.resize(static_cast<size_t>(kMc * kKc)), bp.resize(static_cast<size_t>(kKc * kNr)), tile.resize(static_cast<size_t>(kMc * kNc));
@@ -223,7 +223,7 @@ const char* packed_kernel_name(PackedKernel k) { return k == PackedKernel::kAvx2
 void PackedGemm::run(const void* a, const void* b, void* c, const float* bias, bool accumulate) const {
   for (DType t : {ta, tb, tc})
     if (t != DType::F32 && t != DType::BF16) fail("cpu backend: the packed GEMM takes f32 or bf16, not {}", dtype_name(t));
-  Kernel kern = kernel_portable;
+  MicroKernel kern = kernel_portable;
   PackB pack_b = pack_b_portable;
 #if defined(__x86_64__)
   if (kernel == PackedKernel::kAvx2) {

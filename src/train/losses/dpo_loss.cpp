@@ -10,6 +10,7 @@
 
 #include <fmt/ranges.h>
 
+#include "train/losses/logistic.h"
 #include "trl/core/error.h"
 
 namespace trl {
@@ -31,10 +32,10 @@ double exp(double a) { return std::exp(a); }
 Dual lift(double x, Dual) { return {x, 0}; }
 double lift(double x, double) { return x; }
 
-// log σ(x) = −log(1 + e^(−x)), stable for large |x|; σ(x); max(x, 0); x².
-double log_sigmoid(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
+// log σ(x) and σ(x) (train/losses/logistic.h) and their duals; max(x, 0); x².
+using logistic::log_sigmoid;
+using logistic::sigmoid;
 Dual log_sigmoid(Dual x) { return {log_sigmoid(x.v), x.d / (1.0 + std::exp(x.v))}; }  // d/dx = σ(−x)
-double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x)); }
 Dual sigmoid(Dual x) {
   const double s = sigmoid(x.v);
   return {s, s * (1 - s) * x.d};

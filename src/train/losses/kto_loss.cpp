@@ -5,12 +5,13 @@
 
 #include <fmt/format.h>
 
+#include "train/losses/logistic.h"
 #include "trl/core/error.h"
 
 namespace trl {
 
 namespace {
-double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x)); }
+using logistic::sigmoid;
 double round2(double x) { return std::round(x * 100.0) / 100.0; }
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "train/losses/logistic.h"
 #include "trl/core/error.h"
 
 namespace trl {
@@ -20,8 +21,8 @@ RewardLoss reward_loss(const std::vector<RewardPair>& pairs, std::optional<doubl
     const RewardPair& p = pairs[i];
     const double x = p.chosen - p.rejected - p.margin;
     // −log σ(x) = log(1 + e^(−x)), stable; its derivative is −σ(−x).
-    out.loss += (std::max(-x, 0.0) + std::log1p(std::exp(-std::fabs(x)))) / n;
-    const double s = x >= 0 ? std::exp(-x) / (1.0 + std::exp(-x)) : 1.0 / (1.0 + std::exp(x));  // σ(−x)
+    out.loss += -logistic::log_sigmoid(x) / n;
+    const double s = logistic::sigmoid(-x);
     out.d_chosen[i] = -s / n;
     out.d_rejected[i] = s / n;
     if (center) {

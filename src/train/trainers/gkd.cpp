@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "core/rng.h"
+#include "core/clock.h"
 #include "train/frozen_model.h"
 #include "train/online_step.h"
 #include "train/trainer.h"
@@ -39,7 +40,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A prompt and the completion trained on (empty until generated, for the distillation trainer's prompts).
 struct DistillRow {

@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "core/fs.h"
+#include "core/clock.h"
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
@@ -49,7 +50,6 @@ using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Prompt {
   ojson prompt;                 // as the dataset holds it (the reward functions' `prompts`)
