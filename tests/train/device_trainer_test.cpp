@@ -234,7 +234,7 @@ TEST(DeviceTrainer, RewardEqualsTheHostOracle) {
   watch.watch(dev);
   const TrainOutput got = dev.train();
   expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
-  watch.expect_only_batches_and_scalars(4 * 128 * 4);
+  watch.expect_only_batches_and_scalars(/*the rewards of 4 sequences, f64: not the [4, T] scores*/ 4 * 8);
 }
 
 // SFT and DPO with a LoRA adapter (dropout on: its mask seed goes up each micro-batch; DPO's reference is the base
