@@ -24,9 +24,7 @@ namespace trl {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// The pipeline's pieces. A named namespace, not an anonymous one: Tokenizer::Impl (external linkage) holds them,
-// which GCC refuses for anonymous types once this file is compiled inside another (the unity build, TRL_UNITY_BUILD).
-namespace tokenizer_pipeline {
+namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Regex (PCRE2 with UTF + UCP, JIT-compiled): the Split pre-tokenizer and Replace normalizer/decoder patterns.
@@ -390,8 +388,7 @@ std::string special_token_string(const json& cfg, const char* key) {
   return "";
 }
 
-}  // namespace tokenizer_pipeline
-using namespace tokenizer_pipeline;
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
 

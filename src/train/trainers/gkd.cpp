@@ -21,8 +21,8 @@
 
 #include <fmt/format.h>
 
-#include "core/rng.h"
 #include "core/clock.h"
+#include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/online_step.h"
 #include "train/trainer.h"
@@ -39,7 +39,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
-
 
 // A prompt and the completion trained on (empty until generated, for the distillation trainer's prompts).
 struct DistillRow {

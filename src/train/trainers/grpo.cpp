@@ -28,8 +28,8 @@
 
 #include <fmt/format.h>
 
-#include "core/fs.h"
 #include "core/clock.h"
+#include "core/fs.h"
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
@@ -49,7 +49,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 
 struct Prompt {
   ojson prompt;                 // as the dataset holds it (the reward functions' `prompts`)
