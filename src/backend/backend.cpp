@@ -74,7 +74,10 @@ void Backend::accumulate(Tensor& acc, const Tensor& x, bool first) {
   for (int64_t i = 0; i < n; ++i) a[i] += g[i];
 }
 
-std::vector<double> Backend::sum_of_squares(const std::vector<Tensor>& xs) {
+std::vector<double> Backend::sum_of_squares(const std::vector<Tensor>& xs, const std::vector<int>& group_of) {
+  if (!group_of.empty() && group_of.size() != xs.size()) fail("sum_of_squares: {} groups for {} tensors", group_of.size(), xs.size());
+  for (int g : group_of)
+    if (g < 0) fail("sum_of_squares: group {} is negative", g);
   std::vector<double> out;
   out.reserve(xs.size());
   for (const Tensor& t : xs) {
@@ -94,7 +97,10 @@ std::vector<double> Backend::sum_of_squares(const std::vector<Tensor>& xs) {
     for (double p : parts) sum += p;
     out.push_back(sum);
   }
-  return out;
+  if (group_of.empty()) return out;
+  std::vector<double> groups(static_cast<size_t>(*std::max_element(group_of.begin(), group_of.end()) + 1), 0.0);
+  for (size_t i = 0; i < out.size(); ++i) groups[static_cast<size_t>(group_of[i])] += out[i];
+  return groups;
 }
 
 void Backend::scale(std::vector<Tensor>& xs, float factor) {
@@ -203,6 +209,26 @@ std::vector<double> Backend::span_sums(const Tensor& values, const Tensor& weigh
     out[q] = sum;
   }
   return out;
+}
+
+void check_copy_rows(const Tensor& src, const std::vector<int64_t>& src_rows, const Tensor& dst, const std::vector<int64_t>& dst_rows) {
+  const Shape& a = src.shape();
+  const Shape& b = dst.shape();
+  if (a.empty() || b.empty() || src.dtype() != dst.dtype() || !src.is_contiguous() || !dst.is_contiguous() || !std::equal(a.begin() + 1, a.end(), b.begin() + 1, b.end()))
+    fail("copy_rows: rows of {} {} do not fit rows of {} {} (one dtype, one row shape, contiguous)", dtype_name(src.dtype()), shape_str(a),
+         dtype_name(dst.dtype()), shape_str(b));
+  if (src_rows.size() != dst_rows.size()) fail("copy_rows: {} source rows for {} destination rows", src_rows.size(), dst_rows.size());
+  for (size_t k = 0; k < src_rows.size(); ++k)
+    if (src_rows[k] < 0 || src_rows[k] >= a[0] || dst_rows[k] < 0 || dst_rows[k] >= b[0])
+      fail("copy_rows: row {} of {} to row {} of {}: outside the tensors", src_rows[k], shape_str(a), dst_rows[k], shape_str(b));
+}
+
+void Backend::copy_rows(const Tensor& src, const std::vector<int64_t>& src_rows, Tensor& dst, const std::vector<int64_t>& dst_rows) {
+  check_copy_rows(src, src_rows, dst, dst_rows);
+  const size_t row = src.shape()[0] > 0 ? src.nbytes() / static_cast<size_t>(src.shape()[0]) : 0;
+  const auto* from = static_cast<const char*>(src.data());
+  auto* to = static_cast<char*>(dst.mutable_data());
+  for (size_t k = 0; k < src_rows.size(); ++k) std::memcpy(to + static_cast<size_t>(dst_rows[k]) * row, from + static_cast<size_t>(src_rows[k]) * row, row);
 }
 
 std::vector<Tensor> Program::run_stage(const TensorMap&, int) {

@@ -1,5 +1,6 @@
 #include "trl/models/reward_model.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -129,9 +130,32 @@ std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::v
   return reward_scores(m, sequences, programs, batch_size);
 }
 
-std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs, int64_t batch_size) {
+std::vector<double> pooled_scores(Backend& backend, const Tensor& scores, const std::vector<int64_t>& positions) {
+  const int64_t R = scores.size(0), T = scores.size(1);
+  if (static_cast<int64_t>(positions.size()) != R) fail("pooled_scores: {} positions for {} rows of scores", positions.size(), R);
+  std::vector<Backend::Span> spans;
+  for (int64_t r = 0; r < R; ++r) spans.push_back({r, positions[static_cast<size_t>(r)], positions[static_cast<size_t>(r)] + 1});
+  Tensor ones = Tensor::zeros(DType::F32, {R, T});
+  std::fill_n(ones.mutable_data_as<float>(), R * T, 1.0f);
+  return backend.span_sums(scores, to_backend(backend, ones, "reward_pool_weights"), nullptr, spans);
+}
+
+TensorMap reward_weights(const RewardModel& m, Backend& backend) {
+  TensorMap in = m.backbone.weights();
+  in.erase("lm_head.weight");
+  in["score.weight"] = m.score;
+  if (!backend.host_memory())
+    for (auto& [name, t] : in)
+      if (!t.is_device()) t = backend.upload(t, name);
+  return in;
+}
+
+std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs, int64_t batch_size,
+                                  const TensorMap* weights) {
+  Backend& backend = programs.backend();
+  const TensorMap own = weights == nullptr ? reward_weights(m, backend) : TensorMap();
   std::vector<double> out;
-  const int64_t multiple = programs.backend().auto_pad_multiple();
+  const int64_t multiple = backend.auto_pad_multiple();
   for (size_t start = 0; start < sequences.size(); start += static_cast<size_t>(batch_size)) {
     const size_t end = std::min(sequences.size(), start + static_cast<size_t>(batch_size));
     int64_t longest = 1;
@@ -150,14 +174,14 @@ std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::v
       }
     }
     const graph::Graph g = m.backbone.reward_graph(B, T);
-    TensorMap in = m.backbone.weights();
-    in.erase("lm_head.weight");
-    in["score.weight"] = m.score;
-    in["input_ids"] = Tensor::from_i32(ids, {B, T});
-    in["attention_mask"] = Tensor::from_i32(mask, {B, T});
-    in["position_ids"] = Tensor::from_i32(pos, {B, T});
-    const Tensor r = programs.get(g).run(in).at(g.output_index("rewards"));
-    for (int64_t b = 0; b < B; ++b) out.push_back(r.data_as<float>()[b * T + pooled_position(ids.data() + b * T, T, m.pad_token_id)]);
+    TensorMap in = weights == nullptr ? own : *weights;
+    in["input_ids"] = to_backend(backend, Tensor::from_i32(ids, {B, T}), "input_ids");
+    in["attention_mask"] = to_backend(backend, Tensor::from_i32(mask, {B, T}), "attention_mask");
+    in["position_ids"] = to_backend(backend, Tensor::from_i32(pos, {B, T}), "position_ids");
+    std::vector<int64_t> at;
+    for (int64_t b = 0; b < B; ++b) at.push_back(pooled_position(ids.data() + b * T, T, m.pad_token_id));
+    const std::vector<double> r = pooled_scores(backend, programs.get(g).run(in).at(g.output_index("rewards")), at);
+    out.insert(out.end(), r.begin(), r.end());
   }
   return out;
 }

@@ -1,5 +1,7 @@
 #include "train/online_step.h"
 
+#include <algorithm>
+
 #include "trl/core/error.h"
 
 namespace trl {
@@ -45,15 +47,44 @@ SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_
   return b;
 }
 
-std::vector<std::vector<float>> rollout_logps(const Rollout& r, const std::vector<size_t>& which, int64_t batch, int32_t pad,
-                                              const std::function<Tensor(const SFTBatch&)>& run) {
-  std::vector<std::vector<float>> out(r.size());
+Tensor Rollout::completion_mask(const std::vector<size_t>& rows) const {
+  Tensor m = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), C});
+  float* x = m.mutable_data_as<float>();
+  for (size_t k = 0; k < rows.size(); ++k)
+    for (int64_t c = 0; c < C; ++c) x[static_cast<int64_t>(k) * C + c] = static_cast<float>(mask(rows[k], c));
+  return m;
+}
+
+Tensor logp_table(const std::vector<std::vector<float>>& rows, int64_t C) {
+  if (rows.empty()) return {};
+  Tensor t = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), C});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (static_cast<int64_t>(rows[i].size()) != C) fail("log-probs of row {}: {} values for {} completion positions", i, rows[i].size(), C);
+    std::copy(rows[i].begin(), rows[i].end(), t.mutable_data_as<float>() + static_cast<int64_t>(i) * C);
+  }
+  return t;
+}
+
+std::vector<std::vector<float>> logp_rows(const Tensor& table) {
+  if (table.numel() == 0) return {};
+  const int64_t N = table.size(0), C = table.size(1);
+  const float* x = table.data_as<float>();
+  std::vector<std::vector<float>> out;
+  for (int64_t i = 0; i < N; ++i) out.emplace_back(x + i * C, x + (i + 1) * C);
+  return out;
+}
+
+Tensor rollout_logps(const Rollout& r, const std::vector<size_t>& which, int64_t batch, int32_t pad, Backend& backend,
+                     const std::function<Tensor(const SFTBatch&)>& run) {
+  Tensor out = backend.allocate(DType::F32, {static_cast<int64_t>(r.size()), r.C}, "rollout log-probs");
+  backend.zero(out);
   for (size_t s = 0; s < which.size(); s += static_cast<size_t>(batch)) {
     const std::vector<size_t> rows(which.begin() + static_cast<int64_t>(s), which.begin() + static_cast<int64_t>(std::min(which.size(), s + static_cast<size_t>(batch))));
     const Tensor lp = run(rollout_batch(r, rows, pad));  // [rows, C]: logits_to_keep = C
     if (lp.shape() != Shape{static_cast<int64_t>(rows.size()), r.C}) fail("rollout_logps: {} log-probs for {} rows of {} completion positions", shape_str(lp.shape()), rows.size(), r.C);
-    const float* x = lp.data_as<float>();
-    for (size_t k = 0; k < rows.size(); ++k) out[rows[k]].assign(x + static_cast<int64_t>(k) * r.C, x + static_cast<int64_t>(k + 1) * r.C);
+    std::vector<int64_t> from, to;
+    for (size_t k = 0; k < rows.size(); ++k) from.push_back(static_cast<int64_t>(k)), to.push_back(static_cast<int64_t>(rows[k]));
+    backend.copy_rows(lp, from, out, to);
   }
   return out;
 }
@@ -62,37 +93,37 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
                                    const std::vector<size_t>& rows, const OnlineLoss& L, int64_t micro_batches, int32_t pad) {
   const SFTBatch b = rollout_batch(r, rows, pad);
   const int64_t B = static_cast<int64_t>(rows.size());
+  Backend& backend = programs.backend();
+  // The micro-batch's rows of the round's log-probs, gathered where they are.
+  auto gathered = [&](const Tensor& table, const char* name) {
+    if (table.numel() == 0) return Tensor();
+    Tensor t = backend.allocate(DType::F32, {B, r.C}, name);
+    std::vector<int64_t> from, to;
+    for (int64_t k = 0; k < B; ++k) from.push_back(static_cast<int64_t>(rows[static_cast<size_t>(k)])), to.push_back(k);
+    backend.copy_rows(table, from, t, to);
+    return t;
+  };
+  const Tensor old_logp = gathered(r.old_logp, "old_logp"), ref_logp = gathered(r.ref_logp, "ref_logp");
+  const Tensor mask = to_backend(backend, r.completion_mask(rows), "completion_mask");
+  Backend::PolicyLossRequest q;
+  q.rloo = L.rloo;
+  if (L.rloo) {
+    q.options.epsilon_low = L.epsilon_low, q.options.epsilon_high = L.epsilon_high;
+  } else {
+    q.options = L.grpo;
+    q.options.num_items_in_batch = r.num_items;
+  }
+  q.options.micro_batches = micro_batches;
+  q.share = L.share;
+  q.mask = &mask;
+  if (old_logp.numel() > 0) q.old_logp = &old_logp;
+  if (ref_logp.numel() > 0) q.ref_logp = &ref_logp;
+  for (size_t i : rows) q.advantages.push_back(r.advantages.at(i));
   OnlineStepResult out;
-  const TokenLoss loss = [&](const Tensor& logps, const Tensor& entropy, Tensor& seed) {
-    PolicyTokens pt;
-    pt.rows = B, pt.length = r.C;
-    const float* lp = logps.data_as<float>();
-    const float* en = entropy.data_as<float>();
-    for (int64_t k = 0; k < B; ++k) {
-      const size_t i = rows[static_cast<size_t>(k)];
-      pt.advantages.push_back(r.advantages.at(i));
-      for (int64_t c = 0; c < r.C; ++c) {
-        const int64_t at = k * r.C + c;  // logits_to_keep = C: the completion's positions only
-        pt.logp.push_back(lp[at]);
-        pt.entropy.push_back(en[at]);
-        pt.mask.push_back(r.mask(i, c));
-        if (!r.old_logp.empty()) pt.old_logp.push_back(r.old_logp.at(i).at(static_cast<size_t>(c)));
-        if (!r.ref_logp.empty()) pt.ref_logp.push_back(r.ref_logp.at(i).at(static_cast<size_t>(c)));
-      }
-    }
-    if (L.rloo) {
-      if (pt.old_logp.empty()) pt.old_logp = pt.logp;  // the weights have not changed since generation: ρ = 1
-      out.metrics = rloo_loss(L.epsilon_low, L.epsilon_high, micro_batches, pt);
-    } else {
-      GrpoLossOptions o = L.grpo;
-      o.micro_batches = micro_batches;
-      o.num_items_in_batch = r.num_items;
-      out.metrics = grpo_loss(o, pt);
-    }
-    float* s = seed.mutable_data_as<float>();
-    for (int64_t k = 0; k < B; ++k)
-      for (int64_t c = 0; c < r.C; ++c) s[k * r.C + c] = static_cast<float>(L.share * out.metrics.d_logp[static_cast<size_t>(k * r.C + c)]);
-    return L.share * out.metrics.loss;
+  const TokenLoss loss = [&](Backend& on, const Tensor& logps, const Tensor& entropy, Tensor& seed) {
+    q.logp = &logps, q.entropy = &entropy;
+    out.metrics = on.policy_loss(q, seed);
+    return out.metrics.loss;
   };
   TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature, r.C);
   out.loss = step.loss;

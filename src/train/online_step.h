@@ -25,7 +25,9 @@ struct Rollout {
   std::vector<std::vector<int32_t>> completions;  // [N] up to and including EOS
   std::vector<char> truncated;                    // [N] the last token is neither EOS nor pad
   std::vector<double> advantages;                 // [N]
-  std::vector<std::vector<float>> old_logp, ref_logp;  // [N][C] when computed (else empty)
+  // [N, C] f32 in the policy's backend memory when computed (else empty): the per-token log-probs at generation
+  // time and the reference's. They stay there: a micro-batch's rows are gathered from them where they are.
+  Tensor old_logp, ref_logp;
   std::vector<size_t> order;                      // the shuffled rows: chunk k is order[k·bs, (k + 1)·bs)
   double num_items = 0;                           // loss tokens of the whole round (dapo's normaliser)
   bool mask_truncated = false;                    // mask_truncated_completions
@@ -35,16 +37,24 @@ struct Rollout {
   double mask(size_t i, int64_t c) const;
   // Σ of the loss mask over every row (sets num_items).
   void count_items();
+  // The loss mask of these rows' completion positions, [rows, C] f32 on the host.
+  Tensor completion_mask(const std::vector<size_t>& rows) const;
 };
+
+// A host [N, C] f32 table of per-token log-probs from rows of C values, and back (checkpoints, data-parallel
+// gathers); no rows: an empty tensor.
+Tensor logp_table(const std::vector<std::vector<float>>& rows, int64_t C);
+std::vector<std::vector<float>> logp_rows(const Tensor& table);
 
 // The [rows, P + C] batch of these rows (attention over the real tokens, positions from 0 at the first prompt
 // token, labels = the next token).
 SFTBatch rollout_batch(const Rollout& r, const std::vector<size_t>& rows, int32_t pad_token_id);
 
-// Per-token log-probs [N][C] of the completion positions of `rows` (the others left empty), from `run` on batches
-// of `batch` of them (`run` returns [rows, C]: a logprobs program with logits_to_keep = C).
-std::vector<std::vector<float>> rollout_logps(const Rollout& r, const std::vector<size_t>& rows, int64_t batch, int32_t pad_token_id,
-                                              const std::function<Tensor(const SFTBatch&)>& run);
+// Per-token log-probs [N, C] f32 in `backend`'s memory of the completion positions of `rows` (the other rows
+// zero), from `run` on batches of `batch` of them (`run` returns [rows, C] in memory `backend` reads: a logprobs
+// program with logits_to_keep = C, the policy's or the reference's).
+Tensor rollout_logps(const Rollout& r, const std::vector<size_t>& rows, int64_t batch, int32_t pad_token_id, Backend& backend,
+                     const std::function<Tensor(const SFTBatch&)>& run);
 
 struct OnlineLoss {
   bool rloo = false;
@@ -59,7 +69,7 @@ struct OnlineLoss {
 
 struct OnlineStepResult {
   double loss = 0;
-  TokenLossResult metrics;              // entropy, kl, clip ratios of this micro-batch
+  PolicyLossMetrics metrics;            // entropy, kl, clip ratios of this micro-batch
   std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
 };
 

@@ -155,10 +155,10 @@ TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights
   Backend& backend = programs.backend();
   const std::vector<Tensor> first = program.run_stage(kept_inputs(backend, weights, batch, logits_to_keep), 0);
   TokenStepResult out;
-  Tensor seed = Tensor::zeros(DType::F32, {R, Tk});
-  out.loss = loss(to_host(backend, first.at(g.output_index("token_logprobs"))), to_host(backend, first.at(g.output_index("entropy"))), seed);
+  Tensor seed = backend.allocate(DType::F32, {R, Tk}, "loss_weights");
+  out.loss = loss(backend, first.at(g.output_index("token_logprobs")), first.at(g.output_index("entropy")), seed);
   TensorMap seeds;
-  seeds["loss_weights"] = to_backend(backend, seed, "loss_weights");
+  seeds["loss_weights"] = seed;
   const std::vector<Tensor> results = program.run_stage(seeds, 1);
   for (const auto& [name, index] : g.output_indices())
     if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
@@ -169,7 +169,7 @@ Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCa
                       int64_t logits_to_keep) {
   const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature, logits_to_keep);
   Backend& backend = programs.backend();
-  return to_host(backend, programs.get(g).run(kept_inputs(backend, weights, batch, logits_to_keep)).at(g.output_index("token_logprobs"))).clone();
+  return backend.copy(programs.get(g).run(kept_inputs(backend, weights, batch, logits_to_keep)).at(g.output_index("token_logprobs")), "token_logprobs");
 }
 
 }  // namespace trl

@@ -78,22 +78,24 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
 
 // Per-token losses (GRPO, RLOO): the loss is a function of every completion token's log-prob, not only of their
 // sums. `logps` and `entropy` are the stage-0 outputs [B, T] f32 (log p(labels) and the entropy of each position's
-// distribution); the loss fills `seed` [B, T] (zeros on entry) with loss_scale-free dL/dlogp and returns L.
-using TokenLoss = std::function<double(const Tensor& logps, const Tensor& entropy, Tensor& seed)>;
+// distribution) in the backend's memory; the loss writes every element of `seed` [B, T] f32 (allocated in the
+// backend's memory) with dL/dlogp and returns L. It runs where the values are (Backend::policy_loss).
+using TokenLoss = std::function<double(Backend& backend, const Tensor& logps, const Tensor& entropy, Tensor& seed)>;
 
 struct TokenStepResult {
   double loss = 0;
   std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
 };
 
-// One micro-batch of a per-token loss: stage 0, the loss on the host, stage 1 seeded with its dL/dlogp. With a
+// One micro-batch of a per-token loss: stage 0, the loss, stage 1 seeded with its dL/dlogp. With a
 // temperature T ≠ 1 every vocabulary quantity is of logits / T. `batch.weights` is not read. logits_to_keep K > 0:
 // only the positions [T − 1 − K, T − 1) of each row (those predicting its last K tokens) go through the vocabulary,
 // and `logps`, `entropy` and `seed` are [B, K] (TRL computes GRPO's logits on the completion positions only).
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
                                  const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0, int64_t logits_to_keep = 0);
 
-// log p(labels[b, t]) [B, T] f32 (a copy), forward only, of logits / temperature; [B, K] with logits_to_keep K.
+// log p(labels[b, t]) [B, T] f32, forward only, of logits / temperature; [B, K] with logits_to_keep K. A copy in the
+// programs' backend's memory.
 Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature = 1.0,
                       int64_t logits_to_keep = 0);
 

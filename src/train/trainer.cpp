@@ -591,9 +591,6 @@ void Trainer::State::check_memory(bool resumed) {
 
 // Resume: weights, moments, step, log and the position in the data order.
 void Trainer::State::resume(const std::string& spec) {
-  if (!backend->host_memory())
-    fail("resume_from_checkpoint: resuming on '{}' (a device backend) is not supported yet: the checkpoint loads into host memory; "
-         "resume with device cpu", backend->name());
   std::string dir = spec;
   if (dir == "last" || dir == "true" || dir == "True") {
     const auto all = list_checkpoints(cfg.output_dir);
@@ -617,6 +614,15 @@ void Trainer::State::resume(const std::string& spec) {
   // The checkpoint holds the whole state, whatever the world size, tp_size and fsdp_size of the run that wrote it.
   // This rank's part of a tensor: its tensor-parallel slice (the tensor itself without tensor parallel).
   auto local = [&](const std::string& part, const std::string& name) { return tensor_parallel_slice(name, f.get(part + name), model.tensor_parallel()); };
+  // A loaded value into a tensor the model, the method and AdamW share: in place (on a device, uploaded and copied
+  // there, so every holder sees it); a moment as a tensor of the backend's memory.
+  auto assign = [&](Tensor& to, const Tensor& host, const std::string& name) {
+    if (!to.is_device()) return to.copy_from(host);
+    std::vector<int64_t> rows(static_cast<size_t>(host.shape().empty() ? 1 : host.size(0)));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    backend->copy_rows(backend->upload(host.shape().empty() ? host.reshape({1}) : host, name), rows, to, rows);
+  };
+  auto moment = [&](const Tensor& host, const std::string& name) { return backend->host_memory() ? host.clone() : backend->upload(host, name); };
   TensorMap m, v;
   for (const auto& [name, shape] : trained) {
     for (const char* part : {"master/", "exp_avg/", "exp_avg_sq/"}) {
@@ -629,11 +635,11 @@ void Trainer::State::resume(const std::string& spec) {
       compute[name].copy_from(local("master/", name));
       continue;
     }
-    Tensor& w = master.at(name);
-    w.copy_from(local("master/", name));
-    m[name] = local("exp_avg/", name).clone();
-    v[name] = local("exp_avg_sq/", name).clone();
-    if (cfg.bf16) compute[name].copy_from(w.to(DType::BF16));
+    const Tensor w = local("master/", name);
+    assign(master.at(name), w, name);
+    m[name] = moment(local("exp_avg/", name), "exp_avg of " + name);
+    v[name] = moment(local("exp_avg_sq/", name), "exp_avg_sq of " + name);
+    if (cfg.bf16) assign(compute[name], w.to(DType::BF16), name);
   }
   if (fsdp())
     for (const dist::FlatShards::Piece& piece : shards->pieces()) {
@@ -742,10 +748,10 @@ void Trainer::State::add_gradients(const std::map<std::string, Tensor>& out, siz
 double Trainer::State::clip_gradients(double step_loss) {
   double sq[2] = {0, 0};  // whole, split
   std::vector<Tensor> all;
-  for (const auto& [name, g] : grads) all.push_back(g);
-  const std::vector<double> parts = backend->sum_of_squares(all);
-  size_t i = 0;
-  for (const auto& [name, g] : grads) sq[tp() > 1 && tensor_parallel_axis(name) >= 0 ? 1 : 0] += parts[i++];
+  std::vector<int> group_of;
+  for (const auto& [name, g] : grads) all.push_back(g), group_of.push_back(tp() > 1 && tensor_parallel_axis(name) >= 0 ? 1 : 0);
+  const std::vector<double> sums = backend->sum_of_squares(all, group_of);  // where the gradients are: 1 or 2 come back
+  for (size_t i = 0; i < sums.size(); ++i) sq[i] = sums[i];
   if (fsdp()) shard_group->all_reduce(sq, 2, DType::F64, dist::ReduceOp::Sum);  // the shards' parts (the replicas hold the same)
   if (tp_group) sq[1] = tp_group->sum(sq[1]);
   const double norm = std::sqrt(sq[0] + sq[1]);

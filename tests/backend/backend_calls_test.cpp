@@ -1,6 +1,7 @@
 // The table of Backend's calls between programs (what a trainer runs on the tensors in a backend's memory outside
 // the compiled programs: gradient accumulation, the global norm, clipping, the AdamW step, TR-DPO's mixing,
-// allocation, zeroing and copying, DPO's per-sequence sums and generate()'s choice of the next tokens), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
+// allocation, zeroing and copying whole tensors or rows, DPO's per-sequence sums, GRPO's and RLOO's per-token loss and
+// generate()'s choice of the next tokens), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
 // 4099 — a tail after the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored
 // moments, with and without the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend
 // under test and on the stand-in device ("reference-device"), and compared with the reference backend bit for bit:
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,13 +29,14 @@
 namespace trl {
 namespace {
 
-enum class Call { Allocate, Zero, Copy, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, Sample, SpanSums, kCount };
+enum class Call { Allocate, Zero, Copy, CopyRows, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, Sample, SpanSums, PolicyLoss, kCount };
 
 const char* call_name(Call c) {
   switch (c) {
     case Call::Allocate: return "allocate";
     case Call::Zero: return "zero";
     case Call::Copy: return "copy";
+    case Call::CopyRows: return "copy_rows";
     case Call::Accumulate: return "accumulate";
     case Call::SumOfSquares: return "sum_of_squares";
     case Call::Scale: return "scale";
@@ -41,6 +44,7 @@ const char* call_name(Call c) {
     case Call::Mix: return "mix";
     case Call::Sample: return "sample";
     case Call::SpanSums: return "span_sums";
+    case Call::PolicyLoss: return "policy_loss";
     case Call::kCount: break;
   }
   return "?";
@@ -100,6 +104,23 @@ std::vector<CallCase> call_table() {
                        return std::vector<Tensor>{down(copy), down(src)};
                      }});
   }
+  // copy_rows: rows gathered (a row twice, in any order) and scattered into a tensor whose other rows stay; any dtype
+  // and row shape.
+  for (DType dt : {DType::F32, DType::BF16, DType::I32}) {
+    table.push_back({Call::CopyRows, "gather_" + std::string(dtype_name(dt)), [dt](Backend& b, const Up& up, const Down& down) {
+                       const Tensor src = up(random_f32(6 * 3 * 5, 52, 4.0f).to(dt == DType::I32 ? DType::F32 : dt).reshape({6, 3, 5}));
+                       const Tensor ints = up(Tensor::from_i32(std::vector<int32_t>(6 * 15, 3), {6, 3, 5}));
+                       Tensor dst = b.allocate(dt, {4, 3, 5}, "gathered");
+                       b.copy_rows(dt == DType::I32 ? ints : src, {5, 0, 5, 2}, dst, {0, 1, 2, 3});
+                       return std::vector<Tensor>{down(dst)};
+                     }});
+  }
+  table.push_back({Call::CopyRows, "scatter_keeps_the_other_rows", [](Backend& b, const Up& up, const Down& down) {
+                     Tensor dst = up(random_f32(7 * 9, 53).reshape({7, 9}));
+                     b.copy_rows(up(random_f32(2 * 9, 54).reshape({2, 9})), {1, 0}, dst, {6, 2});
+                     b.copy_rows(up(random_f32(2 * 9, 55).reshape({2, 9})), {}, dst, {});  // no rows: nothing
+                     return std::vector<Tensor>{down(dst)};
+                   }});
   for (int64_t n : {1, 7, 4099}) {
     const std::string size = fmt::format("n{}", n);
     table.push_back({Call::Accumulate, "first_" + size, [n](Backend& b, const Up& up, const Down& down) {
@@ -113,7 +134,11 @@ std::vector<CallCase> call_table() {
                        return std::vector<Tensor>{down(acc)};
                      }});
     table.push_back({Call::SumOfSquares, "three_tensors_" + size, [n](Backend& b, const Up& up, const Down&) {
-                       return std::vector<Tensor>{f64_values(b.sum_of_squares({up(random_f32(n, 2)), up(random_f32(n + 3, 3)), up(random_f32(1, 4))}))};
+                       return std::vector<Tensor>{f64_values(b.sum_of_squares({up(random_f32(n, 2)), up(random_f32(n + 3, 3)), up(random_f32(1, 4))}, {}))};
+                     }});
+    table.push_back({Call::SumOfSquares, "two_groups_" + size, [n](Backend& b, const Up& up, const Down&) {
+                       return std::vector<Tensor>{
+                           f64_values(b.sum_of_squares({up(random_f32(n, 2)), up(random_f32(n + 3, 3)), up(random_f32(1, 4)), up(random_f32(n, 5))}, {1, 0, 1, 1}))};
                      }});
     table.push_back({Call::Scale, "half_" + size, [n](Backend& b, const Up& up, const Down& down) {
                        std::vector<Tensor> xs = {up(random_f32(n, 5)), up(random_f32(2 * n, 6))};
@@ -128,13 +153,13 @@ std::vector<CallCase> call_table() {
                    },
                    /*non_finite=*/true});
   table.push_back({Call::SumOfSquares, "zero_and_empty_list", [](Backend& b, const Up& up, const Down&) {
-                     const std::vector<double> zero = b.sum_of_squares({up(Tensor::zeros(DType::F32, {9}))});
+                     const std::vector<double> zero = b.sum_of_squares({up(Tensor::zeros(DType::F32, {9}))}, {});
                      EXPECT_EQ(zero.at(0), 0.0);  // a zero gradient: a zero norm, exactly
-                     EXPECT_TRUE(b.sum_of_squares({}).empty());
+                     EXPECT_TRUE(b.sum_of_squares({}, {}).empty());
                      return std::vector<Tensor>{f64_values(zero)};
                    }});
   table.push_back({Call::SumOfSquares, "nan_and_inf", [](Backend& b, const Up& up, const Down&) {
-                     return std::vector<Tensor>{f64_values(b.sum_of_squares({up(with(random_f32(17, 9), 4, NAN)), up(with(random_f32(17, 9), 4, -INFINITY))}))};
+                     return std::vector<Tensor>{f64_values(b.sum_of_squares({up(with(random_f32(17, 9), 4, NAN)), up(with(random_f32(17, 9), 4, -INFINITY))}, {}))};
                    },
                    /*non_finite=*/true});
   table.push_back({Call::Scale, "by_exactly_one_keeps_the_bits", [](Backend& b, const Up& up, const Down& down) {
@@ -263,6 +288,50 @@ std::vector<CallCase> call_table() {
                        return std::vector<Tensor>{f64_values(sums)};
                      },
                      x.non_finite});
+  }
+  // policy_loss: GRPO's four reductions at the token level, the sequence level, the KL to the reference, delta's
+  // cap, no old log-probs (ρ = 1), RLOO; a row masked entirely (its clip ratios are NaN and left out of min/max),
+  // ratios far outside the clip range on both sides, a rank's share.
+  struct Policy {
+    std::string name;
+    bool rloo;
+    std::string loss_type, level;
+    double beta;
+    std::optional<double> delta;
+    bool old, masked_row;
+  };
+  for (const Policy& x : {Policy{"dapo_token", false, "dapo", "token", 0, {}, true, false}, Policy{"grpo_token_beta", false, "grpo", "token", 0.04, {}, true, true},
+                          Policy{"bnpo_delta", false, "bnpo", "token", 0, 1.5, true, false}, Policy{"dr_grpo_no_old", false, "dr_grpo", "token", 0, {}, false, false},
+                          Policy{"grpo_sequence_masked_row", false, "grpo", "sequence", 0.1, {}, true, true}, Policy{"rloo", true, "", "", 0, {}, true, false},
+                          Policy{"rloo_no_old_masked_row", true, "", "", 0, {}, false, true}}) {
+    table.push_back({Call::PolicyLoss, x.name, [x](Backend& b, const Up& up, const Down& down) {
+                       const int64_t B = 4, C = 37;
+                       Tensor logp = random_f32(B * C, 80, 0.5f).reshape({B, C}), old = random_f32(B * C, 81, 0.5f).reshape({B, C});
+                       float* lp = logp.mutable_data_as<float>();
+                       for (int64_t i = 0; i < B * C; ++i) lp[i] = -std::fabs(lp[i]) - 0.1f;  // log-probs are negative
+                       Tensor mask = Tensor::zeros(DType::F32, {B, C});
+                       for (int64_t r = 0; r < B; ++r)
+                         for (int64_t c = 0; c < C - 5 * r; ++c) mask.mutable_data_as<float>()[r * C + c] = x.masked_row && r == 2 ? 0.0f : 1.0f;
+                       const Tensor d_logp = up(logp), d_mask = up(mask), d_old = up(old.reshape({B, C})), d_ref = up(random_f32(B * C, 82, 0.5f).reshape({B, C}));
+                       const Tensor d_entropy = up(random_f32(B * C, 83).reshape({B, C}));
+                       Backend::PolicyLossRequest q;
+                       q.rloo = x.rloo, q.share = 0.5;
+                       q.options.loss_type = x.rloo ? "dapo" : x.loss_type, q.options.importance_sampling_level = x.rloo ? "token" : x.level;
+                       q.options.beta = x.beta, q.options.delta = x.delta, q.options.epsilon_high = 0.28;
+                       q.options.max_completion_length = C, q.options.micro_batches = 2, q.options.num_items_in_batch = 300;
+                       q.logp = &d_logp, q.mask = &d_mask, q.entropy = &d_entropy;
+                       if (x.old) q.old_logp = &d_old;
+                       if (x.beta != 0) q.ref_logp = &d_ref;
+                       q.advantages = {1.5, -0.7, 0.0, -2.0};
+                       Tensor seed = b.allocate(DType::F32, {B, C}, "loss_weights");
+                       const PolicyLossMetrics m = b.policy_loss(q, seed);
+                       EXPECT_TRUE(std::isfinite(m.loss) && std::isfinite(m.entropy));
+                       EXPECT_EQ(std::isnan(m.kl), x.rloo || x.beta == 0);
+                       // NaN metrics are a value of their own here (the comparison fails on any other NaN).
+                       std::vector<double> v = {m.loss, m.entropy, m.kl, m.clip_low_mean, m.clip_high_mean, m.clip_region_mean, m.clip_low_min, m.clip_high_max};
+                       for (double& y : v) y = std::isnan(y) ? -1e300 : y;
+                       return std::vector<Tensor>{down(seed), f64_values(v)};
+                     }});
   }
   return table;
 }
@@ -409,6 +478,56 @@ TEST(BackendCalls, OnTheDeviceASampleBringsDownOnlyTheIds) {
   EXPECT_EQ(after.uploads, before.uploads);
   EXPECT_EQ(after.downloads - before.downloads, 1);
   EXPECT_EQ(after.download_bytes - before.download_bytes, 4 * 4);
+}
+
+// On the stand-in device GRPO's loss runs where the log-probs are: only its metrics come down, nothing goes up, and
+// the seed stays in device memory; a row gather moves nothing.
+TEST(BackendCalls, OnTheDeviceAPolicyLossBringsDownOnlyItsMetrics) {
+  auto dev = make_backend("reference-device");
+  const Tensor table = dev->upload(random_f32(8 * 16, 4, 0.3f).reshape({8, 16}), "old_logp");
+  const Tensor logp = dev->upload(random_f32(3 * 16, 5, 0.3f).reshape({3, 16}), "logp");
+  const Tensor mask = dev->upload(Tensor::from_f32(std::vector<float>(3 * 16, 1.0f), {3, 16}), "mask");
+  const Backend::Transfers before = dev->transfers();
+  Tensor old = dev->allocate(DType::F32, {3, 16}, "old_logp rows");
+  dev->copy_rows(table, {7, 1, 4}, old, {0, 1, 2});
+  Backend::PolicyLossRequest q;
+  q.logp = &logp, q.mask = &mask, q.old_logp = &old, q.advantages = {1, -1, 0.5};
+  Tensor seed = dev->allocate(DType::F32, {3, 16}, "loss_weights");
+  const PolicyLossMetrics m = dev->policy_loss(q, seed);
+  const Backend::Transfers after = dev->transfers();
+  EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_TRUE(seed.is_device());
+  EXPECT_EQ(after.uploads, before.uploads);
+  EXPECT_EQ(after.downloads - before.downloads, 1);
+  EXPECT_EQ(after.download_bytes - before.download_bytes, static_cast<int64_t>(sizeof(PolicyLossMetrics)));
+}
+
+// policy_loss, copy_rows and sum_of_squares's groups check their arguments, on every backend alike.
+TEST(BackendCalls, PolicyLossAndCopyRowsCheckTheirArguments) {
+  auto cpu = make_backend("cpu");
+  const Tensor logp = random_f32(2 * 5, 1).reshape({2, 5}), mask = Tensor::from_f32(std::vector<float>(10, 1.0f), {2, 5});
+  const Tensor short_mask = Tensor::from_f32(std::vector<float>(8, 1.0f), {2, 4});
+  Tensor seed = Tensor::zeros(DType::F32, {2, 5});
+  auto request = [&] {
+    Backend::PolicyLossRequest q;
+    q.logp = &logp, q.mask = &mask, q.advantages = {1, 2};
+    return q;
+  };
+  for (const auto& [what, edit] : std::vector<std::pair<std::string, std::function<void(Backend::PolicyLossRequest&)>>>{
+           {"1 advantages for 2 rows", [](Backend::PolicyLossRequest& q) { q.advantages = {1}; }},
+           {"the loss mask must be contiguous f32 [2, 5] as the log-probs, got f32 [2, 4]", [&](Backend::PolicyLossRequest& q) { q.mask = &short_mask; }},
+           {"beta = 0.1 needs the reference's log-probs", [](Backend::PolicyLossRequest& q) { q.options.beta = 0.1; }},
+           {"loss_type 'ppo' is not grpo, bnpo, dr_grpo or dapo", [](Backend::PolicyLossRequest& q) { q.options.loss_type = "ppo"; }}}) {
+    Backend::PolicyLossRequest q = request();
+    edit(q);
+    expect_error_naming(what, [&] { cpu->policy_loss(q, seed); });
+  }
+  Tensor dst = Tensor::zeros(DType::F32, {3, 5});
+  expect_error_naming("row 2 of [2, 5] to row 0 of [3, 5]: outside the tensors", [&] { cpu->copy_rows(logp, {2}, dst, {0}); });
+  expect_error_naming("2 source rows for 1 destination rows", [&] { cpu->copy_rows(logp, {0, 1}, dst, {0}); });
+  Tensor narrow = Tensor::zeros(DType::F32, {3, 4});
+  expect_error_naming("rows of f32 [2, 5] do not fit rows of f32 [3, 4]", [&] { cpu->copy_rows(logp, {0}, narrow, {0}); });
+  expect_error_naming("sum_of_squares: 2 groups for 1 tensors", [&] { cpu->sum_of_squares({logp}, {0, 1}); });
 }
 
 }  // namespace

@@ -129,27 +129,34 @@ TEST(DeviceMemory, AccumulationNormAndClippingRunWhereTheTensorsLive) {
     be->accumulate(acc, put({0.5f, 0.25f, -3}), /*first=*/false);
     EXPECT_EQ(get(acc), (std::vector<float>{1.5f, -1.75f, 0}));
     std::vector<Tensor> xs = {acc, put({3, 4}), put({0})};
-    const std::vector<double> sq = be->sum_of_squares(xs);
+    const std::vector<double> sq = be->sum_of_squares(xs, {});
     ASSERT_EQ(sq.size(), 3u);
     EXPECT_DOUBLE_EQ(sq[0], 1.5 * 1.5 + 1.75 * 1.75);
     EXPECT_DOUBLE_EQ(sq[1], 25.0);
     EXPECT_EQ(sq[2], 0.0);  // a zero gradient has a zero norm
+    // Grouped (tensor parallel's whole and split parameters): only the groups' sums come back.
+    const std::vector<double> grouped = be->sum_of_squares(xs, {1, 0, 1});
+    ASSERT_EQ(grouped.size(), 2u);
+    EXPECT_EQ(grouped[0], sq[1]);
+    EXPECT_EQ(grouped[1], sq[0] + sq[2]);
     be->scale(xs, 0.5f);
     EXPECT_EQ(get(xs[1]), (std::vector<float>{1.5f, 2}));
     EXPECT_EQ(get(acc), (std::vector<float>{0.75f, -0.875f, 0}));  // xs[0] shares acc's storage
     // NaN and Inf propagate into the norm (the trainer stops on them, naming the step).
-    EXPECT_TRUE(std::isnan(be->sum_of_squares({put({1, std::nanf("")})})[0]));
-    EXPECT_TRUE(std::isinf(be->sum_of_squares({put({1, INFINITY})})[0]));
+    EXPECT_TRUE(std::isnan(be->sum_of_squares({put({1, std::nanf("")})}, {})[0]));
+    EXPECT_TRUE(std::isinf(be->sum_of_squares({put({1, INFINITY})}, {})[0]));
     // Misuse is named: another shape, another dtype.
     EXPECT_NE(error_of([&] { be->accumulate(acc, put({1}), false); }).find("accumulate: shapes [3] and [1] differ"), std::string::npos);
     if (be->host_memory()) {
       Tensor i32 = Tensor::zeros(DType::I32, {3});
       EXPECT_NE(error_of([&] { be->accumulate(i32, acc, true); }).find("expected a contiguous f32 tensor"), std::string::npos);
     } else {
-      // Only the uploads of this test crossed: no accumulation, norm or scaling moved a tensor.
+      // Only the uploads of this test and the sums crossed (3 downloads of the test, 4 of the norm's sums): no
+      // accumulation, norm or scaling moved a tensor.
       const Backend::Transfers t = be->transfers();
       EXPECT_EQ(t.uploads, 8);
-      EXPECT_EQ(t.downloads, 3);
+      EXPECT_EQ(t.downloads, 3 + 4);
+      EXPECT_EQ(t.largest_download, 3 * 8);  // the three sums of one call
       Tensor host = Tensor::zeros(DType::F32, {3});
       EXPECT_NE(error_of([&] { be->accumulate(host, acc, true); }).find("a tensor in host memory (upload it first)"), std::string::npos);
     }

@@ -12,6 +12,8 @@
 
 #include "test_util.h"
 #include "trl/models/init.h"
+#include "trl/backend/program_cache.h"
+#include "trl/backend/registry.h"
 #include "trl/models/reward_model.h"
 #include "trl/train/dpo_trainer.h"
 #include "trl/train/gkd_trainer.h"
@@ -102,7 +104,12 @@ TEST(DeviceTrainer, SftEqualsTheHostOracleAndMovesOnlyTheBatchAndTheScalars) {
     EXPECT_EQ(start.downloads, 0);
     for (const auto& [name, w] : dev.master_weights()) EXPECT_TRUE(w.is_device()) << name;
 
+    Backend::Transfers at_last_step;
+    dev.on_step = [&](const ojson&) { at_last_step = dev.transfers(); };
     const TrainOutput got = dev.train();
+    // Nothing larger than a micro-batch's per-row metric sums came down in the steps (2 rows, f64).
+    EXPECT_LE(at_last_step.largest_download, 2 * 8);
+    EXPECT_GT(at_last_step.downloads, 0);
     ASSERT_EQ(got.log_history.size(), want.log_history.size());
     for (size_t i = 0; i + 1 < want.log_history.size(); ++i) {  // the step entries (the last is the run's summary)
       for (const char* key : {"loss", "grad_norm", "entropy", "mean_token_accuracy"}) {
@@ -118,12 +125,13 @@ TEST(DeviceTrainer, SftEqualsTheHostOracleAndMovesOnlyTheBatchAndTheScalars) {
     }
     EXPECT_LE(worst, 1e-5);
 
-    // Per micro-batch (2 steps × 2): its 5 batch tensors up, its loss and two per-token metrics down; the final
-    // save downloads the trained weights once (and the test's read of the masters above, once more each).
+    // Per micro-batch (2 steps × 2): its 5 batch tensors and the metrics' two token masks up, its loss and the two
+    // metrics' per-row sums down; per step the gradient norm's sum; the final save downloads the trained weights
+    // once (and the test's read of the masters above, once more each).
     const Backend::Transfers end = dev.transfers();
-    const int64_t micro = 2 * 2;
-    EXPECT_EQ(end.uploads - start.uploads, 5 * micro);
-    EXPECT_EQ(end.downloads - start.downloads, 3 * micro + static_cast<int64_t>(params) + static_cast<int64_t>(params));
+    const int64_t steps = 2, micro = steps * 2;
+    EXPECT_EQ(end.uploads - start.uploads, 7 * micro);
+    EXPECT_EQ(end.downloads - start.downloads, 3 * micro + steps + static_cast<int64_t>(params) + static_cast<int64_t>(params));
   }
 }
 
@@ -159,16 +167,27 @@ Dataset word_pairs(int n) {
   return d;
 }
 
-// A resume on a device is refused up front, saying what to do (the checkpoint would load into host memory).
-TEST(DeviceTrainer, ResumeOnADeviceIsRefusedWithWhatToDo) {
+// A resume on the device loads the checkpoint's masters, bf16 copies and moments into the device tensors the model
+// and AdamW share (uploaded, then copied there), and continues exactly as the uninterrupted run.
+TEST(DeviceTrainer, ResumeOnTheDeviceContinuesAsTheUninterruptedRun) {
   test::TinyModel t(test::kCutVocab);
-  SFTConfig c = config<SFTConfig>(t.dir.file("resume"));
-  c.save_steps = 1, c.max_steps = 1, c.gradient_accumulation_steps = 1;
-  SFTTrainer(on_device(t), test::cut_tokenizer(), sentences(), c).train();
-  c.resume_from_checkpoint = "last";
-  const std::string e = test::error_of([&] { SFTTrainer(on_device(t), test::cut_tokenizer(), sentences(), c).train(); });
-  EXPECT_NE(e.find("resume_from_checkpoint: resuming on 'reference-device' (a device backend) is not supported yet"), std::string::npos) << e;
-  EXPECT_NE(e.find("resume with device cpu"), std::string::npos) << e;
+  for (bool bf16 : {false, true}) {
+    if (bf16 && test::kSanitized) continue;
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    SFTConfig c = config<SFTConfig>(t.dir.file(bf16 ? "whole16" : "whole32"), bf16);
+    c.save_steps = 1;
+    SFTTrainer whole(on_device(t), test::cut_tokenizer(), sentences(), c);
+    const TrainOutput want = whole.train();
+    SFTConfig r = config<SFTConfig>(t.dir.file(bf16 ? "resumed16" : "resumed32"), bf16);
+    r.resume_from_checkpoint = c.output_dir + "/checkpoint-1";
+    SFTTrainer resumed(on_device(t), test::cut_tokenizer(), sentences(), r);
+    for (const auto& [name, w] : resumed.master_weights()) EXPECT_TRUE(w.is_device()) << name;
+    const TrainOutput got = resumed.train();
+    ASSERT_EQ(got.log_history.size(), want.log_history.size());
+    EXPECT_EQ(got.log_history[1]["loss"].get<double>(), want.log_history[1]["loss"].get<double>());
+    const TensorMap a = resumed.master_weights_on_host(), b = whole.master_weights_on_host();
+    for (const auto& [name, w] : b) EXPECT_EQ(a.at(name).to_f32_vector(), w.to_f32_vector()) << name;
+  }
 }
 
 // DPO with a live reference that TR-DPO mixes into every step (the policy's masters into the reference's weights,
@@ -295,15 +314,40 @@ void expect_online_run_equal(const std::string& name) {
   ASSERT_FALSE(seen[0].empty());
   EXPECT_EQ(seen[1], seen[0]);
   expect_same_run(got, want, dev.master_weights_on_host(), host.master_weights());
-  // Generation downloads one id per row per step; the largest tensor down is the loss's per-token log-probs of the
-  // completions (GRPO's loss is per token, on the host): [4 rows, a 32-token bucket] f32.
-  watch.expect_only_batches_and_scalars(4 * 32 * 4);
+  // Generation downloads one id per row per step; the loss runs where the per-token log-probs are (the round's
+  // generation-time and reference log-probs stay there too), so the largest thing down is its metrics.
+  watch.expect_only_batches_and_scalars(static_cast<int64_t>(sizeof(PolicyLossMetrics)));
 }
 
 TEST(DeviceTrainer, GrpoEqualsTheHostOracle) { expect_online_run_equal<GRPOTrainer, GRPOConfig>("grpo"); }
 TEST(DeviceTrainer, RlooEqualsTheHostOracle) {
   if (test::kSanitized) GTEST_SKIP() << "GRPO's test runs the same device path under the sanitizers";
   expect_online_run_equal<RLOOTrainer, RLOOConfig>("rloo");
+}
+
+// A reward model on the device (trl score, GRPO's reward-model rewards): the same rewards as the host oracle, its
+// weights uploaded once, then per batch only the batch up and the [rows] rewards down.
+TEST(DeviceTrainer, RewardModelScoresEqualTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const RewardModel host = load_reward_model(t.dir.file("model"), LoadOptions{.device = "cpu"}, 0);
+  const RewardModel dev = load_reward_model(t.dir.file("model"), LoadOptions{.device = "reference-device"}, 0);
+  const std::vector<std::vector<int32_t>> seqs = {{5, 9, 3}, {7}, {4, 4, 8, 2, 6}, {1, 2}, {3, 0, 0}};
+  auto oracle = make_backend("reference");
+  const std::vector<double> want = reward_scores(host, seqs, *oracle, 2);
+  auto device = make_backend("reference-device");
+  ProgramCache programs(*device, 4);
+  const TensorMap weights = reward_weights(dev, *device);
+  const Backend::Transfers start = device->transfers();
+  EXPECT_EQ(start.uploads, static_cast<int64_t>(weights.size()));
+  for (const auto& [name, w] : weights) EXPECT_TRUE(w.is_device()) << name;
+  const std::vector<double> got = reward_scores(dev, seqs, programs, 2, &weights);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(std::isfinite(got[i]) && got[i] == want[i]) << i << ": " << got[i] << " vs " << want[i];
+  const Backend::Transfers end = device->transfers();
+  const int64_t batches = 3;  // 2 + 2 + 1 rows
+  EXPECT_EQ(end.uploads - start.uploads, 4 * batches);  // ids, mask, positions, the pooling's weights
+  EXPECT_EQ(end.downloads - start.downloads, batches);
+  EXPECT_EQ(end.largest_download, 2 * 8);  // two rows' rewards, f64
 }
 
 // GKD with on-policy completions half the time (the student generates on the device), GKD with seq_kd (the rest
@@ -343,7 +387,7 @@ TEST(DeviceTrainer, DistillationEqualsTheHostOracle) {
         if (on_dev) watch.watch(t);
         out.push_back(t.train()), weights.push_back(t.master_weights_on_host());
       }
-      if (on_dev) watch.expect_only_batches_and_scalars(4);  // the loss: generation brings down ids, the divergence stays
+      if (on_dev) watch.expect_only_batches_and_scalars(8);  // the norm's sum and the loss: generation brings down ids, the divergence stays
     }
     expect_same_run(out[1], out[0], weights[1], weights[0]);
   }

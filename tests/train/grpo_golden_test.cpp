@@ -60,8 +60,8 @@ Rollout golden_rollout(const json& c) {
     }
     return out;
   };
-  if (!c["old_logp"].is_null()) r.old_logp = padded(c["old_logp"]);
-  if (!c["ref_logp"].is_null()) r.ref_logp = padded(c["ref_logp"]);
+  if (!c["old_logp"].is_null()) r.old_logp = logp_table(padded(c["old_logp"]), r.C);
+  if (!c["ref_logp"].is_null()) r.ref_logp = logp_table(padded(c["ref_logp"]), r.C);
   r.count_items();
   return r;
 }
@@ -149,10 +149,11 @@ TEST(GrpoGolden, RlooWithItsKlPenaltyMatchesPyTorch) {
     Rollout r = golden_rollout(c);
     const double beta = cfg.value("beta", 0.0);
     std::vector<double> kl;
+    const std::vector<std::vector<float>> old = logp_rows(r.old_logp), ref = logp_rows(r.ref_logp);
     if (beta != 0)
       for (size_t i = 0; i < r.size(); ++i) {
         double s = 0;
-        for (int64_t t = 0; t < r.C; ++t) s += (static_cast<double>(r.old_logp[i][static_cast<size_t>(t)]) - r.ref_logp[i][static_cast<size_t>(t)]) * r.mask(i, t);
+        for (int64_t t = 0; t < r.C; ++t) s += (static_cast<double>(old[i][static_cast<size_t>(t)]) - ref[i][static_cast<size_t>(t)]) * r.mask(i, t);
         kl.push_back(s);
       }
     std::optional<std::pair<double, double>> clip;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "trl/backend/policy_loss.h"
 #include "trl/backend/sampling.h"
 #include "trl/core/tensor.h"
 #include "trl/graph/graph.h"
@@ -72,10 +73,11 @@ class Backend {
   // accumulation and global-norm clipping. Host backends run them as vectorised loops on the host; a device
   // backend runs them where the tensors live, and only the scalars come back.
   //   accumulate: acc = x (first) or acc += x, same shape.
-  //   sum_of_squares: Σ x² of each tensor, accumulated in f64 (NaN and Inf propagate).
+  //   sum_of_squares: Σ x² of each tensor, accumulated in f64 (NaN and Inf propagate), added into the sum of its
+  //   group in the tensors' order (group_of[i] in [0, G); G sums come back); group_of empty: a sum per tensor.
   //   scale: x *= factor, every tensor.
   virtual void accumulate(Tensor& acc, const Tensor& x, bool first);
-  virtual std::vector<double> sum_of_squares(const std::vector<Tensor>& xs);
+  virtual std::vector<double> sum_of_squares(const std::vector<Tensor>& xs, const std::vector<int>& group_of);
   virtual void scale(std::vector<Tensor>& xs, float factor);
 
   // A tensor in this backend's memory, its contents undefined (the optimizer's moments are made with it; `name`
@@ -126,6 +128,25 @@ class Backend {
     int64_t row = 0, begin = 0, end = 0;
   };
   virtual std::vector<double> span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans);
+  // GRPO's and RLOO's per-token loss where the log-probs are (trl/backend/policy_loss.h), so only the loss and the
+  // metrics reach the host: reads the [B, C] f32 tensors of the request (in this backend's memory), writes
+  // seed[b, c] = share · dL/dlogp[b, c] (f32 [B, C], this backend's memory, every element) and returns the metrics
+  // with the loss times share. Computed in f64 as grpo_loss / rloo_loss are; every backend gives the same bits.
+  struct PolicyLossRequest {
+    bool rloo = false;  // RLOO's sequence ratio (options' epsilons and micro_batches), else GRPO's options
+    GrpoLossOptions options;
+    double share = 1;                  // a rank's share of a loss that is a mean over the micro-batch's rows
+    const Tensor* logp = nullptr;      // the policy's per-token log-probs
+    const Tensor* mask = nullptr;      // the loss mask
+    const Tensor* entropy = nullptr;   // optional: the metric's per-token entropies
+    const Tensor* old_logp = nullptr;  // optional: generation time's (absent: logp itself)
+    const Tensor* ref_logp = nullptr;  // the reference's: required when options.beta ≠ 0 (GRPO)
+    std::vector<double> advantages;    // [B], host values (as AdamW's step constants)
+  };
+  virtual PolicyLossMetrics policy_loss(const PolicyLossRequest& request, Tensor& seed);
+  // Rows copied inside this backend's memory (device to device): dst[dst_rows[k]] = src[src_rows[k]] along the first
+  // dimension, src and dst of one dtype and one row shape (src may be another backend's tensor of the same memory).
+  virtual void copy_rows(const Tensor& src, const std::vector<int64_t>& src_rows, Tensor& dst, const std::vector<int64_t>& dst_rows);
   // The kernel adamw_step runs on this machine ("avx512", "avx2", "portable"): `trl env` prints it.
   virtual std::string adamw_kernel() const { return "portable"; }
 
@@ -162,6 +183,9 @@ inline Tensor to_host(Backend& backend, const Tensor& t) { return t.is_device() 
 
 // The checks of Backend::sample's arguments (shapes, rows in range, one uniform per row, the context's shape).
 void check_sample_request(const Tensor& logits, const Backend::SampleRequest& request);
+// The checks of Backend::policy_loss's and Backend::copy_rows's arguments (shapes, dtypes, rows in range).
+void check_policy_loss_request(const Backend::PolicyLossRequest& request, const Tensor& seed);
+void check_copy_rows(const Tensor& src, const std::vector<int64_t>& src_rows, const Tensor& dst, const std::vector<int64_t>& dst_rows);
 // The checks of Backend::adamw_step's arguments (dtypes, shapes, contiguity), shared by every backend's override.
 void check_adamw_step(const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& weight, const Tensor* compute);
 

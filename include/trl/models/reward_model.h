@@ -46,11 +46,19 @@ void save_reward_model(const std::string& dir, const ModelConfig& config, const 
 // Where a row is pooled: the rightmost position whose id is not pad_token_id (0 when every id is the pad).
 int64_t pooled_position(const int32_t* ids, int64_t length, int32_t pad_token_id);
 
+// Each row's score at its pooled position (f32 `scores` [R, T] in `backend`'s memory), read where the scores are
+// (one-token spans of Backend::span_sums, exact in f64): the [R] rewards come down, not the [R, T] scores.
+std::vector<double> pooled_scores(Backend& backend, const Tensor& scores, const std::vector<int64_t>& positions);
+
+// The tensors a reward program binds (the decoder's but lm_head, and score.weight) in `backend`'s memory: uploaded to
+// a device backend, as they are on the host. A caller that scores often makes them once.
+TensorMap reward_weights(const RewardModel& model, Backend& backend);
+
 // The reward of each sequence, in batches of `batch_size` rows padded to the backend's bucket (forward only).
 std::vector<double> reward_scores(const RewardModel& model, const std::vector<std::vector<int32_t>>& sequences, Backend& backend, int64_t batch_size = 8);
 // The same with the caller's programs (kept across calls: GRPO scores every generation round with one program
-// per bucket).
+// per bucket) and, when given, the reward_weights made for their backend.
 std::vector<double> reward_scores(const RewardModel& model, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs,
-                                  int64_t batch_size = 8);
+                                  int64_t batch_size = 8, const TensorMap* weights = nullptr);
 
 }  // namespace trl

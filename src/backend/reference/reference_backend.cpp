@@ -808,10 +808,13 @@ class ReferenceBackend final : public Backend {
     Tensor a = on_host(acc, "accumulate");
     Backend::accumulate(a, on_host(x, "accumulate"), first);
   }
-  std::vector<double> sum_of_squares(const std::vector<Tensor>& xs) override {
+  // The sums come down (one download of their doubles).
+  std::vector<double> sum_of_squares(const std::vector<Tensor>& xs, const std::vector<int>& group_of) override {
     std::vector<Tensor> h;
     for (const Tensor& t : xs) h.push_back(on_host(t, "sum_of_squares"));
-    return Backend::sum_of_squares(h);
+    std::vector<double> sums = Backend::sum_of_squares(h, group_of);
+    if (device_ && !sums.empty()) count_download(static_cast<int64_t>(sums.size() * sizeof(double)));
+    return sums;
   }
   void scale(std::vector<Tensor>& xs, float factor) override {
     std::vector<Tensor> h;
@@ -846,6 +849,23 @@ class ReferenceBackend final : public Backend {
     std::vector<double> sums = Backend::span_sums(on_host(values, "span_sums"), on_host(weights, "span_sums"), factors != nullptr ? &f : nullptr, spans);
     count_download(static_cast<int64_t>(sums.size() * sizeof(double)));
     return sums;
+  }
+  // The loss runs where the log-probs are; its metrics come down (one download of the metrics' doubles).
+  PolicyLossMetrics policy_loss(const PolicyLossRequest& request, Tensor& seed) override {
+    if (!device_) return Backend::policy_loss(request, seed);
+    PolicyLossRequest r = request;
+    Tensor views[5];
+    const Tensor** inputs[5] = {&r.logp, &r.mask, &r.entropy, &r.old_logp, &r.ref_logp};
+    for (int k = 0; k < 5; ++k)
+      if (*inputs[k] != nullptr) views[k] = on_host(**inputs[k], "policy_loss"), *inputs[k] = &views[k];
+    Tensor s = on_host(seed, "policy_loss");
+    const PolicyLossMetrics m = Backend::policy_loss(r, s);
+    count_download(static_cast<int64_t>(sizeof(PolicyLossMetrics)));
+    return m;
+  }
+  void copy_rows(const Tensor& src, const std::vector<int64_t>& src_rows, Tensor& dst, const std::vector<int64_t>& dst_rows) override {
+    Tensor d = on_host(dst, "copy_rows");
+    Backend::copy_rows(on_host(src, "copy_rows"), src_rows, d, dst_rows);
   }
   // The choice runs where the logits are; the ids come down (counted as one download of rows x 4 bytes).
   std::vector<int32_t> sample(const Tensor& logits, const SampleRequest& request) override {

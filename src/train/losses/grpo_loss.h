@@ -1,10 +1,8 @@
 // GRPO's and RLOO's maths on the host (docs/TRAINING.md, "trl grpo" and "trl rloo"; facts from TRL's grpo_trainer.py
-// and rloo_trainer.py): advantages from the rewards of each group of completions of one prompt, and the clipped
-// surrogate losses with their derivative with respect to every completion token's log-prob, which seeds the
-// backward pass of the policy's two-stage program (sequence_step.h, token_train_step).
+// and rloo_trainer.py): advantages from the rewards of each group of completions of one prompt. The per-token
+// losses they weight run where the log-probs are (trl/backend/policy_loss.h, Backend::policy_loss).
 //
-// Dimensions: N completions (groups of G consecutive rows share a prompt), F reward functions, B rows of a
-// micro-batch, C completion positions per row.
+// Dimensions: N completions (groups of G consecutive rows share a prompt), F reward functions.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +10,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "trl/backend/policy_loss.h"
 
 namespace trl {
 
@@ -39,42 +39,5 @@ Advantages grpo_advantages(const std::vector<double>& rewards, int64_t funcs, co
 Advantages rloo_advantages(const std::vector<double>& rewards, int64_t funcs, const std::vector<double>& weights, int64_t group,
                            const std::vector<double>& kl, double beta, std::optional<std::pair<double, double>> reward_clip_range,
                            bool normalize_advantages);
-
-// One micro-batch's completion tokens, [B, C] row-major.
-struct PolicyTokens {
-  int64_t rows = 0, length = 0;
-  std::vector<double> logp;      // log π(token) under the current weights
-  std::vector<double> old_logp;  // at generation time; empty: logp itself (the ratio is 1, its gradient is not)
-  std::vector<double> ref_logp;  // the reference's (needed when beta ≠ 0)
-  std::vector<double> mask;      // 1 on the completion's tokens up to and including EOS, 0 after it
-  std::vector<double> entropy;   // of each position's distribution (metrics only)
-  std::vector<double> advantages;  // [B]
-};
-
-struct GrpoLossOptions {
-  std::string loss_type = "dapo";  // grpo | bnpo | dr_grpo | dapo
-  double epsilon_low = 0.2, epsilon_high = 0.2;
-  std::optional<double> delta;  // caps the unclipped ratio
-  double beta = 0;              // the k3 KL to the reference
-  std::string importance_sampling_level = "token";  // token | sequence
-  int64_t max_completion_length = 0;  // dr_grpo's normaliser
-  int64_t micro_batches = 1;          // of the optimizer step (grpo, bnpo, dr_grpo divide by it)
-  double num_items_in_batch = 0;      // dapo: the loss tokens of the whole generation batch
-};
-
-struct TokenLossResult {
-  double loss = 0;
-  std::vector<double> d_logp;  // [B, C] dL/dlogp
-  // This micro-batch's metrics (NaN where TRL's would be NaN: they are left out of the logged means).
-  double entropy = 0, kl = 0;
-  double clip_low_mean = 0, clip_high_mean = 0, clip_region_mean = 0, clip_low_min = 0, clip_high_max = 0;
-};
-
-// GRPO's loss: ρ = exp(logp − old) per token (or exp of the row's masked mean log-ratio), per token
-// ℓ = −min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) + β·(exp(ref − logp) − (ref − logp) − 1), reduced by loss_type.
-TokenLossResult grpo_loss(const GrpoLossOptions& options, const PolicyTokens& tokens);
-
-// RLOO's loss: ρ_i = exp(Σ_t m·logp − Σ_t m·old) per sequence, L = mean_i −min(ρ·A, clip(ρ)·A) / micro_batches.
-TokenLossResult rloo_loss(double epsilon_low, double epsilon_high, int64_t micro_batches, const PolicyTokens& tokens);
 
 }  // namespace trl

@@ -23,12 +23,14 @@ NamedRewardFunction reward_model_function(std::shared_ptr<const RewardModel> mod
     std::shared_ptr<const Tokenizer> tok;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<ProgramCache> programs;
+    TensorMap weights;  // in the backend's memory, once
     ojson kwargs;
   };
   auto s = std::make_shared<Scorer>();
   s->model = std::move(model), s->tok = std::move(tok), s->kwargs = std::move(chat_template_kwargs);
   s->backend = make_backend(s->model->backbone.device(), BackendOptions{.share_arena = true});
   s->programs = std::make_unique<ProgramCache>(*s->backend, 16);
+  s->weights = reward_weights(*s->model, *s->backend);
   return {name, [s, name](const RewardInputs& in) {
             std::vector<std::vector<int32_t>> seqs;
             ChatTemplateOptions co;
@@ -45,7 +47,7 @@ NamedRewardFunction reward_model_function(std::shared_ptr<const RewardModel> mod
               if (seqs.back().empty()) seqs.back().push_back(s->model->pad_token_id);
             }
             std::vector<std::optional<double>> out;
-            for (double r : reward_scores(*s->model, seqs, *s->programs)) out.emplace_back(r);
+            for (double r : reward_scores(*s->model, seqs, *s->programs, 8, &s->weights)) out.emplace_back(r);
             return out;
           }};
 }

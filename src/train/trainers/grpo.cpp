@@ -192,6 +192,11 @@ class OnlineMethod final : public TrainingMethod {
     MethodStep out;
     double gen_s = 0, reward_s = 0;
     const int64_t per_round_micro = layout_.spg * layout_.iterations;
+    backend_ = &ctx.backend;
+    if (rollout_) {  // a round loaded from a checkpoint: its log-probs go where the loss reads them
+      for (Tensor* t : {&rollout_->old_logp, &rollout_->ref_logp})
+        if (t->numel() > 0 && !t->is_device()) *t = ctx.to_backend(*t, "rollout log-probs");
+    }
     for (size_t k = 0; k < micro.size(); ++k) {
       const int64_t j = static_cast<int64_t>(micro[k].at(0)) / (layout_.bs * world_), round = j / per_round_micro, within = j % per_round_micro;
       if (!rollout_ || rollout_->epoch != ctx.epoch || rollout_->round != round) {
@@ -208,12 +213,15 @@ class OnlineMethod final : public TrainingMethod {
     return out;
   }
 
+  // A round's log-probs as rows of floats on the host (the checkpoint's rollout.json).
+  std::vector<std::vector<float>> host_logps(const Tensor& t) const { return logp_rows(t.is_device() ? backend_->download(t) : t); }
+
   void save_state(const std::string& dir) const override {
     if (!rollout_) return;
     const Rollout& r = *rollout_;
     ojson j{{"epoch", r.epoch}, {"round", r.round}, {"P", r.P}, {"C", r.C}, {"prompt_of", r.prompt_of}, {"prompt_ids", r.prompt_ids}, {"completions", r.completions},
-            {"truncated", std::vector<int>(r.truncated.begin(), r.truncated.end())}, {"advantages", r.advantages}, {"old_logp", r.old_logp},
-            {"ref_logp", r.ref_logp}, {"order", r.order}, {"num_items", r.num_items}};
+            {"truncated", std::vector<int>(r.truncated.begin(), r.truncated.end())}, {"advantages", r.advantages}, {"old_logp", host_logps(r.old_logp)},
+            {"ref_logp", host_logps(r.ref_logp)}, {"order", r.order}, {"num_items", r.num_items}};
     write_text_file_atomic(dir + "/rollout.json", j.dump());
   }
   void load_state(const std::string& dir) override {
@@ -230,8 +238,8 @@ class OnlineMethod final : public TrainingMethod {
       r.mask_truncated = cfg_.mask_truncated_completions;
       for (int t : j.at("truncated").get<std::vector<int>>()) r.truncated.push_back(static_cast<char>(t));
       r.advantages = j.at("advantages").get<std::vector<double>>();
-      r.old_logp = j.at("old_logp").get<std::vector<std::vector<float>>>();
-      r.ref_logp = j.at("ref_logp").get<std::vector<std::vector<float>>>();
+      r.old_logp = logp_table(j.at("old_logp").get<std::vector<std::vector<float>>>(), r.C);
+      r.ref_logp = logp_table(j.at("ref_logp").get<std::vector<std::vector<float>>>(), r.C);
       r.order = j.at("order").get<std::vector<size_t>>();
       r.num_items = j.at("num_items");
       for (size_t p : r.prompt_of)
@@ -326,14 +334,16 @@ class OnlineMethod final : public TrainingMethod {
     }
     return out;
   }
-  std::vector<std::vector<float>> gather_logps(dist::Communicator& dp, const Rollout& r, const std::vector<size_t>& mine,
-                                               const std::vector<std::vector<float>>& logps) const {
+  // Each rank's log-probs of its rows -> every row's (on the host: data parallel runs on host backends only).
+  Tensor gather_logps(dist::Communicator& dp, const Rollout& r, const std::vector<size_t>& mine, const Tensor& logps) const {
+    if (dp.size() == 1) return logps;  // every row is this rank's, already in place
     const size_t C = static_cast<size_t>(r.C);
+    const float* x = logps.data_as<float>();
     std::vector<float> flat;
-    for (size_t i : mine) flat.insert(flat.end(), logps[i].begin(), logps[i].end());
+    for (size_t i : mine) flat.insert(flat.end(), x + i * C, x + (i + 1) * C);
     const std::vector<float> all = gather_rows(dp, r, flat, C, DType::F32);
-    std::vector<std::vector<float>> out(r.size());
-    for (size_t i = 0; i < r.size(); ++i) out[i].assign(all.begin() + static_cast<int64_t>(i * C), all.begin() + static_cast<int64_t>((i + 1) * C));
+    Tensor out = Tensor::zeros(DType::F32, {static_cast<int64_t>(r.size()), r.C});
+    std::copy(all.begin(), all.end(), out.mutable_data_as<float>());
     return out;
   }
 
@@ -408,7 +418,7 @@ class OnlineMethod final : public TrainingMethod {
     rollout_ = std::move(r);
     Rollout& ro = *rollout_;
     auto logps_of = [&](const std::function<Tensor(const SFTBatch&)>& run) {
-      return gather_logps(dp, ro, mine, rollout_logps(ro, mine, layout_.bs, pad_, run));
+      return gather_logps(dp, ro, mine, rollout_logps(ro, mine, layout_.bs, pad_, ctx.backend, run));
     };
     if (need_old_) ro.old_logp = logps_of([&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature, ro.C); });
     if (reference_) ro.ref_logp = logps_of([&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature, ro.C); });
@@ -465,13 +475,17 @@ class OnlineMethod final : public TrainingMethod {
     std::vector<double> kl_rows;
     double kl_sum = 0, kl_count = 0;
     if (rloo_ && cfg_.beta != 0) {
+      // Σ_t m·(old − ref) per completion, from the masked sums where the log-probs are.
+      std::vector<size_t> all_rows(N);
+      std::iota(all_rows.begin(), all_rows.end(), size_t{0});
+      std::vector<Backend::Span> spans;
+      for (size_t i = 0; i < N; ++i) spans.push_back({static_cast<int64_t>(i), 0, ro.C});
+      const Tensor mask = ctx.to_backend(ro.completion_mask(all_rows), "completion_mask");
+      const std::vector<double> old = ctx.backend.span_sums(ro.old_logp, mask, nullptr, spans), ref = ctx.backend.span_sums(ro.ref_logp, mask, nullptr, spans);
       for (size_t i = 0; i < N; ++i) {
-        double s = 0;
-        for (int64_t c = 0; c < ro.C; ++c) {
-          const double m = ro.mask(i, c), d = static_cast<double>(ro.old_logp[i][static_cast<size_t>(c)]) - ro.ref_logp[i][static_cast<size_t>(c)];
-          s += d * m, kl_sum += d * m, kl_count += m;
-        }
-        kl_rows.push_back(s);
+        kl_rows.push_back(old[i] - ref[i]);
+        kl_sum += kl_rows.back();
+        for (int64_t c = 0; c < ro.C; ++c) kl_count += ro.mask(i, c);
       }
     }
     const Advantages a = rloo_ ? rloo_advantages(table, F, weights_, layout_.G, kl_rows, cfg_.beta, rloo_cfg_.reward_clip_range, rloo_cfg_.normalize_advantages)
@@ -600,6 +614,7 @@ class OnlineMethod final : public TrainingMethod {
   std::unique_ptr<CausalLM> policy_;
   std::unique_ptr<Generator> generator_;
   std::unique_ptr<Rollout> rollout_;
+  Backend* backend_ = nullptr;  // the memory rollout_'s log-probs are in (set by each step)
   OnlineLoss loss_;
   std::deque<ojson> samples_;  // log_completions: the report's rows
 };

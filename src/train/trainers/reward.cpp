@@ -70,7 +70,7 @@ class RewardMethod final : public TrainingMethod {
       Program& program = ctx.programs.get(g);
       const TensorMap in = inputs(ctx, b);
       const std::vector<int64_t> at = pooled(b);
-      const std::vector<double> rewards = pooled_rewards(ctx, program.run_stage(in, 0).at(g.output_index("rewards")), at);  // before stage 1 reuses the arena
+      const std::vector<double> rewards = pooled_scores(ctx.backend, program.run_stage(in, 0).at(g.output_index("rewards")), at);  // before stage 1 reuses the arena
       const RewardLoss l = reward_loss(pairs(train_, items, rewards), cfg_.center_rewards_coefficient);
       Tensor seed = Tensor::zeros(DType::F32, {R, T});
       float* s = seed.mutable_data_as<float>();
@@ -103,7 +103,7 @@ class RewardMethod final : public TrainingMethod {
       const SFTBatch b = batch(eval_, items);
       const int64_t R = b.input_ids.size(0), T = b.input_ids.size(1);
       const graph::Graph g = ctx.model.reward_graph(R, T);
-      const std::vector<double> rewards = pooled_rewards(ctx, ctx.programs.get(g).run(inputs(ctx, b)).at(g.output_index("rewards")), pooled(b));
+      const std::vector<double> rewards = pooled_scores(ctx.backend, ctx.programs.get(g).run(inputs(ctx, b)).at(g.output_index("rewards")), pooled(b));
       const RewardLoss l = reward_loss(pairs(eval_, items, rewards), cfg_.center_rewards_coefficient);
       m.add("eval_loss", l.loss);
       add_metrics(m, l, "eval_");
@@ -151,16 +151,6 @@ class RewardMethod final : public TrainingMethod {
     std::vector<int64_t> at;
     for (int64_t r = 0; r < R; ++r) at.push_back(pooled_position(b.input_ids.data_as<int32_t>() + r * T, T, pad_));
     return at;
-  }
-  // Each sequence's reward: its score at the token `at` pools, read where the scores are (one-token spans of
-  // Backend::span_sums, exact in f64), so the [sequences] rewards come down, not the [R, T] scores.
-  static std::vector<double> pooled_rewards(MethodContext& ctx, const Tensor& scores, const std::vector<int64_t>& at) {
-    const int64_t R = scores.size(0), T = scores.size(1);
-    std::vector<Backend::Span> spans;
-    for (int64_t r = 0; r < R; ++r) spans.push_back({r, at[static_cast<size_t>(r)], at[static_cast<size_t>(r)] + 1});
-    Tensor ones = Tensor::zeros(DType::F32, {R, T});
-    std::fill_n(ones.mutable_data_as<float>(), R * T, 1.0f);
-    return ctx.backend.span_sums(scores, ctx.to_backend(ones, "reward_pool_weights"), nullptr, spans);
   }
   // rewards: the chosen sequences' then the rejected ones', as the batch holds them.
   static std::vector<RewardPair> pairs(const std::vector<PreferenceExample>& data, const std::vector<size_t>& items, const std::vector<double>& rewards) {

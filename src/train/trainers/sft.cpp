@@ -23,21 +23,26 @@ using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 // TRL's per-batch metrics from the per-token outputs: entropy averaged over the real tokens (attention_mask != 0),
-// accuracy (label = argmax) over the tokens in the loss (weight != 0).
+// accuracy (label = argmax) over the tokens in the loss (weight != 0). Summed per row where the per-token values are
+// (Backend::span_sums, one span per row: [rows] sums come down); the counts are the host's.
 struct TokenMetrics {
   double entropy = 0, accuracy = 0;
 };
-TokenMetrics token_metrics(const SFTBatch& b, const Tensor& entropy, const Tensor& match) {
+TokenMetrics token_metrics(const MethodContext& ctx, const SFTBatch& b, const Tensor& entropy, const Tensor& match) {
+  const int64_t R = b.input_ids.size(0), T = b.input_ids.size(1);
+  Tensor real = Tensor::zeros(DType::F32, {R, T}), in_loss = Tensor::zeros(DType::F32, {R, T});
   const int32_t* mask = b.attention_mask.data_as<int32_t>();
   const float* w = b.weights.data_as<float>();
-  const float* e = entropy.data_as<float>();
-  const float* m = match.data_as<float>();
-  double es = 0, ms = 0;
   int64_t en = 0, mn = 0;
-  for (int64_t i = 0; i < b.attention_mask.numel(); ++i) {
-    if (mask[i] != 0) es += e[i], ++en;
-    if (w[i] != 0) ms += m[i], ++mn;
+  for (int64_t i = 0; i < R * T; ++i) {
+    if (mask[i] != 0) real.mutable_data_as<float>()[i] = 1.0f, ++en;
+    if (w[i] != 0) in_loss.mutable_data_as<float>()[i] = 1.0f, ++mn;
   }
+  std::vector<Backend::Span> rows;
+  for (int64_t r = 0; r < R; ++r) rows.push_back({r, 0, T});
+  double es = 0, ms = 0;
+  for (double x : ctx.backend.span_sums(entropy, ctx.to_backend(real, "entropy_weights"), nullptr, rows)) es += x;
+  for (double x : ctx.backend.span_sums(match, ctx.to_backend(in_loss, "accuracy_weights"), nullptr, rows)) ms += x;
   return {en ? es / static_cast<double>(en) : 0.0, mn ? ms / static_cast<double>(mn) : 0.0};
 }
 
@@ -118,7 +123,7 @@ class SftMethod final : public TrainingMethod {
       const std::map<std::string, size_t> at = graph.output_indices();
       const auto result = ctx.programs.get(graph).run(inputs(ctx, b, scale));
       out.loss += ctx.to_host(result[at.at("loss")]).data_as<float>()[0];
-      const TokenMetrics m = token_metrics(b, ctx.to_host(result[at.at("entropy")]), ctx.to_host(result[at.at("token_accuracy")]));
+      const TokenMetrics m = token_metrics(ctx, b, result[at.at("entropy")], result[at.at("token_accuracy")]);
       metrics.add("entropy", m.entropy);
       metrics.add("mean_token_accuracy", m.accuracy);
       std::map<std::string, Tensor> grads;
@@ -152,7 +157,7 @@ class SftMethod final : public TrainingMethod {
       const graph::Graph graph = g.finish();
       const auto out = ctx.programs.get(graph).run(inputs(ctx, b, -1.0f));
       nll += ctx.to_host(out[graph.output_index("loss")]).data_as<float>()[0];
-      const TokenMetrics m = token_metrics(b, ctx.to_host(out[graph.output_index("entropy")]), ctx.to_host(out[graph.output_index("token_accuracy")]));
+      const TokenMetrics m = token_metrics(ctx, b, out[graph.output_index("entropy")], out[graph.output_index("token_accuracy")]);
       entropy += m.entropy, accuracy += m.accuracy;
       items += b.num_items;
       ++batches;
