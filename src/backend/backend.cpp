@@ -7,6 +7,7 @@
 #include "backend/adamw_update.h"
 #include "core/memory.h"
 #include "trl/core/error.h"
+#include "trl/dist/communicator.h"
 
 namespace trl {
 
@@ -72,6 +73,35 @@ void Backend::accumulate(Tensor& acc, const Tensor& x, bool first) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) a[i] += g[i];
+}
+
+void Backend::all_reduce(std::vector<Tensor>& xs, dist::Communicator& comm) {
+  constexpr int64_t kBucket = 25 << 20 >> 2;  // f32 elements
+  for (const Tensor& t : xs) check_f32(t, "all_reduce");
+  std::vector<Tensor*> pending;
+  int64_t pending_n = 0;
+  std::vector<float> bucket;
+  // A tensor of a bucket's size or more is reduced in place; smaller ones are packed together first, so that a
+  // model's hundreds of small norm weights cost a few collectives instead of hundreds.
+  auto flush = [&] {
+    if (pending.empty()) return;
+    bucket.resize(static_cast<size_t>(pending_n));
+    int64_t at = 0;
+    for (Tensor* t : pending) std::memcpy(bucket.data() + at, t->data(), t->nbytes()), at += t->numel();
+    comm.all_reduce(bucket.data(), pending_n, DType::F32, dist::ReduceOp::Sum);
+    at = 0;
+    for (Tensor* t : pending) std::memcpy(t->mutable_data(), bucket.data() + at, t->nbytes()), at += t->numel();
+    pending.clear(), pending_n = 0;
+  };
+  for (Tensor& g : xs) {
+    if (g.numel() >= kBucket) {
+      comm.all_reduce(g);
+      continue;
+    }
+    if (pending_n + g.numel() > kBucket) flush();
+    pending.push_back(&g), pending_n += g.numel();
+  }
+  flush();
 }
 
 std::vector<double> Backend::sum_of_squares(const std::vector<Tensor>& xs, const std::vector<int>& group_of) {

@@ -38,6 +38,7 @@ void register_reward(CLI::App& app) {
     LoadOptions lo;
     lo.revision = a->t.revision;
     if (a->t.dtype != "auto") lo.dtype = (a->t.dtype == "bf16" || a->t.dtype == "bfloat16") ? DType::BF16 : DType::F32;
+    lo.device = a->t.device;
     const RewardModel model = load_reward_model(a->t.model, lo, *pad, cfg.seed);
     Dataset train = load_dataset(a->t.dataset, a->t.train_split, a->t.compat.dataset_config);
     std::optional<Dataset> eval;

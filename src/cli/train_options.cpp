@@ -82,6 +82,7 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("dataset_name", a.dataset, "A Hugging Face dataset id (local cache only), a folder, or a .parquet/.jsonl/.json file (required; docs/DATASETS.md)");
   o.add("dataset_train_split", a.train_split, "Training split");
   o.add("dataset_test_split", a.test_split, "Evaluation split (used when eval_strategy is not no)");
+  o.add("device", a.device, "auto | cpu | cuda: the backend training runs on (one that is not here is an error)");
   o.add("torch_dtype,dtype", a.dtype, "Load the weights as").choices({"auto", "f32", "float32", "bf16", "bfloat16"}).default_text("auto (the checkpoint's)");
   o.add("model_revision,revision", a.revision, "Hub cache revision");
   o.add("output_dir", c.output_dir, "Where checkpoints, logs and the final model go");
@@ -138,6 +139,7 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   LoadOptions lo;
   lo.revision = a.revision;
   if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
+  lo.device = a.device;
   TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
   if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
   return run;

@@ -35,6 +35,7 @@ struct PeftArgs {
 
 struct TrainCommandArgs {
   std::string config, model, dataset, train_split = "train", test_split = "test", dtype = "auto", revision = "main";
+  std::string device = "auto";  // the backend training runs on (the model's LoadOptions::device)
   std::optional<int64_t> save_total_limit, eval_steps;
   CompatArgs compat;
   PeftArgs peft;

@@ -300,9 +300,9 @@ void Trainer::set_method(std::unique_ptr<TrainingMethod> method) {
 }
 
 void Trainer::State::move_weights_to_backend() {
-  if (comm.size() > 1)
-    fail("{}: data parallel, FSDP and tensor parallel run on host backends for now; '{}' keeps the weights in its own memory "
-         "(run one process, or choose device cpu)", config_name, backend->name());
+  if (cfg.distributed.fsdp_size > 1 || tp() > 1)
+    fail("{}: FSDP and tensor parallel run on host backends for now; '{}' keeps the weights in its own memory "
+         "(use data parallel alone: --fsdp_size 1 --tp_size 1, or choose --device cpu)", config_name, backend->name());
   std::map<const void*, Tensor> moved;  // by host address: a tensor that is both master and compute goes up once
   auto move = [&](Tensor& t, const std::string& name) {
     if (t.is_device()) return;  // moved before
@@ -796,14 +796,21 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
     // The ranks' shares of the loss and their gradients sum to the step's; Ctrl-C on one rank stops them all.
     const auto t_comm = Clock::now();
     if (filled == 0)  // this rank had no rows in this (last, short) step: it adds nothing
-      for (const auto& [name, shape] : trained) grads[name] = Tensor::zeros(DType::F32, shape);
+      for (const auto& [name, shape] : trained) {
+        grads[name] = backend->allocate(DType::F32, shape, "the gradient of " + name);
+        backend->zero(grads[name]);
+      }
     // Tensor-parallel ranks share their rows, loss and tokens: the sums run over the data-parallel ranks.
     double totals[3] = {r.loss, static_cast<double>(tokens), g_interrupted ? 1.0 : 0.0};
     dp->all_reduce(totals, 3, DType::F64, dist::ReduceOp::Sum);
     r.loss = totals[0], tokens = static_cast<int64_t>(totals[1]), r.interrupted = totals[2] > 0;
     if (tp_group) r.interrupted = tp_group->any(r.interrupted);
     if (fsdp()) reduce_gradients_to_shard();
-    else if (dp->size() > 1) all_reduce_gradients(*dp, grads);
+    else if (dp->size() > 1) {
+      std::vector<Tensor> all;
+      for (const auto& [name, g] : grads) all.push_back(g);  // a std::map: the same order on every rank
+      backend->all_reduce(all, *dp);
+    }
     r.comm_seconds = std::chrono::duration<double>(Clock::now() - t_comm).count();
   } else {
     r.interrupted = g_interrupted;

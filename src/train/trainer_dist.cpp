@@ -38,35 +38,6 @@ Trainer::State::~State() {
   if (tp_group) set_collective_group(kTensorParallelGroup, nullptr);
 }
 
-// Gradients are summed over the ranks in buckets of about 25 MB (torch DDP's bucket_cap_mb): a tensor that large or
-// larger is reduced in place, smaller ones are packed together first, so that a model's hundreds of small norm
-// weights cost a few collectives instead of hundreds.
-void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads) {
-  constexpr int64_t kBucket = 25 << 20 >> 2;  // f32 elements
-  std::vector<Tensor*> pending;
-  int64_t pending_n = 0;
-  std::vector<float> bucket;
-  auto flush = [&] {
-    if (pending.empty()) return;
-    bucket.resize(static_cast<size_t>(pending_n));
-    int64_t at = 0;
-    for (Tensor* t : pending) std::memcpy(bucket.data() + at, t->data(), t->nbytes()), at += t->numel();
-    comm.all_reduce(bucket.data(), pending_n, DType::F32, dist::ReduceOp::Sum);
-    at = 0;
-    for (Tensor* t : pending) std::memcpy(t->mutable_data(), bucket.data() + at, t->nbytes()), at += t->numel();
-    pending.clear(), pending_n = 0;
-  };
-  for (auto& [name, g] : grads) {  // a std::map: the same order on every rank
-    if (g.numel() >= kBucket) {
-      comm.all_reduce(g);
-      continue;
-    }
-    if (pending_n + g.numel() > kBucket) flush();
-    pending.push_back(&g), pending_n += g.numel();
-  }
-  flush();
-}
-
 // A cheap fingerprint of weights (every 61st 16-bit word of every tensor): data-parallel ranks apply the same update
 // to the same weights, so their fingerprints must agree.
 uint64_t weights_fingerprint(const TensorMap& weights) {
@@ -105,7 +76,17 @@ void Trainer::State::check_ranks_agree() const {
   TensorMap whole_weights;  // under FSDP the whole weights are the compute copies (the masters are pieces)
   if (fsdp())
     for (const auto& [name, shape] : trained) whole_weights[name] = compute.at(name);
-  const int64_t h = static_cast<int64_t>(weights_fingerprint(fsdp() ? whole_weights : master) >> 1);
+  int64_t h = 0;
+  if (backend->host_memory()) {
+    h = static_cast<int64_t>(weights_fingerprint(fsdp() ? whole_weights : master) >> 1);
+  } else {  // on a device: the masters' sum of squares, summed where they are (the same bits for the same weights)
+    std::vector<Tensor> all;
+    for (const auto& [name, w] : master) all.push_back(w);
+    if (all.empty()) return;
+    const double sq = backend->sum_of_squares(all, std::vector<int>(all.size(), 0)).at(0);
+    std::memcpy(&h, &sq, sizeof h);
+    h >>= 1;
+  }
   if (dp->min(h) != dp->max(h))
     fail("after step {} the ranks' weights differ: the data-parallel ranks must apply the same update (a rank with a different build, "
          "model or options?)", global_step);

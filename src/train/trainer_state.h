@@ -45,7 +45,6 @@ struct StepItems {
 };
 
 // Sums each gradient over the ranks of `comm` in buckets of about 25 MB (trainer_dist.cpp).
-void all_reduce_gradients(dist::Communicator& comm, TensorMap& grads);
 // A cheap fingerprint of weights that equal weights share (trainer_dist.cpp).
 uint64_t weights_fingerprint(const TensorMap& weights);
 

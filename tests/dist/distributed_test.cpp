@@ -135,6 +135,34 @@ TEST_F(Distributed, RewardTwoRanksEqualOneProcessWithTheirBatch) {
   expect_same_run("one", "two");
 }
 
+// Data parallel on a device backend (the stand-in "reference-device"): every rank keeps its weights, gradients and
+// moments in the device's memory and the gradients are summed there (Backend::all_reduce); the run is that of one
+// process on the device with their batch, for a per-token, a per-sequence and an online trainer. FSDP and tensor
+// parallel on a device are refused with what to do.
+TEST_F(Distributed, DataParallelOnADeviceEqualsOneProcess) {
+  const std::string online = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 2 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
+                                         "--report false --save_steps 2 --gradient_accumulation_steps 2 --steps_per_generation 4 --num_generations 4 "
+                                         "--max_completion_length 6 --reward_funcs length:12 --beta 0.1",
+                                         dir_.file("model"), write_prompts());
+  for (const auto& [trainer, options] : std::vector<std::pair<std::string, std::string>>{
+           {"sft", common("sft.jsonl")}, {"dpo", common("dpo.jsonl")}, {"grpo --loss_type dapo", online}}) {
+    SCOPED_TRACE(trainer);
+    run(fmt::format("rm -rf {} {}", dir_.file("one"), dir_.file("two")));
+    run(fmt::format("{} {} {} --device reference-device --per_device_train_batch_size 4 --output_dir {}", kTrl, trainer, options, dir_.file("one")));
+    run(fmt::format("{} {} {} {} --device reference-device --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, trainer, options,
+                    dir_.file("two")));
+    const bool grpo = trainer.rfind("grpo", 0) == 0;
+    expect_same_run("one", "two", grpo ? 2 : 4, grpo ? 1e-6 : 0);  // GRPO: one round, the tolerance of its host test
+  }
+  std::string out;
+  EXPECT_NE(test::run_command(fmt::format("{} {} sft {} --device reference-device --per_device_train_batch_size 2 --fsdp_size 2 --output_dir {} 2>&1",
+                                          kMpirun, kTrl, common("sft.jsonl"), dir_.file("fsdp")),
+                              &out),
+            0);
+  EXPECT_NE(out.find("FSDP and tensor parallel run on host backends for now; 'reference-device' keeps the weights in its own memory"), std::string::npos)
+      << out;
+}
+
 TEST_F(Distributed, CheckpointOfTwoRanksResumesInOneAndInTwo) {
   const std::string sft = common("sft.jsonl");
   run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, sft, dir_.file("two")));

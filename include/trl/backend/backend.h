@@ -14,6 +14,10 @@
 
 namespace trl {
 
+namespace dist {
+class Communicator;
+}  // namespace dist
+
 using TensorMap = std::map<std::string, Tensor>;
 
 class Program {
@@ -79,6 +83,12 @@ class Backend {
   virtual void accumulate(Tensor& acc, const Tensor& x, bool first);
   virtual std::vector<double> sum_of_squares(const std::vector<Tensor>& xs, const std::vector<int>& group_of);
   virtual void scale(std::vector<Tensor>& xs, float factor);
+
+  //   all_reduce: each tensor summed over the ranks of `comm` in place, where the tensors are (data parallel's
+  //   gradients; every rank calls with the same tensors in the same order). The host backends pack the smaller
+  //   tensors into buckets of about 25 MB (torch DDP's bucket_cap_mb) for the communicator; a device backend runs
+  //   its own collectives on its memory, so no gradient crosses to the host.
+  virtual void all_reduce(std::vector<Tensor>& xs, dist::Communicator& comm);
 
   // A tensor in this backend's memory, its contents undefined (the optimizer's moments are made with it; `name`
   // labels it in errors).

@@ -334,17 +334,20 @@ class OnlineMethod final : public TrainingMethod {
     }
     return out;
   }
-  // Each rank's log-probs of its rows -> every row's (on the host: data parallel runs on host backends only).
-  Tensor gather_logps(dist::Communicator& dp, const Rollout& r, const std::vector<size_t>& mine, const Tensor& logps) const {
+  // Each rank's log-probs of its rows -> every row's. The gather runs on the host (on a device the ranks' rows come
+  // down and every row goes back up: once per round, not per step).
+  Tensor gather_logps(MethodContext& ctx, const Rollout& r, const std::vector<size_t>& mine, const Tensor& logps) const {
+    dist::Communicator& dp = ctx.dp;
     if (dp.size() == 1) return logps;  // every row is this rank's, already in place
     const size_t C = static_cast<size_t>(r.C);
-    const float* x = logps.data_as<float>();
+    const Tensor host = ctx.to_host(logps);
+    const float* x = host.data_as<float>();
     std::vector<float> flat;
     for (size_t i : mine) flat.insert(flat.end(), x + i * C, x + (i + 1) * C);
     const std::vector<float> all = gather_rows(dp, r, flat, C, DType::F32);
     Tensor out = Tensor::zeros(DType::F32, {static_cast<int64_t>(r.size()), r.C});
     std::copy(all.begin(), all.end(), out.mutable_data_as<float>());
-    return out;
+    return ctx.to_backend(out, "rollout log-probs");
   }
 
   void generate_round(MethodContext& ctx, int64_t epoch, int64_t round, MetricWindow& metrics, double& gen_s, double& reward_s, int64_t& tokens) {
@@ -418,7 +421,7 @@ class OnlineMethod final : public TrainingMethod {
     rollout_ = std::move(r);
     Rollout& ro = *rollout_;
     auto logps_of = [&](const std::function<Tensor(const SFTBatch&)>& run) {
-      return gather_logps(dp, ro, mine, rollout_logps(ro, mine, layout_.bs, pad_, ctx.backend, run));
+      return gather_logps(ctx, ro, mine, rollout_logps(ro, mine, layout_.bs, pad_, ctx.backend, run));
     };
     if (need_old_) ro.old_logp = logps_of([&](const SFTBatch& b) { return token_logprobs(ctx.model, ctx.weights, ctx.programs, b, cfg_.temperature, ro.C); });
     if (reference_) ro.ref_logp = logps_of([&](const SFTBatch& b) { return reference_->token_logprobs(b, cfg_.temperature, ro.C); });
