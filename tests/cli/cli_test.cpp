@@ -101,6 +101,8 @@ TEST(Cli, ErrorsAreClear) {
       {"score --model " + dir.path() + " --bogus 1", "--bogus"},
       {"score --model " + dir.path() + " --ids 1,2 --device cuda", "backend 'cuda' is not built into this binary (available: cpu, reference, or auto)"},
       {"generate --model " + dir.path() + " --prompt hi --device tpu", "unknown backend 'tpu' (available: cpu, reference, or auto)"},
+      {"sft --model_name_or_path " + dir.path() + " --dataset_name " + dir.file("text.jsonl") + " --device cuda --output_dir " + dir.file("o"),
+       "backend 'cuda' is not built into this binary (available: cpu, reference, or auto)"},
       {"score --model no/such-model --ids 1,2", "never downloads"},
       {"init-model --preset huge --out " + dir.file("x"), "preset"},
       {"init-model --vocab_size 300 --out " + dir.file("x"), "vocab_size 300 is out of range: a cut of the Qwen3 tokenizer has 512 to 151669 tokens"},
@@ -108,6 +110,7 @@ TEST(Cli, ErrorsAreClear) {
   };
   test::write_file(dir.file("bad.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 2\n");
   test::write_file(dir.file("badtext.jsonl"), "{\"text\": 5}\n");
+  test::write_file(dir.file("text.jsonl"), "{\"text\": \"a b c\"}\n");
   for (const Case& c : cases) {
     EXPECT_NE(test::run_command(trl_cmd(c.args), &out), 0) << c.args;
     EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << " ->\n" << out;
