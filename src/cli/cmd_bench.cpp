@@ -12,6 +12,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
+#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/backend/program_cache.h"
 #include "trl/generation/generate.h"
@@ -208,8 +209,8 @@ void register_bench(CLI::App& app) {
     ProgramCache tcache(*tbackend);
     if (gkd) teacher = CausalLM::from_weights(cfg, init_weights(cfg, dt, 7, 0.02, false), "teacher");
     auto trace = [&] {
-      return gkd ? model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = K, .teacher = {cfg.hidden_size, dt}, .beta = a->gkd_beta, .gradient_checkpointing = a->gradient_checkpointing})
-                 : model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
+      return gkd ? distillation_graph(model, {.batch = B, .tokens = T, .logits_to_keep = K, .teacher = {cfg.hidden_size, dt}, .beta = a->gkd_beta, .gradient_checkpointing = a->gradient_checkpointing})
+                 : training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
     };
     auto t0 = Clock::now();
     const graph::Graph g = trace();
@@ -248,7 +249,7 @@ void register_bench(CLI::App& app) {
       if (gkd) {
         TensorMap tin = teacher->weights();
         tin["input_ids"] = ids, tin["attention_mask"] = mask, tin["position_ids"] = in["position_ids"], tin["kept_positions"] = kept;
-        in["teacher_hidden"] = tcache.get(teacher->hidden_graph(B, T, 1.0, K)).run(tin).at(0).clone();
+        in["teacher_hidden"] = tcache.get(hidden_graph(*teacher, B, T, 1.0, K)).run(tin).at(0).clone();
         in["teacher_lm_head"] = teacher->weights().at(teacher->lm_head_name());
         in["kept_positions"] = kept, in["loss_weights"] = kw;
       }

@@ -10,6 +10,7 @@
 #include "trl/backend/program_cache.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
+#include "train/objectives.h"
 #include "trl/core/error.h"
 #include "trl/models/init.h"
 #include "trl/runtime/runtime.h"
@@ -60,7 +61,7 @@ void register_compile(CLI::App& app) {
     for (int64_t T : bucket_lengths(a->max_length, multiple)) {
       const int64_t hits_before = cache.stats().disk_hits;
       const auto t0 = std::chrono::steady_clock::now();
-      const graph::Graph g = model->training_graph({.batch = a->batch, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
+      const graph::Graph g = training_graph(*model, {.batch = a->batch, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
       Program& p = cache.get(g);
       nlohmann::ordered_json j;
       j["program"] = "train";

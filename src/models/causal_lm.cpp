@@ -511,59 +511,34 @@ ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_
   return h;
 }
 
-namespace {
-// logits / T = (h / T) · head: a sampling temperature scales the hidden state before the vocabulary ops, so the
-// chunked pass over the vocabulary is unchanged (TRL divides the logits by the temperature for log-probs and entropy).
-ValueId temperature_scaled(Builder& b, ValueId h, double temperature, DType dtype) {
-  if (temperature == 1.0) return h;
-  if (!(temperature > 0) || !std::isfinite(temperature)) fail("temperature must be a finite number > 0, got {}", temperature);
-  return b.scale_by(h, b.fill({}, DType::F32, 1.0 / temperature, "inv_temperature"), dtype, "h.temperature");
+ValueId CausalLM::build_training_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, bool dropout) const {
+  return build_decoder(b, B, T, head_out, nullptr, nullptr, /*training=*/dropout);
 }
 
-// logits_to_keep K > 0 (TRL's name): the vocabulary ops only at the K positions of each row that predict its last
-// K tokens, gathered from h by the input kept_positions [B, K] i32 (flat indices b·T + t, t in [T − 1 − K, T − 1),
-// bound by the caller). A gather is an embedding lookup into h seen as a [B·T, C] table, so its VJP (a scatter into
-// zeros) is the embedding's. Returns h itself for K = 0.
-ValueId kept_rows(Builder& b, ValueId h, int64_t B, int64_t T, int64_t C, int64_t K, DType dtype) {
+ValueId CausalLM::vocab_positions(Builder& b, ValueId h, int64_t B, int64_t T, double temperature, int64_t K) const {
+  // logits / T = (h / T) · head: a sampling temperature scales the hidden state before the vocabulary ops, so the
+  // chunked pass over the vocabulary is unchanged (TRL divides the logits by the temperature for log-probs and entropy).
+  if (temperature != 1.0) {
+    if (!(temperature > 0) || !std::isfinite(temperature)) fail("temperature must be a finite number > 0, got {}", temperature);
+    h = b.scale_by(h, b.fill({}, DType::F32, 1.0 / temperature, "inv_temperature"), dtype_, "h.temperature");
+  }
+  // A gather of the kept positions is an embedding lookup into h seen as a [B·T, C] table, so its VJP (a scatter
+  // into zeros) is the embedding's.
   if (K == 0) return h;
   if (K < 0 || K >= T) fail("logits_to_keep must be in [1, {}) for rows of {} tokens, got {}", T, T, K);
-  const ValueId table = b.reshape(h, {B * T, C}, "h.rows");
-  return b.embedding(b.input("kept_positions", {B, K}, DType::I32), table, dtype, "h.kept");
+  const ValueId table = b.reshape(h, {B * T, config_.hidden_size}, "h.rows");
+  return b.embedding(b.input("kept_positions", {B, K}, DType::I32), table, dtype_, "h.kept");
 }
-}  // namespace
 
 graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature, int64_t logits_to_keep) const {
   Builder b;
   ValueId head = kNone;
   const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
-  const ValueId h =
-      kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
+  const ValueId h = vocab_positions(b, build_hidden(b, B, T, &head), B, T, temperature, logits_to_keep);
   const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
   const VocabHead v = vocab_head(b, h, head);
   b.output(b.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split), "token_logprobs");
   return b.finish();
-}
-
-graph::Graph CausalLM::reward_training_graph(int64_t B, int64_t T, bool gradient_checkpointing) const {
-  Builder b;
-  ValueId head = kNone;
-  const ValueId h = build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/true);
-  const ValueId score = b.input("score.weight", {1, config_.hidden_size}, dtype_);
-  const ValueId seed = b.input("reward_weights", {B, T}, DType::F32);
-  b.mark_seed(seed);
-  const ValueId rewards = b.cast(b.reshape(b.matmul(h, score, kNone, dtype_, "score"), {B, T}, "score.squeeze"), DType::F32, "rewards");
-  const ValueId loss = b.weighted_sum(rewards, seed, "loss");
-  const size_t forward_nodes = b.size();
-  std::vector<std::string> names;
-  for (const std::string& name : trainable_parameters())
-    if (name != "lm_head.weight" && name != "score.weight") names.push_back(name);
-  names.push_back("score.weight");  // the head trains in full, with an adapter too
-  const auto grads = graph::add_backward(b, loss, names);
-  b.output(loss, "loss");
-  for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
-  b.output(rewards, "rewards");
-  graph::Graph g = b.finish();
-  return gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }
 
 graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
@@ -573,84 +548,6 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
   const ValueId score = b.input("score.weight", {1, config_.hidden_size}, dtype_);
   b.output(b.cast(b.reshape(b.matmul(h, score, kNone, dtype_, "score"), {B, T}, "score.squeeze"), DType::F32, "rewards"), "rewards");
   return b.finish();
-}
-
-graph::Graph CausalLM::training_graph(const TrainingSpec& spec) const {
-  const int64_t B = spec.batch, T = spec.tokens, logits_to_keep = spec.logits_to_keep;
-  const DType grad_dtype = spec.grad_dtype;
-  const bool metrics = spec.metrics, logit_sums = spec.logit_sums;
-  const double temperature = spec.temperature;
-  Builder b;
-  ValueId head = kNone;
-  const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
-  const ValueId h = kept_rows(b, temperature_scaled(b, build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/true), temperature, dtype_), B, T,
-                              config_.hidden_size, logits_to_keep, dtype_);
-  const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
-  const ValueId weights = b.input("loss_weights", {B, Tk}, grad_dtype == DType::F64 ? DType::F64 : DType::F32);
-  b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
-  const VocabHead v = vocab_head(b, h, head);
-  const ValueId logp = b.token_logprobs(v.h, v.w, labels, "token_logprobs", v.split);
-  ValueId entropy = kNone, match = kNone;
-  if (metrics) {  // in the loss's pass over the vocabulary (graph::fuse_vocabulary_ops)
-    entropy = b.entropy(v.h, v.w, "entropy", v.split);
-    match = b.token_argmax_match(v.h, v.w, labels, "token_accuracy", v.split);
-  }
-  // Σ_v logits[b, t, v] = h[b, t] · Σ_v head[v]: the logits' sum is linear in h, so one column sum of the head
-  // and a [B·T, C] × [C] product give it without a pass over the vocabulary (TRL's logits/chosen, /rejected).
-  ValueId logit_sum = kNone;
-  if (logit_sums) {
-    const ValueId column_sum = b.reshape(b.sum_rows(head, DType::F32, "head.column_sum"), {1, config_.hidden_size}, "head.column_sum.row");
-    const ValueId h32 = dtype_ == DType::F32 ? h : b.cast(h, DType::F32, "h.f32");
-    logit_sum = b.reshape(b.matmul(h32, column_sum, kNone, DType::F32, "logit_sum"), {B, Tk}, "logit_sum.squeeze");
-    if (tp_.size > 1) logit_sum = b.all_reduce(logit_sum, tp_.group, "logit_sum.tp_out");  // the ranks' vocabulary rows
-  }
-  const ValueId loss = b.weighted_sum(logp, weights, "loss");
-  const size_t forward_nodes = b.size();
-  const std::vector<std::string> names = trainable_parameters();
-  const auto grads = graph::add_backward(b, loss, names, grad_dtype);
-  b.output(loss, "loss");
-  for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
-  if (metrics) b.output(entropy, "entropy"), b.output(match, "token_accuracy");
-  if (logit_sums) b.output(logit_sum, "logit_sum");
-  b.output(logp, "token_logprobs");
-  graph::Graph g = b.finish();
-  return spec.gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
-}
-
-graph::Graph CausalLM::hidden_graph(int64_t B, int64_t T, double temperature, int64_t logits_to_keep) const {
-  Builder b;
-  ValueId head = kNone;
-  const ValueId h = kept_rows(b, temperature_scaled(b, build_hidden(b, B, T, &head), temperature, dtype_), B, T, config_.hidden_size, logits_to_keep, dtype_);
-  b.output(h, "hidden");
-  return b.finish();
-}
-
-graph::Graph CausalLM::distillation_graph(const DistillationSpec& spec) const {
-  const int64_t B = spec.batch, T = spec.tokens, logits_to_keep = spec.logits_to_keep;
-  const TeacherShape& teacher = spec.teacher;
-  const double beta = spec.beta, temperature = spec.temperature;
-  const bool gradient_checkpointing = spec.gradient_checkpointing, backward = spec.backward, dropout = spec.dropout;
-  if (tp_.size > 1) fail("distillation: tensor parallel (tp_size {}) is not supported; use data parallel or FSDP", tp_.size);
-  Builder b;
-  ValueId head = kNone;
-  const int64_t Tk = logits_to_keep > 0 ? logits_to_keep : T;
-  const ValueId h = kept_rows(b, temperature_scaled(b, build_decoder(b, B, T, &head, nullptr, nullptr, /*training=*/backward && dropout), temperature, dtype_),
-                              B, T, config_.hidden_size, logits_to_keep, dtype_);
-  const ValueId th = b.input("teacher_hidden", {B, Tk, teacher.hidden_size}, teacher.dtype);
-  const ValueId tw = b.input("teacher_lm_head", {config_.vocab_size, teacher.hidden_size}, teacher.dtype);
-  const ValueId weights = b.input("loss_weights", {B, Tk}, DType::F32);
-  const ValueId jsd = b.jsd(h, head, th, tw, beta, "jsd");
-  const ValueId loss = b.weighted_sum(jsd, weights, "loss");
-  const size_t forward_nodes = b.size();
-  b.output(loss, "loss");
-  if (backward) {
-    const std::vector<std::string> names = trainable_parameters();
-    const auto grads = graph::add_backward(b, loss, names);
-    for (const std::string& name : names) b.output(grads.at(name), "grad." + name);
-  }
-  b.output(jsd, "jsd");
-  graph::Graph g = b.finish();
-  return gradient_checkpointing && backward ? graph::rematerialize(g, forward_nodes) : g;
 }
 
 namespace {
@@ -703,11 +600,13 @@ Tensor CausalLM::forward(const Batch& batch, Backend& backend) const {
     fail("position_ids must be i32 {} like input_ids, got {} {}", shape_str(ids.shape()), dtype_name(pos.dtype()), shape_str(pos.shape()));
   }
   TensorMap inputs = weights_;
-  inputs["input_ids"] = ids;
-  inputs["attention_mask"] = mask;
-  inputs["position_ids"] = pos;
+  for (auto& [name, w] : inputs)
+    if (!backend.host_memory() && !w.is_device()) w = backend.upload(w, name);
+  inputs["input_ids"] = to_backend(backend, ids, "input_ids");
+  inputs["attention_mask"] = to_backend(backend, mask, "attention_mask");
+  inputs["position_ids"] = to_backend(backend, pos, "position_ids");
   auto program = backend.compile(forward_graph(B, T));
-  Tensor logits = program->run(inputs).at(0);
+  const Tensor logits = to_host(backend, program->run(inputs).at(0));  // what the caller asked for
   return logits.dtype() == DType::F32 ? logits : logits.to(DType::F32);
 }
 

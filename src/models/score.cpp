@@ -25,6 +25,11 @@ std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vec
   const int64_t B = std::min<int64_t>(batch_size, static_cast<int64_t>(sequences.size()));
   const int64_t multiple = backend.auto_pad_multiple();
   ProgramCache programs(backend, 16);
+  // The weights in the backend's memory once (uploaded to a device); each batch goes up, its log-probs (what the
+  // caller asked for) come down.
+  TensorMap weights = model.weights();
+  for (auto& [name, w] : weights)
+    if (!backend.host_memory() && !w.is_device()) w = backend.upload(w, name);
   std::vector<SequenceScore> out;
   for (size_t first = 0; first < sequences.size(); first += static_cast<size_t>(B)) {
     const size_t last = std::min(sequences.size(), first + static_cast<size_t>(B));
@@ -41,10 +46,11 @@ std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vec
         if (t + 1 < seq.size()) labels.mutable_data_as<int32_t>()[row + static_cast<int64_t>(t)] = seq[t + 1];
       }
     }
-    TensorMap inputs = model.weights();
-    inputs["input_ids"] = ids, inputs["attention_mask"] = mask, inputs["position_ids"] = default_position_ids(mask), inputs["labels"] = labels;
+    TensorMap inputs = weights;
+    inputs["input_ids"] = to_backend(backend, ids, "input_ids"), inputs["attention_mask"] = to_backend(backend, mask, "attention_mask");
+    inputs["position_ids"] = to_backend(backend, default_position_ids(mask), "position_ids"), inputs["labels"] = to_backend(backend, labels, "labels");
     const graph::Graph g = model.logprobs_graph(B, T);
-    const Tensor logp = programs.get(g).run(inputs).at(g.output_index("token_logprobs"));
+    const Tensor logp = to_host(backend, programs.get(g).run(inputs).at(g.output_index("token_logprobs")));
     for (size_t i = first; i < last; ++i) {
       SequenceScore s;
       s.ids = sequences[i];

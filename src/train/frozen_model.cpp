@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 
@@ -65,7 +66,7 @@ FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& traine
 
 Tensor FrozenModel::hidden_states(const SFTBatch& batch, const Tensor& kept, double temperature) {
   const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1), K = kept.size(1);
-  const graph::Graph g = model().hidden_graph(B, T, temperature, K);
+  const graph::Graph g = hidden_graph(model(), B, T, temperature, K);
   TensorMap in = model().weights();
   Backend& b = *backend_;
   in["input_ids"] = to_backend(b, batch.input_ids, "input_ids"), in["attention_mask"] = to_backend(b, batch.attention_mask, "attention_mask");
@@ -97,7 +98,7 @@ FrozenMemory FrozenModel::memory(int64_t rows, int64_t tokens) {
   for (const auto& [name, w] : model_->weights()) m.weights += static_cast<uint64_t>(w.nbytes());
   m.weights -= shared_bytes_;  // counted as the policy's
   if (rows > 0 && tokens > 0)
-    m.arena = backend_->compile(teacher_ ? model_->hidden_graph(rows, tokens) : model_->logprobs_graph(rows, tokens))->arena_bytes();
+    m.arena = backend_->compile(teacher_ ? hidden_graph(*model_, rows, tokens) : model_->logprobs_graph(rows, tokens))->arena_bytes();
   return m;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "train/objectives.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
 
@@ -86,7 +87,7 @@ std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weigh
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
                                        const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means) {
   const int64_t R = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
-  const graph::Graph g = model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means});
+  const graph::Graph g = training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means});
   Program& program = programs.get(g);
   Backend& backend = programs.backend();
   // Stage 0: the per-token log-probs and metrics, summed per sequence where they are; the sums come to the host.
@@ -150,7 +151,7 @@ TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights
                                  const TokenLoss& loss, bool gradient_checkpointing, double temperature, int64_t logits_to_keep) {
   const int64_t R = batch.input_ids.size(0), T = batch.input_ids.size(1), Tk = logits_to_keep > 0 ? logits_to_keep : T;
   const graph::Graph g =
-      model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .temperature = temperature, .logits_to_keep = logits_to_keep});
+      training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .temperature = temperature, .logits_to_keep = logits_to_keep});
   Program& program = programs.get(g);
   Backend& backend = programs.backend();
   const std::vector<Tensor> first = program.run_stage(kept_inputs(backend, weights, batch, logits_to_keep), 0);

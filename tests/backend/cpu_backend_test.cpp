@@ -12,6 +12,7 @@
 #include "core/fs.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
+#include "train/objectives.h"
 #include "trl/models/causal_lm.h"
 #include "trl/models/init.h"
 #include "test_util.h"
@@ -214,7 +215,7 @@ TEST(CpuBackend, TrainingStepMatchesPyTorch) {
     }
   TensorMap in = model.weights();
   in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
-  const auto out = make_cpu_backend()->compile(model.training_graph(B, T))->run(in);
+  const auto out = make_cpu_backend()->compile(training_graph(model, B, T))->run(in);
   EXPECT_NEAR(out[0].data_as<float>()[0], golden["loss"].get<double>(), 1e-4 * golden["loss"].get<double>());
   const auto shapes = parameter_shapes(model.config());
   for (size_t k = 0; k < shapes.size(); ++k) {
@@ -262,7 +263,7 @@ TEST(CpuBackend, Bf16TrainingStepAtQwen3Widths) {
   }
   TensorMap in = model.weights();
   in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
-  const graph::Graph g = model.training_graph(B, T);
+  const graph::Graph g = training_graph(model, B, T);
   const auto want = make_reference_backend()->compile(g)->run(in);
   const auto got = make_cpu_backend()->compile(g)->run(in);
   ASSERT_EQ(want.size(), got.size());
@@ -303,8 +304,8 @@ TEST(CpuBackend, GradientCheckpointingIsBitIdenticalAndSmaller) {
     TensorMap in = model.weights();
     in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
     auto backend = make_cpu_backend();
-    auto plain = backend->compile(model.training_graph(B, T));
-    auto remat = backend->compile(model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = true}));
+    auto plain = backend->compile(training_graph(model, B, T));
+    auto remat = backend->compile(training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = true}));
     EXPECT_LT(remat->arena_bytes(), plain->arena_bytes());
     std::vector<std::vector<float>> want;
     for (const Tensor& t : plain->run(in)) want.push_back(t.to_f32_vector());
@@ -343,13 +344,13 @@ TEST(CpuBackend, PackedTrainingStepEqualsPadded) {
     TensorMap in = model.weights();
     in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
     std::vector<std::vector<float>> out;
-    for (const Tensor& t : make_cpu_backend()->compile(model.training_graph(B, T))->run(in)) out.push_back(t.to_f32_vector());
+    for (const Tensor& t : make_cpu_backend()->compile(training_graph(model, B, T))->run(in)) out.push_back(t.to_f32_vector());
     return out;
   };
   const auto padded = run(2, 5, false), packed = run(1, 9, true);
   ASSERT_EQ(padded.size(), packed.size());
   // The loss and every gradient (the per-token log-probs are laid out by row, so they differ in shape).
-  const size_t per_token = model.training_graph(1, 9).output_index("token_logprobs");
+  const size_t per_token = training_graph(model, 1, 9).output_index("token_logprobs");
   for (size_t k = 0; k < padded.size(); ++k) {
     if (k == per_token) continue;
     ASSERT_EQ(padded[k].size(), packed[k].size()) << "output " << k;
@@ -395,13 +396,13 @@ TEST(CpuBackend, SharedArenaGivesTheSameResultsAndKeepsHeldOutputs) {
   auto own = make_cpu_backend();
   auto shared = make_cpu_backend(CpuBackendOptions{.share_arena = true});
   std::vector<std::vector<std::vector<float>>> want;
-  for (int64_t T : {9, 40, 17}) want.push_back(values(own->compile(model.training_graph(1, T))->run(inputs(T))));
-  auto p9 = shared->compile(model.training_graph(1, 9));
+  for (int64_t T : {9, 40, 17}) want.push_back(values(own->compile(training_graph(model, 1, T))->run(inputs(T))));
+  auto p9 = shared->compile(training_graph(model, 1, 9));
   const std::vector<Tensor> held = p9->run(inputs(9));
-  auto p40 = shared->compile(model.training_graph(1, 40));  // grows the arena
+  auto p40 = shared->compile(training_graph(model, 1, 40));  // grows the arena
   EXPECT_GT(p40->arena_bytes(), p9->arena_bytes());
   EXPECT_EQ(values(held), want[0]);  // still the first run's values
-  auto p17 = shared->compile(model.training_graph(1, 17));
+  auto p17 = shared->compile(training_graph(model, 1, 17));
   EXPECT_EQ(values(p40->run(inputs(40))), want[1]);
   EXPECT_EQ(values(p9->run(inputs(9))), want[0]);
   EXPECT_EQ(values(p17->run(inputs(17))), want[2]);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "train/objectives.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/backend/program_cache.h"
 #include "trl/models/init.h"
@@ -69,7 +70,7 @@ TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
   in["input_ids"] = Tensor::from_i32(std::vector<int32_t>{5, 6, 7, 8, 9, 10}, {2, 3}), in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask);
   in["labels"] = Tensor::from_i32(std::vector<int32_t>{6, 7, 8, 9, 10, 11}, {2, 3});
   in["loss_weights"] = Tensor::from_f32(std::vector<float>{-0.25f, -0.25f, 0, -0.25f, -0.25f, 0}, {2, 3});
-  const graph::Graph g = model.training_graph(2, 3);
+  const graph::Graph g = training_graph(model, 2, 3);
   std::vector<std::vector<float>> first;
   std::string path;
   {
@@ -82,7 +83,7 @@ TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
   }
   {
     ProgramCache cache(*backend, ProgramCacheOptions{8, dir.path()});
-    const auto out = cache.get(model.training_graph(2, 3)).run(in);
+    const auto out = cache.get(training_graph(model, 2, 3)).run(in);
     EXPECT_EQ(cache.stats().compilations, 1);
     EXPECT_EQ(cache.stats().disk_hits, 1);
     EXPECT_EQ(cache.stats().disk_writes, 0);
@@ -102,7 +103,7 @@ TEST(ProgramCache, DiskCacheReusesPlansAcrossRunsAndSurvivesDamage) {
   // The plan of another graph with the same node count (another length), put under this graph's name (as a
   // 64-bit key collision would): its header names the other graph, so it is not used.
   {
-    const graph::Graph other = model.training_graph(2, 2);
+    const graph::Graph other = training_graph(model, 2, 2);
     ASSERT_EQ(other.nodes.size(), g.nodes.size());
     ASSERT_NE(other.key(), g.key());
     test::TempDir dir2;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
@@ -59,7 +60,7 @@ double loss_and_seed(const Tensor& logp, Tensor* seed) {
 
 TEST(StagedProgram, TheBoundaryIsTheFirstNodeThatReadsTheSeed) {
   const test::TinyModel tiny;
-  const graph::Graph g = tiny.model.training_graph(B, T);
+  const graph::Graph g = training_graph(tiny.model, B, T);
   ASSERT_EQ(g.seed_inputs, std::vector<std::string>{"loss_weights"});
   const size_t boundary = graph::stage_boundary(g);
   ASSERT_LT(boundary, g.nodes.size());
@@ -73,7 +74,7 @@ TEST(StagedProgram, TheBoundaryIsTheFirstNodeThatReadsTheSeed) {
 
 TEST(StagedProgram, BackwardStageGivesTheGradientOfANonlinearLoss) {
   const test::TinyModel tiny;
-  const graph::Graph g = tiny.model.training_graph(B, T);
+  const graph::Graph g = training_graph(tiny.model, B, T);
   const size_t logp_at = g.output_index("token_logprobs"), loss_at = g.output_index("loss");
   const std::string probe = "model.layers.0.self_attn.q_proj.weight";
   const size_t grad_at = g.output_index("grad." + probe);
@@ -124,10 +125,10 @@ TEST(StagedProgram, BackwardStageGivesTheGradientOfANonlinearLoss) {
 
 TEST(StagedProgram, MisuseIsAClearError) {
   const test::TinyModel tiny;
-  const graph::Graph g = tiny.model.training_graph(B, T);
+  const graph::Graph g = training_graph(tiny.model, B, T);
   auto shared = make_backend("cpu", BackendOptions{.share_arena = true});
   auto program = shared->compile(g);
-  auto other = shared->compile(tiny.model.training_graph(1, T));
+  auto other = shared->compile(training_graph(tiny.model, 1, T));
   TensorMap in = batch_inputs(tiny.model);
   TensorMap seeds;
   seeds["loss_weights"] = Tensor::zeros(DType::F32, {B, T});

@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "graph/autodiff.h"
 #include "test_util.h"
+#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/backend/registry.h"
 #include "trl/core/collectives.h"
@@ -159,8 +160,8 @@ TEST(TensorParallelRanks, TinyQwen3TrainingStepEqualsTheWholeModel) {
     const Tensor expect = cols_of(all.reshape({Bt * Tt, config.vocab_size}), w.rank() * part, part);
     EXPECT_LE(rel_error(mine.reshape({Bt * Tt, part}), expect), 1e-5);
   }
-  const graph::Graph gw = whole.training_graph({.batch = Bt, .tokens = Tt, .metrics = true});
-  const graph::Graph gs = shard.training_graph({.batch = Bt, .tokens = Tt, .metrics = true});
+  const graph::Graph gw = training_graph(whole, {.batch = Bt, .tokens = Tt, .metrics = true});
+  const graph::Graph gs = training_graph(shard, {.batch = Bt, .tokens = Tt, .metrics = true});
   EXPECT_NE(gs.dump().find("all_reduce_grad"), std::string::npos);
   const std::vector<Tensor> want = make_backend("cpu")->compile(gw)->run(inputs(whole));
   const std::vector<Tensor> got = make_backend("cpu")->compile(gs)->run(inputs(shard));

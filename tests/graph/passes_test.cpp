@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "graph/passes.h"
 #include "test_util.h"
+#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/core/error.h"
 #include "trl/graph/graph.h"
@@ -107,7 +108,7 @@ TEST(FuseVocabularyOps, LeavesGraphsWithoutVocabularyOpsAlone) {
 
 TEST(FuseVocabularyOps, TheTrainingGraphHasOneVocabularyPass) {
   const test::TinyModel tiny;
-  const graph::Graph g = graph::optimize(tiny.model.training_graph({.batch = 2, .tokens = 8, .metrics = true}));
+  const graph::Graph g = graph::optimize(training_graph(tiny.model, {.batch = 2, .tokens = 8, .metrics = true}));
   EXPECT_EQ(count(g, Op::VocabStats), 1u) << "the loss, entropy and accuracy share one lm_head pass";
   EXPECT_EQ(count(g, Op::TokenLogprobs) + count(g, Op::Entropy) + count(g, Op::TokenArgmaxMatch), 0u);
   EXPECT_NE(only(g, Op::TokenLogprobsBackward).inputs.back(), kNone);

@@ -17,6 +17,7 @@
 #include "core/fs.h"
 #include "golden_util.h"
 #include "test_util.h"
+#include "train/objectives.h"
 #include "train/optim/adamw.h"
 #include "assets/assets.h"
 #include "trl/backend/cpu/cpu_backend.h"
@@ -142,7 +143,7 @@ TEST(LoraGolden, ThreeSftStepsOfTheAdapterMatchPyTorch) {
       if (t + 1 < r.size()) labels.mutable_data_as<int32_t>()[i] = r[t + 1].get<int32_t>(), weights.mutable_data_as<float>()[i] = -1.0f / static_cast<float>(items);
     }
   }
-  const graph::Graph g = model.training_graph(B, T);
+  const graph::Graph g = training_graph(model, B, T);
   for (const auto& [name, index] : g.output_indices()) {  // no gradient of a base weight is computed
     if (name.starts_with("grad.")) {
       EXPECT_TRUE(std::find(trained.begin(), trained.end(), name.substr(5)) != trained.end()) << name;

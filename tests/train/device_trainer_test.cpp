@@ -15,6 +15,7 @@
 #include "trl/backend/program_cache.h"
 #include "trl/backend/registry.h"
 #include "trl/models/reward_model.h"
+#include "trl/models/score.h"
 #include "trl/train/dpo_trainer.h"
 #include "trl/train/gkd_trainer.h"
 #include "trl/train/grpo_trainer.h"
@@ -348,6 +349,26 @@ TEST(DeviceTrainer, RewardModelScoresEqualTheHostOracle) {
   EXPECT_EQ(end.uploads - start.uploads, 4 * batches);  // ids, mask, positions, the pooling's weights
   EXPECT_EQ(end.downloads - start.downloads, batches);
   EXPECT_EQ(end.largest_download, 2 * 8);  // two rows' rewards, f64
+}
+
+// trl score's log-probs and CausalLM::forward's logits on the device: the weights go up once per call, each batch
+// goes up and only what the caller asked for comes down; the values equal the host oracle's.
+TEST(DeviceModel, ScoresAndLogitsEqualTheHostOracle) {
+  test::TinyModel t(test::kCutVocab);
+  const std::vector<std::vector<int32_t>> seqs = {{5, 9, 3, 7}, {7, 2}, {4, 4, 8, 2, 6}};
+  auto oracle = make_backend("reference");
+  auto device = make_backend("reference-device");
+  const std::vector<SequenceScore> want = score_sequences(t.model, seqs, *oracle, 2), got = score_sequences(t.model, seqs, *device, 2);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].token_logprobs, want[i].token_logprobs) << i;
+  const Backend::Transfers after_score = device->transfers();
+  EXPECT_EQ(after_score.uploads, static_cast<int64_t>(t.model.weights().size()) + 2 * 4);  // the weights, then 2 batches of 4 inputs
+  EXPECT_EQ(after_score.downloads, 2);
+  Batch batch;
+  batch.input_ids = Tensor::from_i32(std::vector<int32_t>{5, 9, 3, 7}, {1, 4});
+  const Tensor a = t.model.forward(batch, *oracle), b = t.model.forward(batch, *device);
+  ASSERT_FALSE(b.is_device());
+  EXPECT_EQ(a.to_f32_vector(), b.to_f32_vector());
 }
 
 // GKD with on-policy completions half the time (the student generates on the device), GKD with seq_kd (the rest

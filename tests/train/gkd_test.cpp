@@ -20,6 +20,7 @@
 #include "golden_util.h"
 #include "test_util.h"
 #include "assets/assets.h"
+#include "train/objectives.h"
 #include "trl/backend/program_cache.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
@@ -151,14 +152,14 @@ TEST(Gkd, DivergenceWithATemperatureEqualsPyTorch) {
     const std::string what = fmt::format("beta {} temperature {}", beta, temperature);
     TensorMap tin = teacher.weights();
     tin["input_ids"] = ids, tin["attention_mask"] = mask, tin["position_ids"] = pos, tin["kept_positions"] = kept;
-    const Tensor th = tprograms.get(teacher.hidden_graph(B, T, temperature, C)).run(tin).at(0).clone();
+    const Tensor th = tprograms.get(hidden_graph(teacher, B, T, temperature, C)).run(tin).at(0).clone();
     Tensor w = Tensor::zeros(DType::F32, {B, C});
     for (int64_t b = 0; b < B; ++b)
       for (int64_t k = 0; k < lengths[static_cast<size_t>(b)]; ++k) w.mutable_data_as<float>()[b * C + k] = 1.0f / static_cast<float>(items);
     TensorMap in = student.model.weights();
     in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = pos, in["kept_positions"] = kept;
     in["teacher_hidden"] = th, in["teacher_lm_head"] = teacher.weights().at(teacher.lm_head_name()), in["loss_weights"] = w;
-    const graph::Graph g = student.model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = C, .teacher = {teacher.config().hidden_size, teacher.dtype()}, .beta = beta, .temperature = temperature});
+    const graph::Graph g = distillation_graph(student.model, {.batch = B, .tokens = T, .logits_to_keep = C, .teacher = {teacher.config().hidden_size, teacher.dtype()}, .beta = beta, .temperature = temperature});
     const auto out = programs.get(g).run(in);
     expect_near(out[g.output_index("loss")].data_as<float>()[0], d["loss"].get<double>(), 1e-5, what + " loss");
     TensorMap grads;

@@ -10,6 +10,7 @@
 
 #include "test_util.h"
 #include "train/losses/reward_loss.h"
+#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "trl/models/causal_lm.h"
@@ -60,7 +61,7 @@ TEST(RewardGraph, GradientOfThePooledLossMatchesFiniteDifferences) {
   std::vector<float> sv(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) sv[static_cast<size_t>(c)] = 0.05f * static_cast<float>((c * 7) % 13 - 6);
   const Tensor score = Tensor::from_f32(sv, {1, C});
-  const graph::Graph g = tiny.model.reward_training_graph(B, T);
+  const graph::Graph g = reward_training_graph(tiny.model, B, T);
   auto backend = make_backend("cpu");
   auto program = backend->compile(g);
   const TensorMap in = inputs(tiny.model, score);

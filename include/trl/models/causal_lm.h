@@ -114,16 +114,11 @@ class CausalLM {
   // log p(labels[b, t] | ids[b, ≤t]) for every position: inputs as forward_graph plus labels [B,T] i32; output
   // token_logprobs [B,T] f32, one chunked pass over the vocabulary (no [B,T,V] logits). `trl score` and the
   // frozen reference model of DPO and KTO run it. With a temperature T ≠ 1: the log-probs of logits / T (GRPO's).
-  // logits_to_keep K > 0: only the K positions predicting each row's last K tokens (as training_graph's).
+  // logits_to_keep K > 0: only the K positions predicting each row's last K tokens (vocab_positions).
   graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
-  // A reward model's training program (AutoModelForSequenceClassification with num_labels 1): the backbone, then
-  // the `score` head (score.weight [1, C], no bias, in the model dtype) at every position: rewards [B,T] f32, a
-  // stage-0 output. reward_weights [B,T] f32 is the seed: the trainer pools each row's reward at its last real
-  // token, computes the loss on the host and seeds dL/dreward there (0 elsewhere). Outputs: loss (Σ rewards·seed,
-  // not the trainer's loss), grad.<p> for every backbone parameter and score.weight (lm_head has none), rewards.
-  graph::Graph reward_training_graph(int64_t batch, int64_t tokens, bool gradient_checkpointing = false) const;
-  // Forward only: the score head's reward at every position, output "rewards" [B,T] f32 (inputs as
-  // reward_training_graph's, without the seed).
+  // Forward only: a reward model's score head (score.weight [1, C], no bias, in the model dtype) at every
+  // position, output "rewards" [B,T] f32 (trl/models/reward_model.h; its training program is the reward trainer's,
+  // src/train/objectives.h).
   graph::Graph reward_graph(int64_t batch, int64_t tokens) const;
   // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
   // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
@@ -154,60 +149,16 @@ class CausalLM {
   graph::Graph prefill_graph(int64_t batch, int64_t tokens, int64_t cache_len) const;
   graph::Graph decode_graph(int64_t batch, int64_t cache_len) const;
 
-  // Training: loss = Σ log p(labels)·loss_weights over [B,T], computed without materialising [B,T,V] logits
-  // (token_logprobs), and the gradient of every parameter. Trainers choose the weights (SFT: -mask/num_items).
-  // Inputs: input_ids, position_ids, attention_mask, labels (i32 [B,T]: the next token at each position, any valid
-  // id where the weight is 0), loss_weights (f32 [B,T]), and the parameters.
-  // Outputs: loss (f32 scalar), then the gradient of each parameter in parameter_shapes() order (f32).
-  // gradient_checkpointing: keep only each layer's input and recompute the layer in the backward pass
-  // (graph::rematerialize); same results bit for bit, about one layer's activations alive instead of all.
-  // metrics: two more outputs after the gradients, per token [B,T] f32: the entropy of the predicted distribution
-  // and 1 where the label is the argmax prediction (TRL's `entropy` and `mean_token_accuracy` come from them).
-  // logit_sums: then logit_sum [B,T] f32, Σ over the vocabulary of each position's logits (TRL's logits/* metrics).
-  // Last, token_logprobs [B,T] f32: log p(labels) per token.
-  // loss_weights is the graph's seed: as a two-stage program (Program::run_stage), stage 0 binds everything else
-  // and returns token_logprobs (and the metrics); stage 1 binds loss_weights = dL/d token_logprobs, for any loss L
-  // of the per-token log-probs computed on the host in between, and returns the gradients of that L.
-  // temperature T ≠ 1: every vocabulary quantity (log-probs, entropy, logit sums) is of logits / T (GRPO, RLOO).
-  // logits_to_keep K > 0 (TRL's option of that name): the vocabulary ops run only at the K positions that predict
-  // each row's last K tokens, [T − 1 − K, T − 1); labels, loss_weights and the per-token outputs are then [B, K],
-  // and the input kept_positions [B, K] i32 holds those positions' flat indices b·T + t (token_train_step binds it).
-  struct TrainingSpec {
-    int64_t batch = 1, tokens = 1;
-    DType grad_dtype = DType::F32;        // the gradients' dtype (F64 for the finite-difference tests)
-    bool gradient_checkpointing = false;
-    bool metrics = false;                 // the entropy and token_accuracy outputs
-    bool logit_sums = false;              // the logit_sum output
-    double temperature = 1.0;
-    int64_t logits_to_keep = 0;
-  };
-  graph::Graph training_graph(const TrainingSpec& spec) const;
-  // The plain objective of a [batch, tokens] batch: no metrics, f32 gradients, temperature 1.
-  graph::Graph training_graph(int64_t batch, int64_t tokens) const { return training_graph(TrainingSpec{.batch = batch, .tokens = tokens}); }
-  // Distillation (docs/DISTILLATION.md). hidden_graph: the teacher's side, forward only: the final hidden state
-  // [B, Tk, C] in the model's dtype ("hidden"), divided by `temperature` and, with logits_to_keep K > 0, gathered at
-  // kept_positions [B, K] i32 as training_graph's. The lm_head it pairs with is the weight named lm_head_name().
-  graph::Graph hidden_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
+  // The objectives' building blocks (the training programs themselves are the trainers', src/train/objectives.h).
+  // build_training_hidden: build_hidden as a training graph runs it, with a LoRA adapter's dropout active when
+  // `dropout` (its input lora_dropout_seed [2] i32 declared).
+  graph::ValueId build_training_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, bool dropout = true) const;
+  // The hidden state the vocabulary ops read: h / temperature (logits / T = (h / T) · head, a finite T > 0), then with
+  // logits_to_keep K > 0 (TRL's option) only the K positions of each row that predict its last K tokens,
+  // [T − 1 − K, T − 1), gathered by the input kept_positions [B, K] i32 (their flat indices b·T + t, bound by the
+  // caller): [B, T or K, C] in the model's dtype.
+  graph::ValueId vocab_positions(graph::Builder& b, graph::ValueId h, int64_t batch, int64_t tokens, double temperature, int64_t logits_to_keep) const;
   std::string lm_head_name() const { return config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"; }
-  // The student's side: loss = Σ jsd·loss_weights, jsd the generalized JSD (graph::Op::Jsd, β = beta) between
-  // softmax(logits / temperature) of this model and of the teacher, whose hidden state (hidden_graph's output on the
-  // same rows and kept positions) and lm_head are the inputs teacher_hidden [B, Tk, Ct] and teacher_lm_head [V, Ct]
-  // in the teacher's dtype. Other inputs as training_graph's (no labels); loss_weights [B, Tk] f32. Outputs: loss,
-  // grad.<p> of trainable_parameters() (with `backward`), then jsd [B, Tk] f32 per position. dropout false: a LoRA
-  // adapter's dropout is off (TRL's disable_dropout).
-  struct TeacherShape {
-    int64_t hidden_size = 0;
-    DType dtype = DType::F32;
-  };
-  struct DistillationSpec {
-    int64_t batch = 1, tokens = 1, logits_to_keep = 0;
-    TeacherShape teacher;
-    double beta = 0.5, temperature = 1.0;
-    bool gradient_checkpointing = false;
-    bool backward = true;  // false: the loss and jsd only (evaluation)
-    bool dropout = true;   // false: a LoRA adapter's dropout is off
-  };
-  graph::Graph distillation_graph(const DistillationSpec& spec) const;
   // Runs the forward pass; returns f32 logits [B,T,V].
   Tensor forward(const Batch& batch, Backend& backend) const;
 

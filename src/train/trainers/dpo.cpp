@@ -11,6 +11,7 @@
 #include "data/preference.h"
 #include "train/dpo_step.h"
 #include "train/frozen_model.h"
+#include "train/objectives.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
@@ -91,7 +92,7 @@ class DpoMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const auto [R, T] = largest_shape(batch);
-    return model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
+    return training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     const auto [R, T] = largest_shape(batch);

@@ -24,6 +24,7 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "train/frozen_model.h"
+#include "train/objectives.h"
 #include "train/online_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
@@ -108,7 +109,7 @@ class DistillMethod final : public TrainingMethod {
 
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const int64_t C = padded_length(longest_completion_, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
-    return model.distillation_graph({.batch = batch, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .dropout = spec_.dropout});
+    return distillation_graph(model, {.batch = batch, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .dropout = spec_.dropout});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     return teacher_->memory(batch, padded_length(longest_prompt_, multiple_) + padded_length(longest_completion_, multiple_));
@@ -208,7 +209,7 @@ class DistillMethod final : public TrainingMethod {
     in["position_ids"] = ctx.to_backend(b.position_ids, "position_ids");
     in["kept_positions"] = ctx.to_backend(kept, "kept_positions"), in["loss_weights"] = ctx.to_backend(weights, "loss_weights");
     const graph::Graph g =
-        ctx.model.distillation_graph({.batch = B, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .backward = train, .dropout = spec_.dropout});
+        distillation_graph(ctx.model, {.batch = B, .tokens = T, .logits_to_keep = C, .teacher = teacher_shape_, .beta = spec_.beta, .temperature = spec_.loss_temperature, .gradient_checkpointing = gradient_checkpointing_, .backward = train, .dropout = spec_.dropout});
     const auto result = ctx.programs.get(g).run(in);
     RunResult out;
     const std::map<std::string, size_t> at = g.output_indices();
@@ -294,7 +295,7 @@ class DistillMethod final : public TrainingMethod {
   uint64_t seed_ = 42;
   bool compiled_ = true, gradient_checkpointing_ = false;
   int64_t longest_prompt_ = 1, longest_completion_ = 1;
-  CausalLM::TeacherShape teacher_shape_;
+  TeacherShape teacher_shape_;
   std::unique_ptr<FrozenModel> teacher_;
   std::unique_ptr<CausalLM> policy_;
   std::unique_ptr<Generator> student_gen_, teacher_gen_;

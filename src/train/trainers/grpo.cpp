@@ -33,6 +33,7 @@
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
+#include "train/objectives.h"
 #include "train/online_step.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
@@ -178,7 +179,7 @@ class OnlineMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const int64_t C = padded_length(cfg_.max_completion_length, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
-    return model.training_graph({.batch = batch, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .temperature = cfg_.temperature, .logits_to_keep = C});
+    return training_graph(model, {.batch = batch, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .temperature = cfg_.temperature, .logits_to_keep = C});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     if (!reference_) return {};

@@ -14,6 +14,7 @@
 #include "data/preference.h"
 #include "train/frozen_model.h"
 #include "train/losses/kto_loss.h"
+#include "train/objectives.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
@@ -78,7 +79,7 @@ class KtoMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const auto [R, T] = largest_shape(batch);
-    return model.training_graph({.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
+    return training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
   }
   // The reference's pass takes a micro-batch's rows and, with the KL term, their KL rows together.
   FrozenMemory frozen_memory(int64_t batch) override {

@@ -12,6 +12,7 @@
 
 #include "data/preference.h"
 #include "train/losses/reward_loss.h"
+#include "train/objectives.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
@@ -47,7 +48,7 @@ class RewardMethod final : public TrainingMethod {
     for (const PreferenceExample& e : train_)
       for (const auto* c : {&e.chosen_ids, &e.rejected_ids}) lengths.push_back(static_cast<int64_t>(e.prompt_ids.size() + c->size()));
     const auto [R, T] = largest_batch_shape(lengths, 2 * batch, SequenceLayout{pad_, multiple_, cfg_.max_length, false});
-    return model.reward_training_graph(R, T, cfg_.gradient_checkpointing);
+    return reward_training_graph(model, R, T, cfg_.gradient_checkpointing);
   }
   TensorMap extra_parameters() const override { return {{"score.weight", score_}}; }
   std::vector<std::string> frozen_parameters() const override { return {"lm_head.weight"}; }
@@ -66,7 +67,7 @@ class RewardMethod final : public TrainingMethod {
       const SFTBatch b = batch(train_, items);
       out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       const int64_t R = b.input_ids.size(0), T = b.input_ids.size(1);
-      const graph::Graph g = ctx.model.reward_training_graph(R, T, cfg_.gradient_checkpointing);
+      const graph::Graph g = reward_training_graph(ctx.model, R, T, cfg_.gradient_checkpointing);
       Program& program = ctx.programs.get(g);
       const TensorMap in = inputs(ctx, b);
       const std::vector<int64_t> at = pooled(b);

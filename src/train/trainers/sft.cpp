@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "train/objectives.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
@@ -100,7 +101,7 @@ class SftMethod final : public TrainingMethod {
       T = std::max(longest, std::min(T, cfg_.max_length));
     }
     B = std::min<int64_t>(B, static_cast<int64_t>(items_.size()));
-    return model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
+    return training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
   }
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
@@ -119,7 +120,7 @@ class SftMethod final : public TrainingMethod {
     const float scale = -1.0f / static_cast<float>(std::max<int64_t>(1, items));
     for (const SFTBatch& b : batches) {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-      const graph::Graph graph = ctx.model.training_graph({.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
+      const graph::Graph graph = training_graph(ctx.model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
       const std::map<std::string, size_t> at = graph.output_indices();
       const auto result = ctx.programs.get(graph).run(inputs(ctx, b, scale));
       out.loss += ctx.to_host(result[at.at("loss")]).data_as<float>()[0];
