@@ -12,7 +12,6 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
-#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/backend/program_cache.h"
 #include "trl/generation/generate.h"
@@ -23,6 +22,7 @@
 #include "core/rng.h"
 #include "trl/models/init.h"
 #include "trl/runtime/runtime.h"
+#include "trl/train/objectives.h"
 #include "train/optim/adamw.h"
 
 namespace trl::cli {

@@ -10,11 +10,11 @@
 #include "trl/backend/program_cache.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
-#include "train/objectives.h"
 #include "trl/core/error.h"
 #include "trl/models/init.h"
 #include "trl/runtime/runtime.h"
 #include "trl/runtime/shapes.h"
+#include "trl/train/objectives.h"
 
 namespace trl::cli {
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 

@@ -1,4 +1,4 @@
-#include "train/objectives.h"
+#include "trl/train/objectives.h"
 
 #include <string>
 #include <vector>

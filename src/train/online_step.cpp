@@ -6,6 +6,16 @@
 
 namespace trl {
 
+namespace {
+// Row indices 0, 1, ..., n − 1, and the rows of a round as int64 indices (Backend::copy_rows takes them so).
+std::vector<int64_t> first_rows(size_t n) {
+  std::vector<int64_t> r(n);
+  for (size_t k = 0; k < n; ++k) r[k] = static_cast<int64_t>(k);
+  return r;
+}
+std::vector<int64_t> as_rows(const std::vector<size_t>& rows) { return {rows.begin(), rows.end()}; }
+}  // namespace
+
 double Rollout::mask(size_t i, int64_t c) const {
   if (mask_truncated && truncated[i]) return 0;
   return c < static_cast<int64_t>(completions[i].size()) ? 1.0 : 0.0;
@@ -82,9 +92,7 @@ Tensor rollout_logps(const Rollout& r, const std::vector<size_t>& which, int64_t
     const std::vector<size_t> rows(which.begin() + static_cast<int64_t>(s), which.begin() + static_cast<int64_t>(std::min(which.size(), s + static_cast<size_t>(batch))));
     const Tensor lp = run(rollout_batch(r, rows, pad));  // [rows, C]: logits_to_keep = C
     if (lp.shape() != Shape{static_cast<int64_t>(rows.size()), r.C}) fail("rollout_logps: {} log-probs for {} rows of {} completion positions", shape_str(lp.shape()), rows.size(), r.C);
-    std::vector<int64_t> from, to;
-    for (size_t k = 0; k < rows.size(); ++k) from.push_back(static_cast<int64_t>(k)), to.push_back(static_cast<int64_t>(rows[k]));
-    backend.copy_rows(lp, from, out, to);
+    backend.copy_rows(lp, first_rows(rows.size()), out, as_rows(rows));
   }
   return out;
 }
@@ -98,9 +106,7 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
   auto gathered = [&](const Tensor& table, const char* name) {
     if (table.numel() == 0) return Tensor();
     Tensor t = backend.allocate(DType::F32, {B, r.C}, name);
-    std::vector<int64_t> from, to;
-    for (int64_t k = 0; k < B; ++k) from.push_back(static_cast<int64_t>(rows[static_cast<size_t>(k)])), to.push_back(k);
-    backend.copy_rows(table, from, t, to);
+    backend.copy_rows(table, as_rows(rows), t, first_rows(rows.size()));
     return t;
   };
   const Tensor old_logp = gathered(r.old_logp, "old_logp"), ref_logp = gathered(r.ref_logp, "ref_logp");

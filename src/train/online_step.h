@@ -26,7 +26,8 @@ struct Rollout {
   std::vector<char> truncated;                    // [N] the last token is neither EOS nor pad
   std::vector<double> advantages;                 // [N]
   // [N, C] f32 in the policy's backend memory when computed (else empty): the per-token log-probs at generation
-  // time and the reference's. They stay there: a micro-batch's rows are gathered from them where they are.
+  // time and the reference's. They stay there: a micro-batch's rows are gathered from them where they are. (A round
+  // loaded from a checkpoint holds host tables until the method's next step uploads them.)
   Tensor old_logp, ref_logp;
   std::vector<size_t> order;                      // the shuffled rows: chunk k is order[k·bs, (k + 1)·bs)
   double num_items = 0;                           // loss tokens of the whole round (dapo's normaliser)
@@ -69,7 +70,7 @@ struct OnlineLoss {
 
 struct OnlineStepResult {
   double loss = 0;
-  PolicyLossMetrics metrics;            // entropy, kl, clip ratios of this micro-batch
+  PolicyLossMetrics metrics;            // entropy, kl, clip ratios of this micro-batch (its loss: share · L, as `loss`)
   std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
 };
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "train/objectives.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 

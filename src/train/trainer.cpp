@@ -618,9 +618,11 @@ void Trainer::State::resume(const std::string& spec) {
   // there, so every holder sees it); a moment as a tensor of the backend's memory.
   auto assign = [&](Tensor& to, const Tensor& host, const std::string& name) {
     if (!to.is_device()) return to.copy_from(host);
-    std::vector<int64_t> rows(static_cast<size_t>(host.shape().empty() ? 1 : host.size(0)));
+    const bool scalar = host.shape().empty();  // a 0-d tensor is one row of one element
+    std::vector<int64_t> rows(static_cast<size_t>(scalar ? 1 : host.size(0)));
     std::iota(rows.begin(), rows.end(), int64_t{0});
-    backend->copy_rows(backend->upload(host.shape().empty() ? host.reshape({1}) : host, name), rows, to, rows);
+    Tensor dst = scalar ? to.reshape({1}) : to;  // the same device storage
+    backend->copy_rows(backend->upload(scalar ? host.reshape({1}) : host, name), rows, dst, rows);
   };
   auto moment = [&](const Tensor& host, const std::string& name) { return backend->host_memory() ? host.clone() : backend->upload(host, name); };
   TensorMap m, v;

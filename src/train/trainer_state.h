@@ -44,7 +44,6 @@ struct StepItems {
   std::vector<int64_t> rows;
 };
 
-// Sums each gradient over the ranks of `comm` in buckets of about 25 MB (trainer_dist.cpp).
 // A cheap fingerprint of weights that equal weights share (trainer_dist.cpp).
 uint64_t weights_fingerprint(const TensorMap& weights);
 

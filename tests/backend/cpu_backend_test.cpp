@@ -12,9 +12,9 @@
 #include "core/fs.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
-#include "train/objectives.h"
 #include "trl/models/causal_lm.h"
 #include "trl/models/init.h"
+#include "trl/train/objectives.h"
 #include "test_util.h"
 
 namespace trl {

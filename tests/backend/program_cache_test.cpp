@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "train/objectives.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/backend/program_cache.h"
 #include "trl/models/init.h"
+#include "trl/train/objectives.h"
 #include "test_util.h"
 
 namespace trl {

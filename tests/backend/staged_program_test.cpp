@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "test_util.h"
-#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "trl/models/causal_lm.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 namespace {

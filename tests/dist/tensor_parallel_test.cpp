@@ -14,13 +14,13 @@
 #include "core/rng.h"
 #include "graph/autodiff.h"
 #include "test_util.h"
-#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/backend/registry.h"
 #include "trl/core/collectives.h"
 #include "trl/dist/communicator.h"
 #include "trl/models/causal_lm.h"
 #include "trl/models/init.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 namespace {

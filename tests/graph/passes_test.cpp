@@ -8,10 +8,10 @@
 #include "core/rng.h"
 #include "graph/passes.h"
 #include "test_util.h"
-#include "train/objectives.h"
 #include "trl/backend/backend.h"
 #include "trl/core/error.h"
 #include "trl/graph/graph.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 namespace {

@@ -17,12 +17,12 @@
 #include "core/fs.h"
 #include "golden_util.h"
 #include "test_util.h"
-#include "train/objectives.h"
 #include "train/optim/adamw.h"
 #include "assets/assets.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/io/safetensors.h"
 #include "trl/models/lora.h"
+#include "trl/train/objectives.h"
 #include "trl/train/sft_trainer.h"
 
 namespace trl {

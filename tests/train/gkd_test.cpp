@@ -20,7 +20,6 @@
 #include "golden_util.h"
 #include "test_util.h"
 #include "assets/assets.h"
-#include "train/objectives.h"
 #include "trl/backend/program_cache.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
@@ -28,6 +27,7 @@
 #include "trl/generation/generate.h"
 #include "trl/models/init.h"
 #include "trl/train/gkd_trainer.h"
+#include "trl/train/objectives.h"
 #include "trl/train/sft_trainer.h"
 
 namespace trl {

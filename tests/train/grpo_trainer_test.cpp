@@ -186,6 +186,14 @@ TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
     }
   }
   EXPECT_GT(a.log_history[3]["kl"].get<double>(), 0.0);  // the policy moved away from its reference
+
+  // A round whose saved log-probs lack a row is refused at load, naming the file, not at the first micro-batch.
+  nlohmann::json round = nlohmann::json::parse(test::read_file(out.file("full/checkpoint-1/rollout.json")));
+  round["old_logp"].erase(round["old_logp"].size() - 1);
+  test::write_file(out.file("full/checkpoint-1/rollout.json"), round.dump());
+  const std::string e = test::error_of([&] { GRPOTrainer(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, rc).train(); });
+  EXPECT_NE(e.find("rollout.json is not a valid generation round"), std::string::npos) << e;
+  EXPECT_NE(e.find("rows of log-probs for a round of"), std::string::npos) << e;
 }
 
 // The tiny model, after a short SFT on " one two ... <k>" completions (k random), learns under GRPO to answer

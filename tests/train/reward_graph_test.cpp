@@ -10,10 +10,10 @@
 
 #include "test_util.h"
 #include "train/losses/reward_loss.h"
-#include "train/objectives.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "trl/models/causal_lm.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 namespace {

@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "train/objectives.h"
 #include "trl/backend/cpu/cpu_backend.h"
 #include "trl/backend/registry.h"
 #include "core/fs.h"
 #include "trl/models/causal_lm.h"
 #include "trl/models/init.h"
+#include "trl/train/objectives.h"
 #include "test_util.h"
 #include "train/optim/adamw.h"
 

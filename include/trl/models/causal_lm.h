@@ -118,7 +118,7 @@ class CausalLM {
   graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
   // Forward only: a reward model's score head (score.weight [1, C], no bias, in the model dtype) at every
   // position, output "rewards" [B,T] f32 (trl/models/reward_model.h; its training program is the reward trainer's,
-  // src/train/objectives.h).
+  // trl/train/objectives.h).
   graph::Graph reward_graph(int64_t batch, int64_t tokens) const;
   // The decoder up to the final norm: returns h [B,T,C]; *head receives the lm_head weight value. With `cache`,
   // the layers also write their keys and values into a static KV cache (below) and, when decoding, attend over it.
@@ -149,7 +149,7 @@ class CausalLM {
   graph::Graph prefill_graph(int64_t batch, int64_t tokens, int64_t cache_len) const;
   graph::Graph decode_graph(int64_t batch, int64_t cache_len) const;
 
-  // The objectives' building blocks (the training programs themselves are the trainers', src/train/objectives.h).
+  // The objectives' building blocks (the training programs themselves are the trainers', trl/train/objectives.h).
   // build_training_hidden: build_hidden as a training graph runs it, with a LoRA adapter's dropout active when
   // `dropout` (its input lora_dropout_seed [2] i32 declared).
   graph::ValueId build_training_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, bool dropout = true) const;

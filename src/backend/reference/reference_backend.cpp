@@ -862,9 +862,11 @@ class ReferenceBackend final : public Backend {
     PolicyLossRequest r = request;
     Tensor views[5];
     const Tensor** inputs[5] = {&r.logp, &r.mask, &r.entropy, &r.old_logp, &r.ref_logp};
+    const char* names[5] = {"policy_loss's log-probs", "policy_loss's loss mask", "policy_loss's entropy", "policy_loss's old log-probs",
+                            "policy_loss's reference log-probs"};
     for (int k = 0; k < 5; ++k)
-      if (*inputs[k] != nullptr) views[k] = on_host(**inputs[k], "policy_loss"), *inputs[k] = &views[k];
-    Tensor s = on_host(seed, "policy_loss");
+      if (*inputs[k] != nullptr) views[k] = on_host(**inputs[k], names[k]), *inputs[k] = &views[k];
+    Tensor s = on_host(seed, "policy_loss's seed");
     const PolicyLossMetrics m = Backend::policy_loss(r, s);
     count_download(static_cast<int64_t>(sizeof(PolicyLossMetrics)));
     return m;

@@ -11,11 +11,11 @@
 #include "data/preference.h"
 #include "train/dpo_step.h"
 #include "train/frozen_model.h"
-#include "train/objectives.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
 #include "trl/train/dpo_trainer.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 

@@ -24,7 +24,6 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "train/frozen_model.h"
-#include "train/objectives.h"
 #include "train/online_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
@@ -33,6 +32,7 @@
 #include "trl/runtime/shapes.h"
 #include "trl/tokenizer/chat_template.h"
 #include "trl/train/gkd_trainer.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 

@@ -33,7 +33,6 @@
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
-#include "train/objectives.h"
 #include "train/online_step.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
@@ -42,6 +41,7 @@
 #include "trl/runtime/shapes.h"
 #include "trl/tokenizer/chat_template.h"
 #include "trl/train/grpo_trainer.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 
@@ -241,6 +241,9 @@ class OnlineMethod final : public TrainingMethod {
       r.advantages = j.at("advantages").get<std::vector<double>>();
       r.old_logp = logp_table(j.at("old_logp").get<std::vector<std::vector<float>>>(), r.C);
       r.ref_logp = logp_table(j.at("ref_logp").get<std::vector<std::vector<float>>>(), r.C);
+      for (const Tensor* t : {&r.old_logp, &r.ref_logp})
+        if (t->numel() > 0 && t->size(0) != static_cast<int64_t>(r.prompt_of.size()))
+          fail("{} rows of log-probs for a round of {} completions", t->size(0), r.prompt_of.size());
       r.order = j.at("order").get<std::vector<size_t>>();
       r.num_items = j.at("num_items");
       for (size_t p : r.prompt_of)

@@ -14,12 +14,12 @@
 #include "data/preference.h"
 #include "train/frozen_model.h"
 #include "train/losses/kto_loss.h"
-#include "train/objectives.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
 #include "trl/train/kto_trainer.h"
+#include "trl/train/objectives.h"
 
 namespace trl {
 

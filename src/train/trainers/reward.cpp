@@ -12,11 +12,11 @@
 
 #include "data/preference.h"
 #include "train/losses/reward_loss.h"
-#include "train/objectives.h"
 #include "train/sequence_step.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
+#include "trl/train/objectives.h"
 #include "trl/train/reward_trainer.h"
 
 namespace trl {

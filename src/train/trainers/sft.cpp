@@ -10,10 +10,10 @@
 
 #include <fmt/format.h>
 
-#include "train/objectives.h"
 #include "train/trainer.h"
 #include "trl/core/error.h"
 #include "trl/runtime/shapes.h"
+#include "trl/train/objectives.h"
 #include "trl/train/sft_trainer.h"
 
 namespace trl {
@@ -34,10 +34,12 @@ TokenMetrics token_metrics(const MethodContext& ctx, const SFTBatch& b, const Te
   Tensor real = Tensor::zeros(DType::F32, {R, T}), in_loss = Tensor::zeros(DType::F32, {R, T});
   const int32_t* mask = b.attention_mask.data_as<int32_t>();
   const float* w = b.weights.data_as<float>();
+  float* real_at = real.mutable_data_as<float>();
+  float* loss_at = in_loss.mutable_data_as<float>();
   int64_t en = 0, mn = 0;
   for (int64_t i = 0; i < R * T; ++i) {
-    if (mask[i] != 0) real.mutable_data_as<float>()[i] = 1.0f, ++en;
-    if (w[i] != 0) in_loss.mutable_data_as<float>()[i] = 1.0f, ++mn;
+    if (mask[i] != 0) real_at[i] = 1.0f, ++en;
+    if (w[i] != 0) loss_at[i] = 1.0f, ++mn;
   }
   std::vector<Backend::Span> rows;
   for (int64_t r = 0; r < R; ++r) rows.push_back({r, 0, T});

@@ -1,6 +1,7 @@
 // The training objectives: the programs the trainers compile, built over a model's decoder (CausalLM's
 // build_training_hidden, vocab_head and vocab_positions), as llama.cpp keeps a model a builder and the task outside it.
-// The model holds the architecture; what a trainer differentiates, and how, is here beside the trainers.
+// The model holds the architecture; what a trainer differentiates, and how, is here beside the trainers
+// (src/train/objectives.cpp).
 #pragma once
 
 #include <cstdint>
