@@ -213,19 +213,19 @@ Tensor Backend::mix(const Tensor& target, const Tensor& source, float alpha, con
   return out;
 }
 
-std::vector<double> Backend::span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans) {
+std::vector<double> Backend::span_sums(const Tensor& values, const Tensor* weights, const Tensor* factors, const std::vector<Span>& spans) {
   check_f32(values, "span_sums");
-  check_f32(weights, "span_sums");
+  if (weights != nullptr) check_f32(*weights, "span_sums");
   if (factors != nullptr) check_f32(*factors, "span_sums");
-  if (values.shape().size() != 2 || weights.shape() != values.shape() || (factors != nullptr && factors->shape() != values.shape()))
+  if (values.shape().size() != 2 || (weights != nullptr && weights->shape() != values.shape()) || (factors != nullptr && factors->shape() != values.shape()))
     fail("span_sums: the values, weights and factors must be [rows, tokens] of one shape, got {}, {} and {}", shape_str(values.shape()),
-         shape_str(weights.shape()), factors != nullptr ? shape_str(factors->shape()) : std::string("none"));
+         weights != nullptr ? shape_str(weights->shape()) : std::string("none"), factors != nullptr ? shape_str(factors->shape()) : std::string("none"));
   const int64_t R = values.size(0), T = values.size(1);
   for (const Span& s : spans)
     if (s.row < 0 || s.row >= R || s.begin < 0 || s.begin > s.end || s.end > T)
       fail("span_sums: span [{}, {}) of row {} lies outside the [{}, {}] values", s.begin, s.end, s.row, R, T);
   const float* v = values.data_as<float>();
-  const float* w = weights.data_as<float>();
+  const float* w = weights != nullptr ? weights->data_as<float>() : nullptr;
   const float* f = factors != nullptr ? factors->data_as<float>() : nullptr;
   std::vector<double> out(spans.size());
 #pragma omp parallel for schedule(static) if (spans.size() > 1)
@@ -234,10 +234,18 @@ std::vector<double> Backend::span_sums(const Tensor& values, const Tensor& weigh
     double sum = 0;
     for (int64_t t = s.begin; t < s.end; ++t) {
       const int64_t i = s.row * T + t;
-      if (w[i] != 0) sum += static_cast<double>(w[i]) * (f != nullptr ? f[i] : 1.0f) * v[i];
+      const float wi = w != nullptr ? w[i] : 1.0f;
+      if (wi != 0) sum += static_cast<double>(wi) * (f != nullptr ? f[i] : 1.0f) * v[i];
     }
     out[q] = sum;
   }
+  return out;
+}
+
+TensorMap to_backend(Backend& backend, const TensorMap& tensors) {
+  if (backend.host_memory()) return tensors;
+  TensorMap out;
+  for (const auto& [name, t] : tensors) out[name] = t.is_device() ? t : backend.upload(t, name);
   return out;
 }
 

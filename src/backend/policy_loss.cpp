@@ -1,4 +1,4 @@
-#include "trl/backend/policy_loss.h"
+#include "backend/policy_loss.h"
 
 #include <algorithm>
 #include <cmath>

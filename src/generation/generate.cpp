@@ -101,8 +101,7 @@ struct Generator::State {
                "disable_compile false there", w.device_label());
       return model.weights();
     }
-    if (device_weights.empty())
-      for (const auto& [name, w] : model.weights()) device_weights[name] = w.is_device() ? w : backend.upload(w, name);
+    if (device_weights.empty()) device_weights = to_backend(backend, model.weights());
     return device_weights;
   }
 };

@@ -599,9 +599,7 @@ Tensor CausalLM::forward(const Batch& batch, Backend& backend) const {
   if (pos.dtype() != DType::I32 || pos.shape() != ids.shape()) {
     fail("position_ids must be i32 {} like input_ids, got {} {}", shape_str(ids.shape()), dtype_name(pos.dtype()), shape_str(pos.shape()));
   }
-  TensorMap inputs = weights_;
-  for (auto& [name, w] : inputs)
-    if (!backend.host_memory() && !w.is_device()) w = backend.upload(w, name);
+  TensorMap inputs = to_backend(backend, weights_);
   inputs["input_ids"] = to_backend(backend, ids, "input_ids");
   inputs["attention_mask"] = to_backend(backend, mask, "attention_mask");
   inputs["position_ids"] = to_backend(backend, pos, "position_ids");

@@ -131,23 +131,18 @@ std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::v
 }
 
 std::vector<double> pooled_scores(Backend& backend, const Tensor& scores, const std::vector<int64_t>& positions) {
-  const int64_t R = scores.size(0), T = scores.size(1);
+  const int64_t R = scores.size(0);
   if (static_cast<int64_t>(positions.size()) != R) fail("pooled_scores: {} positions for {} rows of scores", positions.size(), R);
   std::vector<Backend::Span> spans;
   for (int64_t r = 0; r < R; ++r) spans.push_back({r, positions[static_cast<size_t>(r)], positions[static_cast<size_t>(r)] + 1});
-  Tensor ones = Tensor::zeros(DType::F32, {R, T});
-  std::fill_n(ones.mutable_data_as<float>(), R * T, 1.0f);
-  return backend.span_sums(scores, to_backend(backend, ones, "reward_pool_weights"), nullptr, spans);
+  return backend.span_sums(scores, nullptr, nullptr, spans);
 }
 
 TensorMap reward_weights(const RewardModel& m, Backend& backend) {
   TensorMap in = m.backbone.weights();
   in.erase("lm_head.weight");
   in["score.weight"] = m.score;
-  if (!backend.host_memory())
-    for (auto& [name, t] : in)
-      if (!t.is_device()) t = backend.upload(t, name);
-  return in;
+  return to_backend(backend, in);
 }
 
 std::vector<double> reward_scores(const RewardModel& m, const std::vector<std::vector<int32_t>>& sequences, ProgramCache& programs, int64_t batch_size,

@@ -27,9 +27,7 @@ std::vector<SequenceScore> score_sequences(const CausalLM& model, const std::vec
   ProgramCache programs(backend, 16);
   // The weights in the backend's memory once (uploaded to a device); each batch goes up, its log-probs (what the
   // caller asked for) come down.
-  TensorMap weights = model.weights();
-  for (auto& [name, w] : weights)
-    if (!backend.host_memory() && !w.is_device()) w = backend.upload(w, name);
+  const TensorMap weights = to_backend(backend, model.weights());
   std::vector<SequenceScore> out;
   for (size_t first = 0; first < sequences.size(); first += static_cast<size_t>(B)) {
     const size_t last = std::min(sequences.size(), first + static_cast<size_t>(B));

@@ -45,9 +45,7 @@ FrozenModel::FrozenModel(const CausalLM* given, const Trainer& trainer, size_t p
 // (a teacher's generate() for GKD's seq_kd) run on that device too, whatever device the model was loaded for.
 void FrozenModel::move_weights_to_backend(const std::string& device) {
   if (backend_->host_memory()) return;
-  TensorMap moved;
-  for (const auto& [name, w] : model_->weights()) moved[name] = w.is_device() ? w : backend_->upload(w, name);
-  model_ = std::make_unique<CausalLM>(model_->with_weights(std::move(moved), teacher_ ? "teacher" : "reference").with_device(device));
+  model_ = std::make_unique<CausalLM>(model_->with_weights(to_backend(*backend_, model_->weights()), teacher_ ? "teacher" : "reference").with_device(device));
 }
 
 FrozenModel::FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep) {

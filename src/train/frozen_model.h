@@ -26,7 +26,8 @@ class FrozenModel {
   FrozenModel(Teacher, const CausalLM& teacher, const Trainer& trainer, size_t programs_to_keep);
   // The summed completion log-probs of each sequence.
   std::vector<double> sequence_logps(const SequenceBatch& batch);
-  // log p(labels) at every position [B, T] f32, of logits / temperature (GRPO's reference).
+  // log p(labels) at every position [B, T] f32, of logits / temperature (GRPO's reference): its program's output in
+  // its backend's memory, valid until that program runs again.
   Tensor token_logprobs(const SFTBatch& batch, double temperature = 1.0, int64_t logits_to_keep = 0);
   // The final hidden state divided by `temperature` at the kept positions [B, K] i32 (CausalLM::hidden_graph),
   // [B, K, C] in the model's dtype.

@@ -74,7 +74,7 @@ std::vector<double> SequenceSums::operator()(const Tensor& per_token, bool weigh
   if (per_token.shape() != b_.batch.weights.shape())
     fail("sequence sums: {} values for a {} batch", shape_str(per_token.shape()), shape_str(b_.batch.weights.shape()));
   const bool factors = weighted && logp_weights_.numel() > 0;
-  return backend_.span_sums(per_token, weights_, factors ? &logp_weights_ : nullptr, b_.spans);
+  return backend_.span_sums(per_token, &weights_, factors ? &logp_weights_ : nullptr, b_.spans);
 }
 
 std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b) {
@@ -170,7 +170,7 @@ Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCa
                       int64_t logits_to_keep) {
   const graph::Graph g = model.logprobs_graph(batch.input_ids.size(0), batch.input_ids.size(1), temperature, logits_to_keep);
   Backend& backend = programs.backend();
-  return backend.copy(programs.get(g).run(kept_inputs(backend, weights, batch, logits_to_keep)).at(g.output_index("token_logprobs")), "token_logprobs");
+  return programs.get(g).run(kept_inputs(backend, weights, batch, logits_to_keep)).at(g.output_index("token_logprobs"));
 }
 
 }  // namespace trl

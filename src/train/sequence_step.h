@@ -94,8 +94,8 @@ struct TokenStepResult {
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
                                  const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0, int64_t logits_to_keep = 0);
 
-// log p(labels[b, t]) [B, T] f32, forward only, of logits / temperature; [B, K] with logits_to_keep K. A copy in the
-// programs' backend's memory.
+// log p(labels[b, t]) [B, T] f32, forward only, of logits / temperature; [B, K] with logits_to_keep K. The program's
+// output in its backend's memory: read or copy it before `programs` run again (rollout_logps copies its rows at once).
 Tensor token_logprobs(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch, double temperature = 1.0,
                       int64_t logits_to_keep = 0);
 

@@ -614,16 +614,8 @@ void Trainer::State::resume(const std::string& spec) {
   // The checkpoint holds the whole state, whatever the world size, tp_size and fsdp_size of the run that wrote it.
   // This rank's part of a tensor: its tensor-parallel slice (the tensor itself without tensor parallel).
   auto local = [&](const std::string& part, const std::string& name) { return tensor_parallel_slice(name, f.get(part + name), model.tensor_parallel()); };
-  // A loaded value into a tensor the model, the method and AdamW share: in place (on a device, uploaded and copied
-  // there, so every holder sees it); a moment as a tensor of the backend's memory.
-  auto assign = [&](Tensor& to, const Tensor& host, const std::string& name) {
-    if (!to.is_device()) return to.copy_from(host);
-    const bool scalar = host.shape().empty();  // a 0-d tensor is one row of one element
-    std::vector<int64_t> rows(static_cast<size_t>(scalar ? 1 : host.size(0)));
-    std::iota(rows.begin(), rows.end(), int64_t{0});
-    Tensor dst = scalar ? to.reshape({1}) : to;  // the same device storage
-    backend->copy_rows(backend->upload(scalar ? host.reshape({1}) : host, name), rows, dst, rows);
-  };
+  // A loaded master or compute copy goes into the tensor the model, the method and AdamW share (Backend::upload_into:
+  // in place on a device too, so every holder sees it); a moment becomes a tensor of the backend's memory.
   auto moment = [&](const Tensor& host, const std::string& name) { return backend->host_memory() ? host.clone() : backend->upload(host, name); };
   TensorMap m, v;
   for (const auto& [name, shape] : trained) {
@@ -638,10 +630,10 @@ void Trainer::State::resume(const std::string& spec) {
       continue;
     }
     const Tensor w = local("master/", name);
-    assign(master.at(name), w, name);
+    backend->upload_into(master.at(name), w);
     m[name] = moment(local("exp_avg/", name), "exp_avg of " + name);
     v[name] = moment(local("exp_avg_sq/", name), "exp_avg_sq of " + name);
-    if (cfg.bf16) assign(compute[name], w.to(DType::BF16), name);
+    if (cfg.bf16) backend->upload_into(compute[name], w.to(DType::BF16));
   }
   if (fsdp())
     for (const dist::FlatShards::Piece& piece : shards->pieces()) {

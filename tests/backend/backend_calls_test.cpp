@@ -1,7 +1,7 @@
 // The table of Backend's calls between programs (what a trainer runs on the tensors in a backend's memory outside
-// the compiled programs: gradient accumulation, the global norm, clipping, the AdamW step, TR-DPO's mixing,
-// allocation, zeroing and copying whole tensors or rows, DPO's per-sequence sums, GRPO's and RLOO's per-token loss and
-// generate()'s choice of the next tokens), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
+// the compiled programs: gradient accumulation, the global norm, clipping, data parallel's all-reduce, the AdamW
+// step, TR-DPO's mixing, allocation, zeroing and copying whole tensors or rows, DPO's per-sequence sums, GRPO's and
+// RLOO's per-token loss and generate()'s choice of the next tokens), in the op table's manner: each call has cases with their edges (sizes 1, 7 and
 // 4099 — a tail after the 16- and 8-lane groups —, NaN and Inf, zero, a factor of exactly 1, fresh and stored
 // moments, with and without the bf16 compute copy, mixing into f32 and bf16 at alpha 0 and 1), run on every backend
 // under test and on the stand-in device ("reference-device"), and compared with the reference backend bit for bit:
@@ -25,11 +25,12 @@
 #include "trl/backend/backend.h"
 #include "test_util.h"
 #include "trl/backend/registry.h"
+#include "trl/dist/communicator.h"
 
 namespace trl {
 namespace {
 
-enum class Call { Allocate, Zero, Copy, CopyRows, Accumulate, SumOfSquares, Scale, AdamWStep, Mix, Sample, SpanSums, PolicyLoss, kCount };
+enum class Call { Allocate, Zero, Copy, CopyRows, Accumulate, SumOfSquares, Scale, AllReduce, AdamWStep, Mix, Sample, SpanSums, PolicyLoss, kCount };
 
 const char* call_name(Call c) {
   switch (c) {
@@ -40,6 +41,7 @@ const char* call_name(Call c) {
     case Call::Accumulate: return "accumulate";
     case Call::SumOfSquares: return "sum_of_squares";
     case Call::Scale: return "scale";
+    case Call::AllReduce: return "all_reduce";
     case Call::AdamWStep: return "adamw_step";
     case Call::Mix: return "mix";
     case Call::Sample: return "sample";
@@ -170,6 +172,20 @@ std::vector<CallCase> call_table() {
                      EXPECT_EQ(std::memcmp(got.data(), h.data(), h.nbytes()), 0);
                      return std::vector<Tensor>{got};
                    }});
+  // all_reduce over this process's own world (one rank: the sum is the tensor itself): small tensors packed into one
+  // bucket and unpacked, each back in its own place, whatever its size.
+  table.push_back({Call::AllReduce, "one_rank_keeps_every_tensor", [](Backend& b, const Up& up, const Down& down) {
+                     const std::vector<Tensor> host = {random_f32(1, 90), random_f32(4099, 91), random_f32(7, 92), random_f32(129, 93)};
+                     std::vector<Tensor> xs;
+                     for (const Tensor& h : host) xs.push_back(up(h));
+                     b.all_reduce(xs, dist::world());
+                     std::vector<Tensor> out;
+                     for (size_t k = 0; k < xs.size(); ++k) {
+                       out.push_back(down(xs[k]));
+                       EXPECT_EQ(std::memcmp(out.back().data(), host[k].data(), host[k].nbytes()), 0) << "tensor " << k;
+                     }
+                     return out;
+                   }});
   // adamw_step: two steps (fresh moments, then stored ones), with weight decay, the bf16 copy or not.
   struct Adam {
     std::string name;
@@ -267,21 +283,29 @@ std::vector<CallCase> call_table() {
     std::vector<Backend::Span> spans;
     bool factors;
     bool non_finite;
+    bool weights = true;  // false: no weights, every token of a span counts once
   };
   for (const Spans& x : {Spans{"padded_rows", {{0, 0, 40}, {1, 0, 40}, {2, 0, 40}}, false, false},
                          Spans{"packed_with_an_empty_span_and_factors", {{0, 0, 13}, {0, 13, 13}, {0, 13, 40}, {2, 5, 29}}, true, false},
-                         Spans{"nan_and_inf_inside_spans", {{1, 0, 40}, {2, 0, 40}, {3, 0, 40}}, false, true}}) {
+                         Spans{"nan_and_inf_inside_spans", {{1, 0, 40}, {2, 0, 40}, {3, 0, 40}}, false, true},
+                         Spans{"one_token_spans_without_weights", {{0, 1, 2}, {1, 39, 40}, {3, 17, 18}, {2, 0, 0}}, false, false, false}}) {
     table.push_back({Call::SpanSums, x.name, [x](Backend& b, const Up& up, const Down&) {
                        const int64_t R = 4, T = 40;
                        Tensor values = random_f32(R * T, 70, 5.0f).reshape({R, T}), weights = random_f32(R * T, 71).reshape({R, T});
                        float* v = values.mutable_data_as<float>();
                        float* w = weights.mutable_data_as<float>();
                        for (int64_t i = 0; i < R * T; ++i)
-                         if (i % 5 == 0) w[i] = 0.0f, v[i] = NAN;  // masked: never read into a sum
+                         if (i % 5 == 0 && x.weights) w[i] = 0.0f, v[i] = NAN;  // masked: never read into a sum
                        if (x.non_finite) v[1 * T + 3] = NAN, v[2 * T + 7] = INFINITY;
                        const Tensor factors = up(random_f32(R * T, 72).reshape({R, T}));
-                       const std::vector<double> sums = b.span_sums(up(values), up(weights), x.factors ? &factors : nullptr, x.spans);
+                       const Tensor up_weights = up(weights);
+                       const std::vector<double> sums = b.span_sums(up(values), x.weights ? &up_weights : nullptr, x.factors ? &factors : nullptr, x.spans);
                        EXPECT_EQ(sums.size(), x.spans.size());
+                       if (!x.weights) {  // a one-token span reads its value exactly (the pooled rewards), an empty one 0
+                         for (size_t q = 0; q + 1 < x.spans.size(); ++q)
+                           EXPECT_EQ(sums[q], static_cast<double>(v[x.spans[q].row * T + x.spans[q].begin])) << q;
+                         EXPECT_EQ(sums.back(), 0.0);
+                       }
                        if (!x.non_finite) {
                          for (double s : sums) EXPECT_TRUE(std::isfinite(s));
                        }
@@ -455,13 +479,13 @@ TEST(BackendCalls, SampleChecksItsArguments) {
 // span_sums checks its spans and shapes; an empty span sums to exactly 0.
 TEST(BackendCalls, SpanSumsCheckTheirSpans) {
   auto cpu = make_backend("cpu");
-  const Tensor v = random_f32(2 * 5, 1).reshape({2, 5}), w = Tensor::from_f32(std::vector<float>(10, 1.0f), {2, 5});
-  EXPECT_EQ(cpu->span_sums(v, w, nullptr, {{1, 2, 2}}).at(0), 0.0);
-  EXPECT_DOUBLE_EQ(cpu->span_sums(v, w, nullptr, {{0, 0, 2}}).at(0), static_cast<double>(v.data_as<float>()[0]) + v.data_as<float>()[1]);
+  const Tensor v = random_f32(2 * 5, 1).reshape({2, 5}), w = Tensor::from_f32(std::vector<float>(10, 1.0f), {2, 5}), bad = v.reshape({5, 2});
+  EXPECT_EQ(cpu->span_sums(v, &w, nullptr, {{1, 2, 2}}).at(0), 0.0);
+  EXPECT_DOUBLE_EQ(cpu->span_sums(v, &w, nullptr, {{0, 0, 2}}).at(0), static_cast<double>(v.data_as<float>()[0]) + v.data_as<float>()[1]);
   for (const auto& [what, f] : std::vector<std::pair<std::string, std::function<void()>>>{
-           {"span [3, 6) of row 0 lies outside the [2, 5] values", [&] { cpu->span_sums(v, w, nullptr, {{0, 3, 6}}); }},
-           {"span [0, 1) of row 2 lies outside", [&] { cpu->span_sums(v, w, nullptr, {{2, 0, 1}}); }},
-           {"must be [rows, tokens] of one shape", [&] { cpu->span_sums(v, v.reshape({5, 2}), nullptr, {}); }}}) {
+           {"span [3, 6) of row 0 lies outside the [2, 5] values", [&] { cpu->span_sums(v, &w, nullptr, {{0, 3, 6}}); }},
+           {"span [0, 1) of row 2 lies outside", [&] { cpu->span_sums(v, &w, nullptr, {{2, 0, 1}}); }},
+           {"must be [rows, tokens] of one shape", [&] { cpu->span_sums(v, &bad, nullptr, {}); }}}) {
     expect_error_naming(what, f);
   }
 }
@@ -500,6 +524,28 @@ TEST(BackendCalls, OnTheDeviceAPolicyLossBringsDownOnlyItsMetrics) {
   EXPECT_EQ(after.uploads, before.uploads);
   EXPECT_EQ(after.downloads - before.downloads, 1);
   EXPECT_EQ(after.download_bytes - before.download_bytes, static_cast<int64_t>(sizeof(PolicyLossMetrics)));
+}
+
+// upload_into writes host values into a tensor already in the backend's memory: a second holder of that tensor sees
+// them (a resumed master shared by the model and AdamW), one upload is counted, nothing comes down.
+TEST(BackendCalls, UploadIntoWritesTheTensorEveryHolderSees) {
+  for (const char* name : {"cpu", "reference-device"}) {
+    SCOPED_TRACE(name);
+    auto b = make_backend(name);
+    const Tensor start = random_f32(4099, 7), loaded = random_f32(4099, 8);
+    Tensor w = b->host_memory() ? start.clone() : b->upload(start, "w");
+    const Tensor holder = w;  // the model's handle on the same storage
+    const Backend::Transfers before = b->transfers();
+    b->upload_into(w, loaded);
+    const Tensor got = holder.is_device() ? b->download(holder) : holder;
+    EXPECT_EQ(std::memcmp(got.data(), loaded.data(), loaded.nbytes()), 0);
+    if (!b->host_memory()) {
+      EXPECT_EQ(b->transfers().uploads - before.uploads, 1);
+      EXPECT_EQ(b->transfers().upload_bytes - before.upload_bytes, static_cast<int64_t>(loaded.nbytes()));
+    }
+    Tensor other_shape = random_f32(7, 9);
+    expect_error_naming("shapes [7] and [4099] differ", [&] { b->upload_into(w, other_shape); });
+  }
 }
 
 // policy_loss, copy_rows and sum_of_squares's groups check their arguments, on every backend alike.

@@ -169,7 +169,7 @@ Dataset word_pairs(int n) {
 }
 
 // A resume on the device loads the checkpoint's masters, bf16 copies and moments into the device tensors the model
-// and AdamW share (uploaded, then copied there), and continues exactly as the uninterrupted run.
+// and AdamW share (Backend::upload_into, in place), and continues exactly as the uninterrupted run.
 TEST(DeviceTrainer, ResumeOnTheDeviceContinuesAsTheUninterruptedRun) {
   test::TinyModel t(test::kCutVocab);
   for (bool bf16 : {false, true}) {
@@ -346,7 +346,7 @@ TEST(DeviceTrainer, RewardModelScoresEqualTheHostOracle) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(std::isfinite(got[i]) && got[i] == want[i]) << i << ": " << got[i] << " vs " << want[i];
   const Backend::Transfers end = device->transfers();
   const int64_t batches = 3;  // 2 + 2 + 1 rows
-  EXPECT_EQ(end.uploads - start.uploads, 4 * batches);  // ids, mask, positions, the pooling's weights
+  EXPECT_EQ(end.uploads - start.uploads, 3 * batches);  // ids, mask, positions (the pooling reads one-token spans, no weights)
   EXPECT_EQ(end.downloads - start.downloads, batches);
   EXPECT_EQ(end.largest_download, 2 * 8);  // two rows' rewards, f64
 }

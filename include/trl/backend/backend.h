@@ -58,6 +58,9 @@ class Backend {
     return host;
   }
   virtual Tensor download(const Tensor& tensor) { return tensor; }
+  // Host values written into an existing tensor of this backend's memory (same dtype and element count), so every
+  // holder of that tensor sees them: a resumed checkpoint's masters and compute copies. On the host a copy.
+  virtual void upload_into(Tensor& dst, const Tensor& host) { dst.copy_from(host); }
   // What crossed between the host and this backend's memory since it was made (host backends: nothing).
   struct Transfers {
     int64_t uploads = 0, upload_bytes = 0, downloads = 0, download_bytes = 0;
@@ -133,11 +136,12 @@ class Backend {
   // Per-sequence sums of per-token values where they are, so only the sums reach the host (DPO's and KTO's summed
   // log-probs and their metrics): for each span {row, begin, end} of `values` [R, T] (f32), the sum over t in
   // [begin, end) of weights[row, t] · factors[row, t] · values[row, t] in f64, skipping tokens whose weight is 0,
-  // added in order (every backend gives the same bits). weights: f32 [R, T]; factors: optional f32 [R, T] (1).
+  // added in order (every backend gives the same bits). weights: optional f32 [R, T] (none: every token of a span
+  // counts once, a one-token span reads one value); factors: optional f32 [R, T] (1).
   struct Span {
     int64_t row = 0, begin = 0, end = 0;
   };
-  virtual std::vector<double> span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans);
+  virtual std::vector<double> span_sums(const Tensor& values, const Tensor* weights, const Tensor* factors, const std::vector<Span>& spans);
   // GRPO's and RLOO's per-token loss where the log-probs are (trl/backend/policy_loss.h), so only the loss and the
   // metrics reach the host: reads the [B, C] f32 tensors of the request (in this backend's memory), writes
   // seed[b, c] = share · dL/dlogp[b, c] (f32 [B, C], this backend's memory, every element) and returns the metrics
@@ -188,6 +192,9 @@ enum class InputMemory { Host, Device };
 inline Tensor to_backend(Backend& backend, const Tensor& host, const std::string& name = "") {
   return backend.host_memory() ? host : backend.upload(host, name);
 }
+// The tensors a program binds by name (a model's weights) in `backend`'s memory: on a device backend those on the
+// host uploaded, each once under its name, and those already there kept; on a host backend the map as it is.
+TensorMap to_backend(Backend& backend, const TensorMap& tensors);
 // A program's output that the host reads (a loss, per-token values): downloaded from a device, else itself.
 inline Tensor to_host(Backend& backend, const Tensor& t) { return t.is_device() ? backend.download(t) : t; }
 

@@ -797,6 +797,15 @@ class ReferenceBackend final : public Backend {
     transfers_.largest_upload = std::max(transfers_.largest_upload, static_cast<int64_t>(host.nbytes()));
     return to_device(host, name);
   }
+  void upload_into(Tensor& dst, const Tensor& host) override {
+    if (!device_) return Backend::upload_into(dst, host);
+    if (host.is_device()) fail("upload_into {}: the source is {}, not host memory", dst.device_label(), host.device_label());
+    Tensor view = on_host(dst, "upload_into");
+    view.copy_from(host);
+    ++transfers_.uploads;
+    transfers_.upload_bytes += static_cast<int64_t>(host.nbytes());
+    transfers_.largest_upload = std::max(transfers_.largest_upload, static_cast<int64_t>(host.nbytes()));
+  }
   Tensor download(const Tensor& tensor) override {
     if (!device_ || !tensor.is_device()) return tensor;
     count_download(static_cast<int64_t>(tensor.nbytes()));
@@ -849,10 +858,11 @@ class ReferenceBackend final : public Backend {
     ReferenceBackend host(/*device_memory=*/false);
     return adopt(host.mix(on_host(target, "mix"), on_host(source, "mix"), alpha, name), name);
   }
-  std::vector<double> span_sums(const Tensor& values, const Tensor& weights, const Tensor* factors, const std::vector<Span>& spans) override {
+  std::vector<double> span_sums(const Tensor& values, const Tensor* weights, const Tensor* factors, const std::vector<Span>& spans) override {
     if (!device_) return Backend::span_sums(values, weights, factors, spans);
-    Tensor f = factors != nullptr ? on_host(*factors, "span_sums") : Tensor();
-    std::vector<double> sums = Backend::span_sums(on_host(values, "span_sums"), on_host(weights, "span_sums"), factors != nullptr ? &f : nullptr, spans);
+    const Tensor w = weights != nullptr ? on_host(*weights, "span_sums") : Tensor(), f = factors != nullptr ? on_host(*factors, "span_sums") : Tensor();
+    std::vector<double> sums =
+        Backend::span_sums(on_host(values, "span_sums"), weights != nullptr ? &w : nullptr, factors != nullptr ? &f : nullptr, spans);
     count_download(static_cast<int64_t>(sums.size() * sizeof(double)));
     return sums;
   }

@@ -488,7 +488,7 @@ class OnlineMethod final : public TrainingMethod {
       std::vector<Backend::Span> spans;
       for (size_t i = 0; i < N; ++i) spans.push_back({static_cast<int64_t>(i), 0, ro.C});
       const Tensor mask = ctx.to_backend(ro.completion_mask(all_rows), "completion_mask");
-      const std::vector<double> old = ctx.backend.span_sums(ro.old_logp, mask, nullptr, spans), ref = ctx.backend.span_sums(ro.ref_logp, mask, nullptr, spans);
+      const std::vector<double> old = ctx.backend.span_sums(ro.old_logp, &mask, nullptr, spans), ref = ctx.backend.span_sums(ro.ref_logp, &mask, nullptr, spans);
       for (size_t i = 0; i < N; ++i) {
         kl_rows.push_back(old[i] - ref[i]);
         kl_sum += kl_rows.back();

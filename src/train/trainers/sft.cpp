@@ -44,8 +44,9 @@ TokenMetrics token_metrics(const MethodContext& ctx, const SFTBatch& b, const Te
   std::vector<Backend::Span> rows;
   for (int64_t r = 0; r < R; ++r) rows.push_back({r, 0, T});
   double es = 0, ms = 0;
-  for (double x : ctx.backend.span_sums(entropy, ctx.to_backend(real, "entropy_weights"), nullptr, rows)) es += x;
-  for (double x : ctx.backend.span_sums(match, ctx.to_backend(in_loss, "accuracy_weights"), nullptr, rows)) ms += x;
+  const Tensor real_up = ctx.to_backend(real, "entropy_weights"), loss_up = ctx.to_backend(in_loss, "accuracy_weights");
+  for (double x : ctx.backend.span_sums(entropy, &real_up, nullptr, rows)) es += x;
+  for (double x : ctx.backend.span_sums(match, &loss_up, nullptr, rows)) ms += x;
   return {en ? es / static_cast<double>(en) : 0.0, mn ? ms / static_cast<double>(mn) : 0.0};
 }
 
