@@ -585,8 +585,11 @@ void Trainer::State::check_memory(bool resumed) {
          "--gradient_accumulation_steps (the same effective batch){}, or a smaller --max_length; TRL_SKIP_MEMORY_CHECK=1 skips this check",
          method->name(), p->held, format_bytes(p->more), p->parts, format_bytes(p->budget.available), p->budget.source,
          cfg.auto_find_batch_size ? std::string() : " or --auto_find_batch_size");
-  if (is_main()) std::fprintf(stderr, "[trl] memory: holds %s; needs %s more (%s); %s available (%s)\n", p->held.c_str(), format_bytes(p->more).c_str(), p->parts.c_str(),
-               format_bytes(p->budget.available).c_str(), p->budget.source.c_str());
+  // A device backend is named, so a run says where it trains (the host backends' line stays as it was).
+  const std::string where = backend->host_memory() ? std::string() : " on " + backend->name();
+  if (is_main())
+    std::fprintf(stderr, "[trl] memory%s: holds %s; needs %s more (%s); %s available (%s)\n", where.c_str(), p->held.c_str(), format_bytes(p->more).c_str(),
+                 p->parts.c_str(), format_bytes(p->budget.available).c_str(), p->budget.source.c_str());
 }
 
 // Resume: weights, moments, step, log and the position in the data order.

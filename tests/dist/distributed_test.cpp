@@ -163,6 +163,47 @@ TEST_F(Distributed, DataParallelOnADeviceEqualsOneProcess) {
       << out;
 }
 
+// The other methods on a device under data parallel: KTO (its KL batch's mean crosses the ranks), the reward model
+// (a score head, pooled where the scores are), RLOO (its KL from per-row sums), GKD and the on-policy distillation
+// (a teacher on the same device) and a LoRA adapter (the frozen base and its adapter weights in the device's memory).
+TEST_F(Distributed, DataParallelOnADeviceEqualsOneProcessForEveryOtherMethod) {
+  ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny --seed 11 --num_hidden_layers 1 --vocab_size {} --out {} > /dev/null 2>&1", kTrl,
+                                          test::kCutVocab, dir_.file("teacher"))),
+            0);
+  const std::string teacher = " --teacher_model_name_or_path " + dir_.file("teacher");
+  const std::string prompts = write_prompts();
+  const std::string rloo = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 2 --logging_steps 1 --bf16 false --learning_rate 1e-3 "
+                                       "--report false --save_steps 2 --gradient_accumulation_steps 2 --steps_per_generation 4 --num_generations 4 "
+                                       "--max_completion_length 6 --reward_funcs length:12 --beta 0.1",
+                                       dir_.file("model"), prompts);
+  const std::string distill = fmt::format("--model_name_or_path {} --dataset_name {} --max_steps 2 --logging_steps 1 --bf16 false "
+                                          "--learning_rate 1e-3 --report false --save_steps 2 --gradient_accumulation_steps 2 "
+                                          "--num_generations 2 --max_completion_length 5{}",
+                                          dir_.file("model"), prompts, teacher);
+  struct Case {
+    std::string trainer, options;
+    size_t steps;
+    double abs_tol;  // the policy-gradient losses nearly cancel (see GrpoAndRlooTwoRanksEqualOneProcessWithTheirBatch)
+  };
+  for (const Case& c : std::vector<Case>{
+           {"kto", common("kto.jsonl"), 4, 0},
+           {"reward", common("dpo.jsonl"), 4, 0},
+           {"rloo", rloo, 2, 1e-6},
+           {"gkd", common("kto.jsonl") + teacher + " --lmbda 0.5 --max_new_tokens 5", 4, 0},
+           {"distill", distill, 2, 0},
+           {"sft", common("sft.jsonl") + " --use_peft --lora_dropout 0 --lora_target_modules all-linear", 4, 0}}) {
+    SCOPED_TRACE(c.trainer + " " + c.options);
+    run(fmt::format("rm -rf {} {}", dir_.file("one"), dir_.file("two")));
+    run(fmt::format("{} {} {} --device reference-device --per_device_train_batch_size 4 --output_dir {}", kTrl, c.trainer, c.options, dir_.file("one")));
+    std::string out;
+    const std::string two = fmt::format("{} {} {} {} --device reference-device --per_device_train_batch_size 2 --output_dir {} 2>&1", kMpirun, kTrl,
+                                        c.trainer, c.options, dir_.file("two"));
+    ASSERT_EQ(test::run_command(two, &out), 0) << two << "\n" << out;
+    EXPECT_NE(out.find("[trl] memory on reference-device: holds"), std::string::npos) << "the run did not train on the device: " << out;
+    expect_same_run("one", "two", c.steps, c.abs_tol);
+  }
+}
+
 TEST_F(Distributed, CheckpointOfTwoRanksResumesInOneAndInTwo) {
   const std::string sft = common("sft.jsonl");
   run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, sft, dir_.file("two")));
