@@ -23,16 +23,7 @@ CausalLM load_inference_model(const std::string& model, const std::string& adapt
 
 std::string tokenizer_source(const std::string& model) {
   if (!fs::is_directory(model) || !is_adapter_dir(model) || fs::is_regular_file(fs::path(model) / "tokenizer.json")) return model;
-  const std::string file = (fs::path(model) / "adapter_config.json").string();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(file));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", file, e.what());
-  }
-  const std::string base = LoraConfig::from_json(j, file).base_model_name_or_path;
-  if (base.empty()) fail("{}: no tokenizer files and no base_model_name_or_path to take them from", model);
-  return base;
+  return adapter_base_model(model);
 }
 
 std::string flag(const std::string& name) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "core/json_text.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
@@ -304,12 +305,7 @@ void register_generate(CLI::App& app) {
     for (int64_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = fmt::format("{}:{}", a->input, n);
-      ojson j;
-      try {
-        j = ojson::parse(line);
-      } catch (const ojson::parse_error& e) {
-        fail("{}: not valid JSON: {}", where, e.what());
-      }
+      ojson j = parse_json<ojson>(line, where);
       Item it;
       it.source = j;
       try {

@@ -5,6 +5,7 @@
 
 
 #include "cli/cli_util.h"
+#include "core/json_text.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
 #include "trl/train/gkd_trainer.h"
@@ -26,12 +27,7 @@ CausalLM load_teacher(const char* command, const TeacherArgs& t, const TrainComm
   lo.revision = t.revision.empty() || is_none(t.revision) ? a.revision : t.revision;
   lo.dtype = c.bf16 ? DType::BF16 : DType::F32;
   if (!t.init_kwargs.empty() && !is_none(t.init_kwargs)) {
-    nlohmann::ordered_json kw;
-    try {
-      kw = nlohmann::ordered_json::parse(t.init_kwargs);
-    } catch (const nlohmann::json::exception& e) {
-      fail("--teacher_model_init_kwargs: not valid JSON ({}): {}", t.init_kwargs, e.what());
-    }
+    const nlohmann::ordered_json kw = parse_json<nlohmann::ordered_json>(t.init_kwargs, "--teacher_model_init_kwargs '" + t.init_kwargs + "'");
     if (!kw.is_object()) fail("--teacher_model_init_kwargs must be a JSON object, got {}", t.init_kwargs);
     for (const auto& [k, v] : kw.items()) {
       if (k == "dtype" || k == "torch_dtype") {
@@ -145,11 +141,7 @@ void register_distill(CLI::App& app) {
     cfg.teacher_model_name_or_path = a->teacher.path;
     cfg.teacher_model_revision = a->teacher.revision;
     if (!a->chat_template_kwargs.empty()) {
-      try {
-        cfg.chat_template_kwargs = nlohmann::ordered_json::parse(a->chat_template_kwargs);
-      } catch (const nlohmann::json::exception& e) {
-        fail("--chat_template_kwargs: not valid JSON ({}): {}", a->chat_template_kwargs, e.what());
-      }
+      cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a->chat_template_kwargs, "--chat_template_kwargs '" + a->chat_template_kwargs + "'");
     }
     if (a->use_vllm) std::fprintf(stderr, "[trl] distill: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n");
     check_distillation_config(cfg);

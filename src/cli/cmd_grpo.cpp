@@ -6,6 +6,7 @@
 
 
 #include "cli/cli_util.h"
+#include "core/json_text.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
 #include "trl/train/grpo_trainer.h"
@@ -70,11 +71,7 @@ template <class Config>
 void finish_online(const char* command, OnlineArgs<Config>& a, Config& cfg) {
   finish_training_options(command, cfg, a.t);
   if (!a.chat_template_kwargs.empty()) {
-    try {
-      cfg.chat_template_kwargs = nlohmann::ordered_json::parse(a.chat_template_kwargs);
-    } catch (const nlohmann::json::exception& e) {
-      fail("--chat_template_kwargs: not valid JSON ({}): {}", a.chat_template_kwargs, e.what());
-    }
+    cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a.chat_template_kwargs, "--chat_template_kwargs '" + a.chat_template_kwargs + "'");
   }
   if (a.reward_funcs.empty() && a.reward_model.empty())
     fail("trl {}: --reward_funcs (or --reward_model_name_or_path) is required, e.g. --reward_funcs length:200", command);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trl/backend/registry.h"
+#include "core/json_text.h"
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
@@ -95,12 +96,7 @@ void register_score(CLI::App& app) {
       for (int64_t n = 1; std::getline(in, line); ++n) {
         if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
         const std::string where = fmt::format("{}:{}", a->jsonl, n);
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error& e) {
-          fail("{}: not valid JSON (column {}): {}", where, e.byte, e.what());
-        }
+        const nlohmann::json j = parse_json(line, where);
         seqs.push_back(ids_from_json(j, where, tokenizer));
       }
       if (seqs.empty()) fail("{}: no input lines", a->jsonl);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "core/json_text.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
 #include "trl/tokenizer/chat_template.h"
@@ -98,12 +99,7 @@ void register_tokenize(CLI::App& app) {
     for (int64_t n = 1; std::getline(std::cin, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = fmt::format("stdin:{}", n);
-      nlohmann::ordered_json j;
-      try {
-        j = nlohmann::ordered_json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        fail("{}: not valid JSON (column {}): {}", where, e.byte, e.what());
-      }
+      const nlohmann::ordered_json j = parse_json<nlohmann::ordered_json>(line, where);
       if (!j.is_object()) fail("{}: expected a JSON object", where);
       nlohmann::ordered_json out;
       if (a->decode) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "trl/core/byte_size.h"
+#include "trl/core/error.h"
 
 namespace trl {
 
@@ -37,8 +38,12 @@ uint64_t file_number(const char* path) {
 
 MemoryBudget memory_budget() {
   if (const char* e = std::getenv("TRL_MEMORY_LIMIT"); e && *e) {
-    const uint64_t limit = parse_byte_size(e);
-    return {limit, "TRL_MEMORY_LIMIT", limit};
+    try {
+      const uint64_t limit = parse_byte_size(e);
+      return {limit, "TRL_MEMORY_LIMIT", limit};
+    } catch (const Error& err) {
+      fail("the environment variable TRL_MEMORY_LIMIT: {}", err.what());
+    }
   }
   MemoryBudget b{proc_kb("/proc/meminfo", "MemAvailable:"), "MemAvailable", proc_kb("/proc/meminfo", "MemTotal:")};
   const uint64_t limit = file_number("/sys/fs/cgroup/memory.max"), current = file_number("/sys/fs/cgroup/memory.current");

@@ -47,6 +47,13 @@ std::vector<std::string> data_files(const stdfs::path& root) {
       it.disable_recursion_pending();
       continue;
     }
+    // A Hub-cache snapshot links each file to its blob: a link whose blob is missing is an interrupted download, and
+    // skipping it would drop its rows without a word.
+    if (it->is_symlink(st) && !stdfs::exists(it->path(), st) && is_data_file(it->path())) {
+      std::error_code rl;
+      fail("dataset {}: {} is a link to {}, which does not exist (an interrupted download?): download the dataset again", root.string(),
+           it->path().lexically_relative(root).generic_string(), stdfs::read_symlink(it->path(), rl).string());
+    }
     if (it->is_regular_file(st) && is_data_file(it->path())) out.push_back(it->path().lexically_relative(root).generic_string());
   }
   if (ec) fail("dataset {}: cannot list the folder: {}", root.string(), ec.message());
@@ -54,10 +61,16 @@ std::vector<std::string> data_files(const stdfs::path& root) {
   return out;
 }
 
+// Arrow files in the folder or in its split folders (what Dataset.save_to_disk and DatasetDict.save_to_disk write).
 bool has_arrow_files(const stdfs::path& root) {
   std::error_code ec;
-  for (const auto& e : stdfs::directory_iterator(root, ec))
+  for (const auto& e : stdfs::directory_iterator(root, ec)) {
     if (e.path().extension() == ".arrow") return true;
+    std::error_code sub;
+    if (e.is_directory(sub))
+      for (const auto& f : stdfs::directory_iterator(e.path(), sub))
+        if (f.path().extension() == ".arrow") return true;
+  }
   return false;
 }
 
@@ -272,13 +285,11 @@ std::string resolve_hub_dataset(const std::string& name, const std::string& revi
     std::error_code ec;
     for (const std::string& cache : hub_cache_dirs()) {
       const stdfs::path repo = stdfs::path(cache) / folder;
-      std::string commit = revision;
-      const stdfs::path ref = repo / "refs" / revision;
-      if (stdfs::is_regular_file(ref, ec)) {
-        commit = read_text_file(ref.string());
-        while (!commit.empty() && (commit.back() == '\n' || commit.back() == '\r' || commit.back() == ' ')) commit.pop_back();
+      if (!stdfs::is_directory(repo, ec)) {
+        looked.push_back((repo / "snapshots" / revision).string());
+        continue;
       }
-      const stdfs::path snap = repo / "snapshots" / commit;
+      const stdfs::path snap = hub_snapshot(repo.string(), revision);
       if (stdfs::is_directory(snap, ec)) return snap.string();
       looked.push_back(snap.string());
     }
@@ -306,9 +317,9 @@ DatasetLayout resolve_dataset(const std::string& name, const std::string& config
   if (!splits_from_readme(root, config, files, out)) splits_from_names(root, config, files, out);
   if (out.splits.empty()) {
     if (has_arrow_files(root))
-      fail("dataset {}: holds Arrow files (Dataset.save_to_disk); trl.cpp reads Parquet, JSON lines and JSON: write the dataset with "
+      fail("dataset {}: holds Arrow files ({}.save_to_disk); trl.cpp reads Parquet, JSON lines and JSON: write each split with "
            "to_parquet() or to_json()",
-           out.root);
+           out.root, stdfs::exists(root / "dataset_dict.json", ec) ? "DatasetDict" : "Dataset");
     fail("dataset {}: no .parquet, .jsonl or .json files", out.root);
   }
   return out;

@@ -1,4 +1,5 @@
 #include "trl/data/dataset.h"
+#include "core/json_text.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -25,12 +26,7 @@ void read_jsonl(const std::string& file, Dataset& out) {
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ojson j;
-    try {
-      j = ojson::parse(line);
-    } catch (const ojson::parse_error& e) {
-      fail("{}:{}: not valid JSON: {}", file, n, e.what());
-    }
+    ojson j = parse_json<ojson>(line, fmt::format("{}:{}", file, n));
     if (!j.is_object()) fail("{}:{}: expected a JSON object per line, got {}", file, n, j.type_name());
     out.rows.push_back(std::move(j));
     out.where.push_back(fmt::format("{}:{}", file, n));
@@ -38,12 +34,7 @@ void read_jsonl(const std::string& file, Dataset& out) {
 }
 
 void read_json(const std::string& file, Dataset& out) {
-  ojson j;
-  try {
-    j = ojson::parse(read_text_file(file));
-  } catch (const ojson::parse_error& e) {
-    fail("{}: not valid JSON: {}", file, e.what());
-  }
+  const ojson j = parse_json<ojson>(read_text_file(file), file);
   if (!j.is_array()) fail("{}: expected a JSON array of objects", file);
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_object()) fail("{}[{}]: expected a JSON object, got {}", file, i, j[i].type_name());

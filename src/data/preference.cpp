@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "data/messages.h"
+#include "trl/data/sft.h"
 #include "trl/core/error.h"
 #include "trl/tokenizer/chat_template.h"
 
@@ -69,7 +70,7 @@ void split_implicit_prompt(ojson& prompt, ojson& chosen, ojson& rejected, bool m
 }
 
 // Token ids given in the row (pre-tokenized data skips tokenization, as in TRL): a list of non-negative integers.
-std::vector<int32_t> ids_field(const ojson& row, const char* field, const std::string& where) {
+std::vector<int32_t> ids_field(const ojson& row, const char* field, const std::string& where, int64_t vocab_size) {
   const ojson& v = row[field];
   if (!v.is_array()) fail("{}: \"{}\" must be a list of token ids", where, field);
   std::vector<int32_t> ids;
@@ -78,6 +79,7 @@ std::vector<int32_t> ids_field(const ojson& row, const char* field, const std::s
       fail("{}: \"{}\" element {} is not a token id ({})", where, field, ids.size(), x.dump());
     ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
   }
+  check_token_ids(ids, vocab_size, where, field);
   return ids;
 }
 
@@ -136,7 +138,8 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
     const std::string where = data.location(r);
     if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
     if (row.contains("prompt_ids") && row.contains("chosen_ids") && row.contains("rejected_ids")) {  // already tokenized
-      PreferenceExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "chosen_ids", where), ids_field(row, "rejected_ids", where), where,
+      PreferenceExample ex{ids_field(row, "prompt_ids", where, o.vocab_size), ids_field(row, "chosen_ids", where, o.vocab_size),
+                           ids_field(row, "rejected_ids", where, o.vocab_size), where,
                            std::nullopt};
       ex.margin = margin_of(row, where);
       if (ex.chosen_ids.empty() || ex.rejected_ids.empty()) fail("{}: the {} completion has no tokens", where, ex.chosen_ids.empty() ? "chosen" : "rejected");
@@ -162,6 +165,8 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
     ex.margin = margin_of(row, where);
     std::vector<std::vector<int32_t>> full;
     ex.prompt_ids = tokenize_prompt_and_completions(tok, row, prompt, {&chosen, &rejected}, messages, eos, where, &full);
+    check_token_ids(full[0], o.vocab_size, where, "prompt + chosen (tokenized)");
+    check_token_ids(full[1], o.vocab_size, where, "prompt + rejected (tokenized)");
     const std::vector<int32_t>& with_chosen = full[0];
     const std::vector<int32_t>& with_rejected = full[1];
     const size_t np = ex.prompt_ids.size();
@@ -256,7 +261,8 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
     if (!row.is_object()) fail("{}: an unpaired preference row must be a JSON object", where);
     if (row.contains("prompt_ids") && row.contains("completion_ids")) {  // already tokenized
       if (!row.contains("label") || !row["label"].is_boolean()) fail("{}: \"label\" must be true or false", where);
-      UnpairedExample ex{ids_field(row, "prompt_ids", where), ids_field(row, "completion_ids", where), row["label"].get<bool>(), where};
+      UnpairedExample ex{ids_field(row, "prompt_ids", where, o.vocab_size), ids_field(row, "completion_ids", where, o.vocab_size),
+                         row["label"].get<bool>(), where};
       if (ex.completion_ids.empty()) fail("{}: the completion has no tokens", where);
       if (o.max_length > 0 && static_cast<int64_t>(ex.prompt_ids.size()) >= o.max_length) {
         ++st.dropped;
@@ -281,6 +287,7 @@ std::vector<UnpairedExample> prepare_unpaired_dataset(const Dataset& input, cons
     ex.desirable = row["label"].get<bool>();
     std::vector<std::vector<int32_t>> full;
     ex.prompt_ids = tokenize_prompt_and_completions(tok, row, row["prompt"], {&row["completion"]}, kc == "messages", eos, where, &full);
+    check_token_ids(full[0], o.vocab_size, where, "prompt + completion (tokenized)");
     const size_t np = ex.prompt_ids.size();
     if (full[0].size() < np || !std::equal(ex.prompt_ids.begin(), ex.prompt_ids.end(), full[0].begin())) ++st.mismatched;
     ex.completion_ids.assign(full[0].begin() + static_cast<std::ptrdiff_t>(std::min(np, full[0].size())), full[0].end());

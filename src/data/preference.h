@@ -29,6 +29,7 @@ struct PreferenceDataOptions {
   int64_t max_length = 1024;                // <= 0: none
   std::string truncation_mode = "keep_start";  // keep_start | keep_end (applied per sequence when batching)
   std::string eos_token;                     // "" = the tokenizer's
+  int64_t vocab_size = 0;                    // > 0: every token id must be below it (check_token_ids)
 };
 
 struct PreferenceDataStats {

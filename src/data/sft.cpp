@@ -56,6 +56,15 @@ std::string sft_format(const ojson& row, const std::string& text_field, const st
        }());
 }
 
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where, const char* field) {
+  if (vocab_size <= 0) return;
+  for (size_t t = 0; t < ids.size(); ++t)
+    if (ids[t] < 0 || ids[t] >= vocab_size)
+      fail("{}: \"{}\" position {} is token id {}, outside the model's vocabulary of {} ids (0 to {}): the data was tokenized for "
+           "another model or tokenizer",
+           where, field, t, ids[t], vocab_size, vocab_size - 1);
+}
+
 std::vector<SFTExample> prepare_sft_dataset(const Dataset& data, const Tokenizer& tok, const SFTDataOptions& o, int64_t* dropped) {
   const std::string eos = o.eos_token.empty() ? tok.eos_token() : o.eos_token;
   if (eos.empty()) fail("SFT: the tokenizer has no eos_token; set eos_token");
@@ -103,6 +112,7 @@ std::vector<SFTExample> prepare_sft_dataset(const Dataset& data, const Tokenizer
     } catch (const Error& e) {
       fail("{}: {}", where, e.what());
     }
+    check_token_ids(ex.input_ids, o.vocab_size, where, "input_ids (tokenized)");
     if (o.assistant_only_loss) {
       if (fmt == "language_modeling" || fmt == "prompt_completion") fail("{}: assistant_only_loss needs conversational data", where);
       if (std::find(assistant.begin(), assistant.end(), 1) == assistant.end())

@@ -1,4 +1,5 @@
 #include "trl/generation/generate.h"
+#include "core/json_text.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,12 +45,7 @@ GenerationConfig GenerationConfig::from_model_dir(const std::string& dir) {
   GenerationConfig c;
   const std::string path = (std::filesystem::path(dir) / "generation_config.json").string();
   if (dir.empty() || !std::filesystem::exists(path)) return c;
-  json j;
-  try {
-    j = json::parse(read_text_file(path));
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  const json j = parse_json(read_text_file(path), path);
   if (!j.is_object()) fail("{}: expected a JSON object", path);
   // Each field with the type Transformers gives it; a wrong one is named with what it holds.
   auto field = [&](const char* key, auto& out, const char* what) {

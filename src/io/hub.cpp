@@ -47,6 +47,24 @@ std::vector<std::string> hub_cache_dirs() {
   return dirs;
 }
 
+std::string hub_snapshot(const std::string& repo_dir, const std::string& revision) {
+  // A commit names one folder under snapshots/: never empty, ".", "..", or a path (which would leave the repository).
+  auto single_folder = [](const std::string& c) { return !c.empty() && c != "." && c != ".." && c.find('/') == std::string::npos && c.find('\\') == std::string::npos; };
+  const fs::path repo(repo_dir), ref = repo / "refs" / revision;
+  std::error_code ec;
+  std::string commit = revision;
+  if (revision.find("..") == std::string::npos && fs::is_regular_file(ref, ec)) {
+    commit = trim(read_text_file(ref.string()));
+    if (!single_folder(commit))
+      fail("{}: this Hub-cache ref should hold the commit hash of a folder in {}, but holds '{}' (an interrupted or damaged download): "
+           "download the repository again, or delete the ref and pass --revision with the commit",
+           ref.string(), (repo / "snapshots").string(), commit);
+    return (repo / "snapshots" / commit).string();
+  }
+  if (!single_folder(commit)) fail("revision '{}': not a branch, tag or commit of {} (a revision names one folder under snapshots/)", revision, repo_dir);
+  return (repo / "snapshots" / commit).string();
+}
+
 std::string resolve_model_dir(const std::string& name_or_path, const std::string& revision, const std::string& required_file) {
   std::error_code ec;
   std::vector<std::string> looked;
@@ -66,10 +84,12 @@ std::string resolve_model_dir(const std::string& name_or_path, const std::string
     for (const std::string& cache : hub_cache_dirs()) {
       const fs::path repo = fs::path(cache) / repo_folder;
       const fs::path snapshots = repo / "snapshots";
-      std::string commit = revision;
       const fs::path ref = repo / "refs" / revision;
-      if (fs::is_regular_file(ref, ec)) commit = trim(read_text_file(ref.string()));
-      const fs::path snap = snapshots / commit;
+      if (!fs::is_directory(repo, ec)) {
+        looked.push_back((snapshots / revision).string());
+        continue;
+      }
+      const fs::path snap = hub_snapshot(repo.string(), revision);
       if (fs::is_directory(snap, ec) && fs::exists(snap / required_file, ec)) return snap.string();
       if (fs::is_directory(snapshots, ec) && !fs::is_regular_file(ref, ec)) {
         // No ref for this revision: use the snapshot if there is exactly one.

@@ -1,4 +1,5 @@
 #include "trl/io/model_config.h"
+#include "core/json_text.h"
 
 #include <algorithm>
 
@@ -15,22 +16,12 @@ std::vector<std::string> supported_model_types() { return {"qwen3", "qwen2", "ll
 
 namespace {
 
-std::string type_of(const json& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
-  if (v.is_number_float()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
 class Fields {
  public:
   Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
 
   [[noreturn]] void bad(const std::string& key, const std::string& expected) const {
-    fail("{}: field '{}' must be {}, got {} ({})", source_, key, expected, type_of(j_[key]), j_[key].dump());
+    fail("{}: field '{}' must be {}, got {} ({})", source_, key, expected, json_kind(j_[key]), j_[key].dump());
   }
   bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
   int64_t integer(const std::string& key, std::optional<int64_t> def = std::nullopt) const {
@@ -175,12 +166,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 
 ModelConfig ModelConfig::load(const std::string& path) {
   const std::string text = read_text_file(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("{}: not valid JSON (byte {}): {}", path, e.byte, e.what());
-  }
+  const json j = parse_json(text, path);
   return from_json(j, path);
 }
 

@@ -1,4 +1,5 @@
 #include "trl/io/safetensors.h"
+#include "core/json_text.h"
 
 #include <algorithm>
 #include <cctype>
@@ -47,12 +48,7 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
   if (header_len < 2) fail("{}: header of {} bytes cannot hold a JSON object", path, header_len);
   const char* header = reinterpret_cast<const char*>(bytes + 8);
   if (header[0] != '{') fail("{}: header does not start with a JSON object ('{{'); not a safetensors file", path);
-  json root;
-  try {
-    root = json::parse(header, header + header_len);
-  } catch (const json::parse_error& e) {
-    fail("{}: header is not valid JSON (at byte {} of the header): {}", path, e.byte, e.what());
-  }
+  const json root = parse_json(std::string_view(header, header_len), path + ": the header");
   if (!root.is_object()) fail("{}: header is not a JSON object", path);
   st.data_start_ = 8 + header_len;
   const uint64_t data_size = size - st.data_start_;

@@ -276,21 +276,14 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
   // A PEFT adapter folder (adapter_config.json, no config.json): its base model, found through
   // base_model_name_or_path (a folder or a hub id in the local cache), with the adapter attached.
   if (fs::is_directory(name_or_path) && is_adapter_dir(name_or_path) && !fs::is_regular_file(fs::path(name_or_path) / "config.json")) {
-    nlohmann::json j;
-    const std::string file = (fs::path(name_or_path) / "adapter_config.json").string();
-    try {
-      j = nlohmann::json::parse(read_text_file(file));
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: not valid JSON: {}", file, e.what());
-    }
-    const LoraConfig lora = LoraConfig::from_json(j, file);
-    if (lora.base_model_name_or_path.empty())
-      fail("{}: base_model_name_or_path is not set, so the adapter's base model is unknown; load the base with --model and pass the adapter "
-           "with --adapter {}", file, name_or_path);
-    std::string base = lora.base_model_name_or_path;
-    // A relative base path is taken from where the command runs, then from beside the adapter.
-    if (!fs::exists(base) && fs::path(base).is_relative() && fs::exists(fs::path(name_or_path) / base)) base = (fs::path(name_or_path) / base).string();
-    const CausalLM m = from_pretrained(base, options);
+    const std::string base = adapter_base_model(name_or_path);
+    const CausalLM m = [&] {
+      try {
+        return from_pretrained(base, options);
+      } catch (const Error& e) {
+        fail("{}: the adapter's base model '{}' (base_model_name_or_path in adapter_config.json) did not load: {}", name_or_path, base, e.what());
+      }
+    }();
     return m.with_adapter(load_adapter(name_or_path, m.config()));
   }
   const std::string device = resolve_device(options.device);
@@ -301,6 +294,8 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
   for (const auto& [name, shape] : parameter_shapes(config)) {
     if (!ck.contains(name)) continue;  // reported by from_weights with the expected shape
     Tensor t = ck.get(name);
+    // Before any conversion: an integer or boolean tensor cannot be a weight, whatever --dtype asks for.
+    if (!dtype_is_float(t.dtype())) fail("{}: tensor '{}' has dtype {}; weights must be floating point", dir, name, dtype_name(t.dtype()));
     if (options.dtype && t.dtype() != *options.dtype) t = t.to(*options.dtype);
     weights.emplace(name, std::move(t));
   }

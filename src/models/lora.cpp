@@ -1,4 +1,5 @@
 #include "trl/models/lora.h"
+#include "core/json_text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -110,19 +111,29 @@ ojson LoraConfig::to_json() const {
 
 LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: an adapter config must be a JSON object", source);
-  const std::string type = j.value("peft_type", std::string());
+  const std::string type = j.contains("peft_type") && j["peft_type"].is_string() ? j["peft_type"].get<std::string>() : std::string();
   if (type != "LORA") fail("{}: peft_type is '{}'; trl reads LoRA adapters (peft_type \"LORA\") only", source, type.empty() ? "missing" : type);
   LoraConfig c;
+  // A missing number takes PEFT's default; null is refused, as PEFT fails on it (r, lora_alpha and lora_dropout
+  // enter the adapter's arithmetic).
   auto number = [&](const char* key, double fallback) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j.contains(key)) return fallback;
+    if (j[key].is_null()) fail("{}: '{}' is null; an adapter needs its value (PEFT fails on null too): write the value it was trained with", source, key);
     if (!j[key].is_number()) fail("{}: '{}' must be a number, got {}", source, key, j[key].dump());
     return j[key].get<double>();
   };
-  c.r = static_cast<int64_t>(number("r", 8));
-  if (c.r <= 0 || static_cast<double>(c.r) != number("r", 8)) fail("{}: r must be a positive whole number, got {}", source, j["r"].dump());
+  // A flag that is missing or null is false, as PEFT reads it (`if config.use_rslora:`).
+  auto flag = [&](const char* key) {
+    if (!j.contains(key) || j[key].is_null()) return false;
+    if (!j[key].is_boolean()) fail("{}: '{}' must be true or false, got {}", source, key, j[key].dump());
+    return j[key].get<bool>();
+  };
+  const double r = number("r", 8);
+  if (r <= 0 || r != static_cast<double>(static_cast<int64_t>(r))) fail("{}: r must be a positive whole number, got {}", source, j["r"].dump());
+  c.r = static_cast<int64_t>(r);
   c.lora_alpha = number("lora_alpha", 8);
   c.lora_dropout = number("lora_dropout", 0);
-  c.use_rslora = j.value("use_rslora", false);
+  c.use_rslora = flag("use_rslora");
   c.task_type = j.contains("task_type") && j["task_type"].is_string() ? j["task_type"].get<std::string>() : "CAUSAL_LM";
   if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string()) c.base_model_name_or_path = j["base_model_name_or_path"];
   if (j.contains("target_modules") && j["target_modules"].is_string()) {
@@ -134,15 +145,15 @@ LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& sou
   }
   c.modules_to_save = string_list(j, "modules_to_save", source);
   // What would change the adapter's math and trl does not implement: refused rather than silently ignored.
-  if (j.value("use_dora", false)) fail("{}: use_dora is true; trl implements plain LoRA (DoRA adapters are not supported)", source);
-  if (j.value("fan_in_fan_out", false)) fail("{}: fan_in_fan_out is true (GPT-2's Conv1D layout); Qwen3's linear layers are nn.Linear", source);
+  if (flag("use_dora")) fail("{}: use_dora is true; trl implements plain LoRA (DoRA adapters are not supported)", source);
+  if (flag("fan_in_fan_out")) fail("{}: fan_in_fan_out is true (GPT-2's Conv1D layout); Qwen3's linear layers are nn.Linear", source);
   for (const char* key : {"rank_pattern", "alpha_pattern"})
     if (j.contains(key) && j[key].is_object() && !j[key].empty())
       fail("{}: '{}' gives some modules their own rank or alpha; trl supports one r and lora_alpha for all modules", source, key);
   if (j.contains("layers_to_transform") && !j["layers_to_transform"].is_null())
     fail("{}: layers_to_transform is set; trl adapts the targeted modules of every layer", source);
-  if (const std::string bias = j.value("bias", std::string("none")); bias != "none")
-    fail("{}: bias is '{}'; trl trains LoRA adapters without biases (bias \"none\")", source, bias);
+  if (j.contains("bias") && !(j["bias"].is_string() && j["bias"].get<std::string>() == "none"))
+    fail("{}: bias is {}; trl trains LoRA adapters without biases (bias \"none\", PEFT's default)", source, j["bias"].dump());
   if (c.lora_dropout < 0 || c.lora_dropout >= 1) fail("{}: lora_dropout must be in [0, 1), got {}", source, c.lora_dropout);
   return c;
 }
@@ -225,17 +236,26 @@ LoraAdapter init_lora(const ModelConfig& config, const LoraConfig& lora, uint64_
 
 bool is_adapter_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "adapter_config.json"); }
 
-LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
+LoraConfig read_adapter_config(const std::string& dir) {
   const std::string config_file = (fs::path(dir) / "adapter_config.json").string();
   if (!fs::is_regular_file(config_file)) fail("{}: not a PEFT adapter folder (no adapter_config.json)", dir);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(config_file));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", config_file, e.what());
-  }
+  return LoraConfig::from_json(parse_json(read_text_file(config_file), config_file), config_file);
+}
+
+std::string adapter_base_model(const std::string& dir) {
+  const LoraConfig lora = read_adapter_config(dir);
+  if (lora.base_model_name_or_path.empty())
+    fail("{}: base_model_name_or_path is not set, so the adapter's base model is unknown; load the base with --model and pass the adapter "
+         "with --adapter {}",
+         (fs::path(dir) / "adapter_config.json").string(), dir);
+  const std::string& base = lora.base_model_name_or_path;
+  if (!fs::exists(base) && fs::path(base).is_relative() && fs::exists(fs::path(dir) / base)) return (fs::path(dir) / base).string();
+  return base;
+}
+
+LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
   LoraAdapter a;
-  a.config = LoraConfig::from_json(j, config_file);
+  a.config = read_adapter_config(dir);
   a.modules = lora_target_modules(config, a.config);
   // PEFT's SEQ_CLS adapters list both "classifier" and "score" in modules_to_save whatever the model has: a name that
   // matches no parameter of this model is dropped on load (as PEFT skips it), not an error as in a training config.

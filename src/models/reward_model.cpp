@@ -52,25 +52,26 @@ Tensor new_score_head(const ModelConfig& c, DType dtype, uint64_t seed) {
 bool is_sequence_classification_adapter(const std::string& dir) {
   if (!fs::is_directory(dir) || !is_adapter_dir(dir)) return false;
   const nlohmann::json j = nlohmann::json::parse(read_text_file((fs::path(dir) / "adapter_config.json").string()), nullptr, false);
-  return j.is_object() && j.value("task_type", std::string()) == "SEQ_CLS";
+  return j.is_object() && j.contains("task_type") && j["task_type"].is_string() && j["task_type"].get<std::string>() == "SEQ_CLS";
+}
+
+RewardModel reward_model_from_adapter(const CausalLM& adapted, const std::string& adapter_dir, std::optional<int32_t> pad) {
+  const LoraAdapter a = load_adapter(adapter_dir, adapted.config());
+  if (!a.weights.count("score.weight"))
+    fail("{}: a SEQ_CLS adapter without base_model.model.score.weight: the reward head was not saved with it (modules_to_save score)", adapter_dir);
+  std::optional<int32_t> id = pad;
+  if (!id && adapted.config().pad_token_id) id = static_cast<int32_t>(*adapted.config().pad_token_id);
+  if (!id && fs::is_regular_file(fs::path(adapter_dir) / "tokenizer.json")) id = Tokenizer::from_pretrained(adapter_dir).pad_token_id();
+  if (!id) fail("{}: no pad token id (the reward is read at the last token that is not the pad token): give pad_token_id", adapter_dir);
+  CausalLM m = adapted.merged();
+  Tensor score = a.weights.at("score.weight");
+  if (score.dtype() != m.dtype()) score = score.to(m.dtype());
+  return RewardModel{std::move(m), std::move(score), *id, false};
 }
 
 RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions& o, std::optional<int32_t> pad, uint64_t seed) {
   // A reward adapter (`trl reward --use_peft`): its base with the adapter merged, and the score head it saved.
-  if (is_sequence_classification_adapter(name_or_path)) {
-    const CausalLM adapted = CausalLM::from_pretrained(name_or_path, o);
-    const LoraAdapter a = load_adapter(name_or_path, adapted.config());
-    if (!a.weights.count("score.weight"))
-      fail("{}: a SEQ_CLS adapter without base_model.model.score.weight: the reward head was not saved with it (modules_to_save score)", name_or_path);
-    std::optional<int32_t> id = pad;
-    if (!id && adapted.config().pad_token_id) id = static_cast<int32_t>(*adapted.config().pad_token_id);
-    if (!id && fs::is_regular_file(fs::path(name_or_path) / "tokenizer.json")) id = Tokenizer::from_pretrained(name_or_path).pad_token_id();
-    if (!id) fail("{}: no pad token id (the reward is read at the last token that is not the pad token): give pad_token_id", name_or_path);
-    CausalLM m = adapted.merged();
-    Tensor score = a.weights.at("score.weight");
-    if (score.dtype() != m.dtype()) score = score.to(m.dtype());
-    return RewardModel{std::move(m), std::move(score), *id, false};
-  }
+  if (is_sequence_classification_adapter(name_or_path)) return reward_model_from_adapter(CausalLM::from_pretrained(name_or_path, o), name_or_path, pad);
   const std::string dir = resolve_model_dir(name_or_path, o.revision);
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!is_sequence_classification_config(dir)) {
@@ -89,6 +90,7 @@ RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions
   const Checkpoint ck = Checkpoint::open(dir);
   if (!ck.contains("score.weight")) fail("{}: a sequence-classification checkpoint without score.weight", dir);
   Tensor score = ck.get("score.weight");
+  if (!dtype_is_float(score.dtype())) fail("{}: tensor 'score.weight' has dtype {}; weights must be floating point", dir, dtype_name(score.dtype()));
   ModelConfig probe = ModelConfig::load(config_path);
   if (score.dim() != 2 || score.size(0) != 1 || score.size(1) != probe.hidden_size)
     fail("{}: score.weight is {}, a reward model's is [1, {}] (num_labels 1)", dir, shape_str(score.shape()), probe.hidden_size);

@@ -38,11 +38,18 @@ std::string strip_py(const std::string& s, bool left, bool right) {
 ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::ordered_json& messages, const ChatTemplateOptions& o) {
   const std::string source = o.chat_template ? *o.chat_template : tok.chat_template();
   if (source.empty()) {
-    fail("this tokenizer has no chat template (tokenizer_config.json has no 'chat_template'); pass one explicitly");
+    fail("this tokenizer has no chat template (no 'chat_template' in tokenizer_config.json and no chat_template.jinja), so it cannot render "
+         "messages: give the data as text (a \"text\" field, or \"prompt\" and \"completion\" strings), or use a model whose tokenizer has a "
+         "chat template (an instruct model's tokenizer files)");
   }
   if (!messages.is_array()) fail("apply_chat_template: messages must be a list of {{\"role\": ..., \"content\": ...}} objects");
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!messages[i].is_object() || !messages[i].contains("role")) fail("apply_chat_template: message {} has no 'role'", i);
+    // Content is text, a list of parts ({"type": "text", "text": ...}) or null (an assistant turn of tool calls only);
+    // anything else would reach the template as a value it cannot render.
+    if (const auto c = messages[i].find("content"); c != messages[i].end() && !c->is_string() && !c->is_array() && !c->is_null())
+      fail("apply_chat_template: message {} ('{}'): 'content' must be text or a list of parts, got {}", i,
+           messages[i]["role"].is_string() ? messages[i]["role"].get<std::string>() : messages[i]["role"].dump(), c->dump());
   }
   if (o.continue_final_message && o.add_generation_prompt) {
     fail("continue_final_message and add_generation_prompt are not compatible: use continue_final_message to continue the last "

@@ -1,4 +1,5 @@
 #include "trl/tokenizer/tokenizer.h"
+#include "core/json_text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -604,13 +605,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   if (const auto err = parser.parse(text).get(doc); err != simdjson::SUCCESS) {
-    try {  // nlohmann reports where the error is
-      const json reparsed = json::parse(std::string_view(text.data(), text.size()));
-      (void)reparsed;
-    } catch (const json::parse_error& e) {
-      fail("{}: not valid JSON (byte {}): {}", path, e.byte, e.what());
-    }
-    fail("{}: not valid JSON: {}", path, simdjson::error_message(err));
+    (void)parse_json(std::string_view(text.data(), text.size()), path);  // says where the error is
+    fail("{}: not valid JSON ({})", path, simdjson::error_message(err));
   }
   json j = json::object();  // every top-level section except the model
   simdjson::dom::element model_el;
@@ -721,12 +717,7 @@ Tokenizer Tokenizer::from_pretrained(const std::string& name_or_path, const std:
   Impl& m = *tok.impl_;
   const fs::path cfg_path = fs::path(dir) / "tokenizer_config.json";
   if (fs::exists(cfg_path)) {
-    json cfg;
-    try {
-      cfg = json::parse(read_text_file(cfg_path.string()));
-    } catch (const json::parse_error& e) {
-      fail("{}: not valid JSON (byte {}): {}", cfg_path.string(), e.byte, e.what());
-    }
+    const json cfg = parse_json(read_text_file(cfg_path.string()), cfg_path.string());
     m.eos = special_token_string(cfg, "eos_token");
     m.pad = special_token_string(cfg, "pad_token");
     m.bos = special_token_string(cfg, "bos_token");

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <numeric>
 #include <set>
 
@@ -21,6 +22,7 @@
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
+#include "core/json_text.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "trl/io/safetensors.h"
@@ -451,8 +453,9 @@ void Trainer::State::rotate_checkpoints() const {
 }
 
 // The final model, trainer_state.json and the report, all or nothing; checkpoints stay whatever happens.
-void Trainer::State::save_final(const RunSummary* summary) const {
+void Trainer::State::save_final(const RunSummary* summary) {
   const TensorMap weights = weights_to_save(whole_masters_for_saving());  // every rank: collectives under FSDP and TP
+  take_over_run_files();  // a run without a log entry (resumed at its last step) too
   if (!is_main()) return;
   publish_files(
       cfg.output_dir, "the final model to " + cfg.output_dir,
@@ -468,14 +471,16 @@ void Trainer::State::save_final(const RunSummary* summary) const {
 // batch layout decide the data order and the position in it (checkpoints from before these were recorded have
 // only the seed).
 void Trainer::State::check_resumed_layout(const ojson& st, const std::string& dir) const {
-  if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object()) fail("resume_from_checkpoint {}: trainer_state.json has no trl_cpp section", dir);
-  const ojson& saved = st["trl_cpp"];
+  const ojson& saved = st["trl_cpp"];  // an object (resume checked it)
+  const std::string section = (stdfs::path(dir) / "trainer_state.json").string() + ", trl_cpp";
   const ojson now = trainer_state()["trl_cpp"];
   // Any number of processes resumes a checkpoint, as long as a micro-batch has the same rows over all of them
   // (data-parallel ranks × per_device_train_batch_size): the data order and the position in it are the same.
   if (saved.contains("per_device_train_batch_size")) {
-    const int64_t saved_world = saved.value("data_parallel_size", saved.value("world_size", int64_t{1}));
-    const int64_t saved_b = saved["per_device_train_batch_size"].get<int64_t>(), rows = saved_world * saved_b;
+    const int64_t saved_world = saved.contains("data_parallel_size") ? json_field<int64_t>(saved, "data_parallel_size", section)
+                                : saved.contains("world_size")       ? json_field<int64_t>(saved, "world_size", section)
+                                                                     : 1;
+    const int64_t saved_b = json_field<int64_t>(saved, "per_device_train_batch_size", section), rows = saved_world * saved_b;
     if (rows != micro_rows() && saved_world == dp->size())
       fail("resume_from_checkpoint {}: the checkpoint was written with per_device_train_batch_size = {}, this run has per_device_train_batch_size = {}; "
            "resume with --per_device_train_batch_size {} (the data order and the position in it depend on it), or start a new run",
@@ -603,15 +608,22 @@ void Trainer::State::resume(const std::string& spec) {
   const std::string opt_file = (stdfs::path(dir) / "optimizer.safetensors").string(), state_file = (stdfs::path(dir) / "trainer_state.json").string();
   if (!stdfs::is_regular_file(opt_file) || !stdfs::is_regular_file(state_file))
     fail("resume_from_checkpoint {}: not a checkpoint (needs optimizer.safetensors and trainer_state.json)", dir);
-  ojson st;
-  try {
-    st = ojson::parse(read_text_file(state_file));
-  } catch (const ojson::exception& e) {
-    fail("resume_from_checkpoint {}: {} is not valid JSON: {}", dir, state_file, e.what());
-  }
+  const ojson st = parse_json<ojson>(read_text_file(state_file), state_file);
+  if (!st.is_object()) fail("resume_from_checkpoint {}: {} holds {}, not a trainer state object", dir, state_file, json_kind(st));
+  if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object())
+    fail("resume_from_checkpoint {}: {} has no trl_cpp section (written by another program?)", dir, state_file);
+  // The progress the run continues from, every field checked before any tensor is read.
+  const std::string section = state_file + ", trl_cpp";
+  const int64_t saved_step = json_field<int64_t>(st, "global_step", state_file);
+  const int64_t saved_optimizer_steps = json_field<int64_t>(st["trl_cpp"], "optimizer_steps", section);
+  const int64_t saved_tokens = json_field<int64_t>(st["trl_cpp"], "num_tokens", section);
+  if (!st.contains("log_history") || !st["log_history"].is_array())
+    fail("resume_from_checkpoint {}: {}: field 'log_history' must be a list of log entries", dir, state_file);
+  for (const auto& e : st["log_history"])
+    if (!e.is_object()) fail("resume_from_checkpoint {}: {}: an entry of 'log_history' is {}, not an object", dir, state_file, json_kind(e));
   // auto_find_batch_size resumes with the batch size the checkpoint's run found (as Transformers does).
-  if (cfg.auto_find_batch_size && st.contains("trl_cpp") && st["trl_cpp"].is_object() && st["trl_cpp"].contains("per_device_train_batch_size"))
-    cfg.per_device_train_batch_size = st["trl_cpp"]["per_device_train_batch_size"].get<int64_t>();
+  if (cfg.auto_find_batch_size && st["trl_cpp"].contains("per_device_train_batch_size"))
+    cfg.per_device_train_batch_size = json_field<int64_t>(st["trl_cpp"], "per_device_train_batch_size", section);
   check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
   // The checkpoint holds the whole state, whatever the world size, tp_size and fsdp_size of the run that wrote it.
@@ -648,25 +660,48 @@ void Trainer::State::resume(const std::string& spec) {
       m[piece.name] = part_of("exp_avg/").clone();
       v[piece.name] = part_of("exp_avg_sq/").clone();
     }
-  global_step = st.at("global_step").get<int64_t>();
+  global_step = saved_step;
   method->load_state(dir);
-  opt.set_state(std::move(m), std::move(v), st.at("trl_cpp").at("optimizer_steps").get<int64_t>());
-  tokens_seen = st.at("trl_cpp").at("num_tokens").get<int64_t>();
+  opt.set_state(std::move(m), std::move(v), saved_optimizer_steps);
+  tokens_seen = saved_tokens;
   log_history.clear();
   for (const auto& e : st.at("log_history")) log_history.push_back(e);
   if (is_main()) std::fprintf(stderr, "[trl] resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(global_step));
 }
 
-// A fresh run starts log.jsonl anew; a resume keeps the checkpoint's entries (the steps after it are redone).
-// Written atomically, so a crash leaves the old file or the new one, never a torn line.
-void Trainer::State::start_log() const {
-  if (is_main()) write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history));
+void Trainer::State::start_log() { log_start_step = global_step; }
+
+void Trainer::State::take_over_run_files() {
+  if (run_files_taken) return;
+  run_files_taken = true;
+  if (!is_main()) return;
+  std::error_code ec;
+  const std::string state = out_path("trainer_state.json");
+  if (stdfs::exists(state, ec)) {
+    std::fprintf(stderr, "[trl] %s holds an earlier run's trainer_state.json: this run replaces it, log.jsonl and completions.jsonl\n",
+                 cfg.output_dir.c_str());
+    if (!stdfs::remove(state, ec) && ec) fail("{}: cannot remove an earlier run's file: {}", state, ec.message());
+  }
+  write_text_file_atomic(out_path("log.jsonl"), jsonl(log_history));
+  // completions.jsonl: the rows of the steps this run keeps (a resume from checkpoint-N: steps <= N).
+  const std::string completions = out_path("completions.jsonl");
+  if (!stdfs::exists(completions, ec)) return;
+  std::string kept;
+  if (log_start_step > 0) {
+    std::istringstream in(read_text_file(completions));
+    for (std::string line; std::getline(in, line);) {
+      const ojson row = ojson::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("step") && row["step"].is_number_integer() && row["step"].get<int64_t>() <= log_start_step) kept += line + "\n";
+    }
+  }
+  write_text_file_atomic(completions, kept);
 }
 
 void Trainer::State::log(ojson e) {
   e["epoch"] = static_cast<double>(global_step) / static_cast<double>(steps_per_epoch());
   e["step"] = global_step;
   const std::string line = e.dump() + "\n";
+  take_over_run_files();  // before the entry joins log_history: the rewrite holds the entries before it
   log_history.push_back(std::move(e));  // every rank keeps the history (TrainOutput), only rank 0 writes it
   if (!is_main()) return;
   try {
@@ -675,6 +710,11 @@ void Trainer::State::log(ojson e) {
     fail("logging step {} failed: {}; {}", global_step, err.what(), resume_advice(is_disk_full_message(err.what())));
   }
   if (cfg.progress && !isatty(2)) std::fprintf(stderr, "%s", line.c_str());
+}
+
+void Trainer::State::append_completions(const std::string& lines) {
+  take_over_run_files();
+  if (is_main()) append_text_file(out_path("completions.jsonl"), lines);
 }
 
 // The micro-batches of step `within` of the epoch's `order`. Micro-batch k is the k-th run of micro_rows() items

@@ -62,6 +62,8 @@ struct MethodContext {
   Backend& backend;
   // The rows of each micro-batch of the step over all ranks (micro_rows[k] >= this rank's micro[k].size()).
   std::vector<int64_t> micro_rows = {};
+  // Appends rows to output_dir/completions.jsonl (rank 0), under the rule of the run's files (log.jsonl's).
+  std::function<void(const std::string& lines)> append_completions = {};
 
   // A host tensor a program reads (the batch), in the backend's memory: uploaded to a device, as it is on the host.
   Tensor to_backend(const Tensor& host, const std::string& name) const { return trl::to_backend(backend, host, name); }

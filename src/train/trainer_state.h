@@ -87,7 +87,11 @@ struct Trainer::State {
   State(const CausalLM& m, const TrainingArguments& c, const char* name);
   ~State();
 
-  MethodContext context() { return MethodContext{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp, *backend}; }
+  MethodContext context() {
+    MethodContext c{model, compute, *programs, cfg, global_step, global_step / steps_per_epoch(), *dp, *backend};
+    c.append_completions = [this](const std::string& lines) { append_completions(lines); };
+    return c;
+  }
   bool is_main() const { return comm.rank() == 0; }
   bool fsdp() const { return shards != nullptr; }
   int64_t tp() const { return cfg.distributed.tp_size; }
@@ -158,9 +162,18 @@ struct Trainer::State {
   double clip_gradients(double step_loss);
   StepResult train_step(const std::vector<size_t>& order, MetricWindow& metrics,
                         const std::function<void(int64_t, const TensorMap&)>& pre_optimizer);
-  // log.jsonl always holds log_history: rewritten atomically at the start, then appended to entry by entry.
-  void start_log() const;
+  // The run's files in output_dir follow its state (docs/TRAINING.md, "Output"): log.jsonl always equals the
+  // log_history of the trainer_state.json beside it, when there is one. Nothing changes before the run's first
+  // entry, so a run that fails before it leaves an earlier run's files as they were. At its first entry (a log line,
+  // a completions row or the final save) the run takes the files over: an earlier run's trainer_state.json goes,
+  // log.jsonl is rewritten atomically with log_history (a resume's entries, steps <= N), completions.jsonl keeps the
+  // rows of steps <= N (none in a fresh run); then entries are appended.
+  void start_log();  // records the step the run starts from
+  void take_over_run_files();
   void log(nlohmann::ordered_json entry);
+  void append_completions(const std::string& lines);
+  int64_t log_start_step = 0;
+  bool run_files_taken = false;
   // Saving.
   // weights: the trained weights, whole, in the save dtype (State::weights_to_save).
   void write_model_files(const std::string& dir, const TensorMap& weights) const;
@@ -179,7 +192,7 @@ struct Trainer::State {
   std::string resume_advice(bool disk_full) const;
   std::string save_checkpoint();
   void rotate_checkpoints() const;
-  void save_final(const RunSummary* summary) const;
+  void save_final(const RunSummary* summary);
 };
 
 }  // namespace trl

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "trl/io/safetensors.h"
 
 namespace trl {
 namespace {
@@ -257,6 +258,24 @@ TEST(CliCompat, WeightsMustFitTheArchitecture) {
   EXPECT_NE(run("score --model " + f.model + " --ids 1,2,3", &out), 0);
   EXPECT_NE(out.find("mlp"), std::string::npos) << out;
   EXPECT_NE(out.find("but the config implies"), std::string::npos) << out;
+}
+
+// A tensor stored as integers cannot be the weight it names, whatever --dtype converts to (issue 37, defect 10).
+TEST(CliCompat, AnIntegerWeightIsRefusedByName) {
+  Fixture f;
+  const std::string file = f.model + "/model.safetensors";
+  TensorMap w;
+  {
+    const SafeTensorsFile st = SafeTensorsFile::open(file);
+    for (const std::string& name : st.names()) w[name] = st.get(name).clone();
+  }
+  w["model.norm.weight"] = Tensor::zeros(DType::I32, w.at("model.norm.weight").shape());
+  save_safetensors(file, w);
+  std::string out;
+  for (const char* dtype : {"", " --dtype bf16", " --dtype f32"}) {
+    EXPECT_NE(run("score --model " + f.model + " --ids 1,2,3" + dtype, &out), 0) << dtype;
+    EXPECT_NE(out.find("tensor 'model.norm.weight' has dtype i32; weights must be floating point"), std::string::npos) << dtype << "\n" << out;
+  }
 }
 
 // `datasets.Dataset.to_json` writes JSON lines into a .json file: accepted, as is a .json array.

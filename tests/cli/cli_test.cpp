@@ -353,7 +353,7 @@ TEST(Cli, GrpoAndRlooFromFlagsAndYaml) {
            {"grpo --config " + dir.file("grpo.yaml") + " --reward_funcs rewardz", "unknown reward function 'rewardz'"},
            {"grpo --config " + dir.file("grpo.yaml") + " --num_generations 3", "multiple of num_generations (3)"},
            {"grpo --config " + dir.file("grpo.yaml") + " --loss_type ppo", "--loss_type"},
-           {"grpo --config " + dir.file("grpo.yaml") + " --chat_template_kwargs '{bad'", "--chat_template_kwargs: not valid JSON"},
+           {"grpo --config " + dir.file("grpo.yaml") + " --chat_template_kwargs '{bad'", "--chat_template_kwargs '{bad': not valid JSON at line 1, column 2: unexpected 'b' after '{'"},
            {"grpo --config " + dir.file("grpo.yaml") + " --reward_weights 1", "reward_weights has 1 values for 2 reward functions"},
            {"rloo --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("prompts.jsonl") + " --reward_funcs length:5 --reward_clip_range 1",
             "--reward_clip_range takes two numbers"},
@@ -397,19 +397,31 @@ TEST(Cli, KtoFromFlags) {
 
 // `trl reward` from a causal LM (a new head) to a sequence-classification folder, then `trl score` with it; a
 // checkpoint with two labels is refused.
-TEST(Cli, RewardThenScoreWithTheRewardModel) {
+// A tiny model (m) and two preference pairs with margins (pairs.jsonl) for `trl reward`.
+struct RewardFixture {
   test::TempDir dir;
+  const std::string trl = TRL_BINARY;
+  RewardFixture() {
+    std::string out;
+    EXPECT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
+    test::write_file(dir.file("pairs.jsonl"), "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green\", \"margin\": 1.0}\n"
+                                              "{\"prompt\": \"Grass is\", \"chosen\": \" green\", \"rejected\": \" blue\", \"margin\": 0.5}\n");
+  }
+  // `trl reward` of 2 steps from m into `out` with `extra` options; returns whether it succeeded, its output in `log`.
+  bool train(const std::string& out, const std::string& extra, std::string* log) const {
+    return test::run_command(trl + " reward --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("pairs.jsonl") + " --output_dir " +
+                                 dir.file(out) + " --max_steps 2 --logging_steps 1 --per_device_train_batch_size 2 --bf16 false --report false " +
+                                 extra + " 2>&1",
+                             log) == 0;
+  }
+};
+
+TEST(Cli, RewardThenScoreWithTheRewardModel) {
+  const RewardFixture f;
+  const test::TempDir& dir = f.dir;
+  const std::string& trl = f.trl;
   std::string out;
-  const std::string trl = std::string(TRL_BINARY);
-  ASSERT_EQ(test::run_command(trl + " init-model --preset tiny --out " + dir.file("m"), &out), 0) << out;
-  test::write_file(dir.file("pairs.jsonl"), "{\"prompt\": \"The sky is\", \"chosen\": \" blue\", \"rejected\": \" green\", \"margin\": 1.0}\n"
-                                            "{\"prompt\": \"Grass is\", \"chosen\": \" green\", \"rejected\": \" blue\", \"margin\": 0.5}\n");
-  ASSERT_EQ(test::run_command(trl + " reward --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("pairs.jsonl") + " --output_dir " +
-                                  dir.file("rm") + " --max_steps 2 --logging_steps 1 --per_device_train_batch_size 2 --center_rewards_coefficient 0.01"
-                                  " --bf16 false --report false 2>&1",
-                              &out),
-            0)
-      << out;
+  ASSERT_TRUE(f.train("rm", "--center_rewards_coefficient 0.01", &out)) << out;
   const auto config = nlohmann::json::parse(test::read_file(dir.file("rm/config.json")));
   EXPECT_EQ(config["architectures"][0], "Qwen3ForSequenceClassification");
   const auto state = nlohmann::json::parse(test::read_file(dir.file("rm/trainer_state.json")));
@@ -429,6 +441,45 @@ TEST(Cli, RewardThenScoreWithTheRewardModel) {
   test::write_file(dir.file("rm/config.json"), two.dump(2));
   EXPECT_NE(test::run_command(trl + " reward --model_name_or_path " + dir.file("rm") + " --dataset_name " + dir.file("pairs.jsonl") + " 2>&1", &out), 0);
   EXPECT_NE(out.find("field 'id2label' has 2 labels"), std::string::npos) << out;
+}
+
+// A reward adapter (trl reward --use_peft) merges into a reward model that keeps its trained head (issue 37, defect
+// 2), scores as the adapter does, and serves as GRPO's reward as the adapter folder itself does; a plain causal LM is
+// refused as a reward model (defect 1); merge-adapter never writes into the base's or the adapter's folder (defect 3).
+TEST(Cli, RewardAdapterMergesIntoARewardModel) {
+  const RewardFixture f;
+  const test::TempDir& dir = f.dir;
+  const std::string& trl = f.trl;
+  std::string out;
+  ASSERT_TRUE(f.train("ra", "--use_peft --lora_target_modules all-linear --learning_rate 1e-2", &out)) << out;
+  const std::string text = " --text 'The sky is blue<|im_end|>' 2>&1";
+  auto reward = [&](const std::string& model) {
+    std::string o;
+    EXPECT_EQ(test::run_command(trl + " score --model " + model + text, &o), 0) << o;
+    const auto j = nlohmann::json::parse(o.substr(o.find('{')));
+    return j.value("reward", std::nan(""));
+  };
+  const std::string before = test::read_file(dir.file("m/model.safetensors"));
+  ASSERT_EQ(test::run_command(trl + " merge-adapter --adapter " + dir.file("ra") + " --output_dir " + dir.file("merged") + " 2>&1", &out), 0) << out;
+  const auto config = nlohmann::json::parse(test::read_file(dir.file("merged/config.json")));
+  EXPECT_EQ(config["architectures"][0], "Qwen3ForSequenceClassification");
+  const double adapter = reward(dir.file("ra")), merged = reward(dir.file("merged"));
+  EXPECT_TRUE(std::isfinite(adapter) && std::fabs(adapter - merged) <= 1e-4 * std::max(1.0, std::fabs(adapter))) << adapter << " vs " << merged;
+  // The adapter folder (no config.json) and the merged folder are GRPO rewards; the causal LM is not.
+  test::write_file(dir.file("prompts.jsonl"), "{\"prompt\": \"The sky is\"}\n{\"prompt\": \"Grass is\"}\n");
+  const std::string grpo = trl + " grpo --model_name_or_path " + dir.file("m") + " --dataset_name " + dir.file("prompts.jsonl") +
+                           " --max_steps 1 --per_device_train_batch_size 2 --num_generations 2 --max_completion_length 4 --bf16 false --report false";
+  for (const std::string& rm : {dir.file("ra"), dir.file("merged")})
+    EXPECT_EQ(test::run_command(grpo + " --output_dir " + dir.file("g") + " --reward_funcs " + rm + " 2>&1", &out), 0) << rm << "\n" << out;
+  EXPECT_NE(test::run_command(grpo + " --output_dir " + dir.file("g2") + " --reward_funcs " + dir.file("m") + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("is not a reward model: its config.json names Qwen3ForCausalLM"), std::string::npos) << out;
+  // Into the base's folder or the adapter's: refused, nothing written.
+  EXPECT_NE(test::run_command(trl + " merge-adapter --adapter " + dir.file("ra") + " --output_dir " + dir.file("m") + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("is the base model's folder"), std::string::npos) << out;
+  EXPECT_NE(test::run_command(trl + " merge-adapter --adapter " + dir.file("ra") + " --output_dir " + dir.file("ra") + "/ 2>&1", &out), 0);
+  EXPECT_NE(out.find("is the adapter's folder"), std::string::npos) << out;
+  EXPECT_EQ(test::read_file(dir.file("m/model.safetensors")), before);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ra/model.safetensors")));
 }
 
 }  // namespace

@@ -69,6 +69,40 @@ struct HubCache {
   }
 };
 
+// A ref that is empty (an interrupted download) or names a path out of the snapshots is refused with the ref's file,
+// instead of reading snapshots/ itself (every revision at once) or another repository (issue 37, defect 4).
+TEST(Datasets, AHubRefThatNamesNoSnapshotIsRefused) {
+  HubCache hub;
+  ScopedEnv env("HF_HUB_CACHE", hub.dir.path());
+  const std::string ref = hub.dir.file("datasets--trl-lib--Capybara/refs/main");
+  for (const std::string& bad : {std::string("\n"), std::string("../../datasets--other--set/snapshots/0123abcd\n"), std::string("..")}) {
+    test::write_file(ref, bad);
+    const std::string e = test::error_of([] { load_dataset("trl-lib/Capybara", "train"); });
+    EXPECT_NE(e.find(ref + ": this Hub-cache ref should hold the commit hash of a folder in"), std::string::npos) << e;
+  }
+  const std::string e = test::error_of([] { load_dataset("trl-lib/Capybara", "train", "", "../../x"); });
+  EXPECT_NE(e.find("revision '../../x': not a branch, tag or commit"), std::string::npos) << e;
+}
+
+// A snapshot whose link lost its blob (an interrupted download) and a DatasetDict.save_to_disk folder are named for
+// what they are, not "no data files" (issue 37, defect 11).
+TEST(Datasets, ADanglingBlobLinkAndASavedDatasetDictAreNamed) {
+  HubCache hub;
+  ScopedEnv env("HF_HUB_CACHE", hub.dir.path());
+  stdfs::remove(hub.dir.file("datasets--trl-lib--Capybara/blobs/0a02"));
+  const std::string e = test::error_of([] { load_dataset("trl-lib/Capybara", "train"); });
+  EXPECT_NE(e.find("data/train-00001-of-00002.parquet is a link to ../../../blobs/0a02, which does not exist (an interrupted download?)"),
+            std::string::npos)
+      << e;
+  test::TempDir saved;
+  stdfs::create_directories(saved.file("train"));
+  test::write_file(saved.file("dataset_dict.json"), "{\"splits\": [\"train\"]}");
+  test::write_file(saved.file("train/data-00000-of-00001.arrow"), "not read");
+  test::write_file(saved.file("train/dataset_info.json"), "{}");
+  const std::string d = test::error_of([&] { load_dataset(saved.path(), "train"); });
+  EXPECT_NE(d.find("holds Arrow files (DatasetDict.save_to_disk)"), std::string::npos) << d;
+}
+
 TEST(Datasets, HubIdResolvesInTheLocalCacheWithShardsInOrder) {
   HubCache hub;
   ScopedEnv env("HF_HUB_CACHE", hub.dir.path());

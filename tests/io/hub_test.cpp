@@ -61,6 +61,20 @@ TEST(Hub, FindsIdInCacheThroughRefs) {
   EXPECT_EQ(resolve_model_dir("Qwen/Qwen3-0.6B", "aaa111"), (fs::path(cache.path()) / "models--Qwen--Qwen3-0.6B" / "snapshots" / "aaa111").string());
 }
 
+// An empty ref or one that leads out of the repository's snapshots is named, never followed (issue 37, defect 4).
+TEST(Hub, ARefThatNamesNoSnapshotIsRefused) {
+  test::TempDir cache;
+  ScopedEnv env("HF_HUB_CACHE", cache.path());
+  make_snapshot(cache.path(), "org--m", "aaa111", true);
+  make_snapshot(cache.path(), "org--other", "bbb222", true);
+  const std::string ref = (fs::path(cache.path()) / "models--org--m" / "refs" / "main").string();
+  for (const std::string& bad : {std::string(""), std::string("../../models--org--other/snapshots/bbb222"), std::string("/tmp")}) {
+    write_text_file_atomic(ref, bad + "\n");
+    const std::string e = test::error_of([] { resolve_model_dir("org/m"); });
+    EXPECT_NE(e.find(ref + ": this Hub-cache ref should hold the commit hash"), std::string::npos) << e;
+  }
+}
+
 TEST(Hub, SingleSnapshotWithoutRef) {
   test::TempDir home;
   ScopedEnv a("HF_HUB_CACHE", home.path() + "/nothing-here");

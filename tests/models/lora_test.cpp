@@ -251,6 +251,27 @@ TEST(Lora, ConfigsThatChangeTheMathAndBrokenFoldersAreErrors) {
   EXPECT_NE(config_error(R"({"bias": "all"})").find("bias"), std::string::npos);
   EXPECT_NE(config_error(R"({"peft_type": "IA3"})").find("IA3"), std::string::npos);
   EXPECT_NE(config_error(R"({"r": 0})").find("r must be"), std::string::npos);
+  // null as PEFT reads it (issue 37, defect 9): the numbers of the arithmetic are refused (PEFT fails on them), the
+  // fields PEFT writes as null for options left unset load as unset.
+  auto with_nulls = [&](const std::vector<std::string>& keys) {
+    json j = json::parse(read_text_file(peft_adapter_dir() + "/adapter_config.json"));
+    for (const std::string& k : keys) j[k] = nullptr;
+    return j;
+  };
+  for (const char* key : {"r", "lora_alpha", "lora_dropout"}) {
+    const std::string e = test::error_of([&] { (void)LoraConfig::from_json(with_nulls({key}), "adapter_config.json"); });
+    EXPECT_NE(e.find(std::string("adapter_config.json: '") + key + "' is null; an adapter needs its value"), std::string::npos) << e;
+  }
+  EXPECT_NE(test::error_of([&] { (void)LoraConfig::from_json(with_nulls({"bias"}), "adapter_config.json"); }).find("bias is null"), std::string::npos);
+  const LoraConfig unset = LoraConfig::from_json(
+      with_nulls({"use_rslora", "use_dora", "fan_in_fan_out", "target_modules", "modules_to_save", "layers_to_transform", "layers_pattern", "rank_pattern",
+                  "alpha_pattern", "task_type", "base_model_name_or_path", "revision", "megatron_config", "loftq_config", "exclude_modules"}),
+      "adapter_config.json");
+  EXPECT_FALSE(unset.use_rslora);
+  EXPECT_TRUE(unset.target_modules.empty());  // the model type's default (q_proj, v_proj)
+  EXPECT_TRUE(unset.modules_to_save.empty());
+  EXPECT_EQ(unset.task_type, "CAUSAL_LM");
+  EXPECT_DOUBLE_EQ(unset.scaling(), LoraConfig::from_json(with_nulls({}), "adapter_config.json").scaling());
   LoraConfig c;
   c.target_modules = {"qkv"};
   EXPECT_NE(test::error_of([&] { (void)lora_target_modules(mc, c); }).find("'qkv' matches none"), std::string::npos);
@@ -363,7 +384,7 @@ TEST(LoraCli, AdapterScoresAndGeneratesMergedOrNot) {
   EXPECT_EQ(g1, g2);
   // The adapter's base_model_name_or_path ("tiny-golden") is in no folder or cache: named, with the fix.
   EXPECT_NE(test::run_command(trl + " merge-adapter --adapter " + a + " --output_dir " + base.dir.file("x") + " 2>&1", &out), 0);
-  EXPECT_NE(out.find("tiny-golden"), std::string::npos) << out;
+  EXPECT_NE(out.find("the adapter's base model 'tiny-golden' (base_model_name_or_path in adapter_config.json) did not load"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(base.dir.file("x/model.safetensors")));
   EXPECT_NE(test::run_command(trl + " score --model " + m + " --adapter " + m + text + " 2>&1", &out), 0);
   EXPECT_NE(out.find("not a PEFT adapter folder"), std::string::npos) << out;

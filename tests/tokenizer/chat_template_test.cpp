@@ -78,6 +78,16 @@ TEST(ChatTemplate, ContinueFinalMessage) {
   EXPECT_THROW(apply_chat_template(qwen3(), msgs, o), Error);
 }
 
+// A message whose content is neither text, a list of parts nor null is named with its index and role, before the
+// template sees it (issue 37, defect 11).
+TEST(ChatTemplate, ContentOfTheWrongKindIsNamed) {
+  const std::string e = test::error_of([] { apply_chat_template(qwen3(), json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 3}])")); });
+  EXPECT_NE(e.find("message 1 ('assistant'): 'content' must be text or a list of parts, got 3"), std::string::npos) << e;
+  // null reaches the template as Transformers passes it (Qwen3's then fails as Jinja2 does, in its own words).
+  const std::string null = test::error_of([] { apply_chat_template(qwen3(), json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": null}])")); });
+  EXPECT_EQ(null.find("'content' must be text"), std::string::npos) << null;
+}
+
 TEST(ChatTemplate, AssistantMasksFromGenerationBlocks) {
   ChatTemplateOptions o;
   o.chat_template = template_source("generation");

@@ -289,6 +289,10 @@ TEST(Gkd, ErrorsSayWhatAndWhere) {
   EXPECT_NE(test::error_of([&] { check_gkd_config(bad); }).find("GKDConfig: lmbda must be in [0, 1], got 1.5"), std::string::npos);
   DistillationConfig d;
   d.per_device_train_batch_size = 3, d.num_generations = 2;
+  // Without generation_batch_size the rows must split into whole groups (issue 37, defect 11: it said
+  // "generation_batch_size must be at least 1, got 0", an option never given).
+  EXPECT_NE(test::error_of([&] { check_distillation_config(d); }).find("(3 * 1 = 3) must be a multiple of num_generations (2)"), std::string::npos);
+  d.generation_batch_size = 2;
   EXPECT_NE(test::error_of([&] { check_distillation_config(d); }).find("generation_batch_size * num_generations must equal"), std::string::npos);
   Dataset rows;
   rows.rows.push_back(ojson{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "hi"}}})}});

@@ -160,16 +160,22 @@ TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
     c.save_steps = 1;
     c.learning_rate = 0.02;
     c.beta = 0.05;
+    c.log_completions = true;
     return c;
   };
   const Dataset d = prompt_rows({"One", "Two", "Three", "Four"});
   GRPOTrainer full(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, config(out.file("full")));
   const TrainOutput a = full.train();
   ASSERT_TRUE(std::filesystem::exists(out.file("full/checkpoint-1/rollout.json")));
+  const std::string completions = test::read_file(out.file("full/completions.jsonl"));
   GRPOConfig rc = config(out.file("full"));
   rc.resume_from_checkpoint = out.file("full/checkpoint-1");
   GRPOTrainer resumed(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, rc);
   const TrainOutput b = resumed.train();
+  // completions.jsonl keeps the rows of the steps up to the checkpoint and gets the redone round once (issue 37,
+  // defect 6): the uninterrupted run's file again, no row repeated.
+  EXPECT_NE(completions.find("\"step\":3"), std::string::npos);
+  EXPECT_EQ(test::read_file(out.file("full/completions.jsonl")), completions);
   ASSERT_EQ(a.log_history.size(), 4u);
   ASSERT_EQ(b.log_history.size(), 4u);
   // Steps 2 and 4 train on the round generated at steps 1 and 3 (their logs have no reward metrics, as TRL's).

@@ -123,5 +123,25 @@ TEST(PreferenceData, BadRowsNameTheRowAndTheField) {
             std::string::npos);
 }
 
+// A token id outside the model's vocabulary is named with its row, field and position when the data is read, for
+// pre-tokenized rows and tokenized text alike (issue 37, defect 8), in paired and unpaired data.
+TEST(PreferenceData, TokenIdsOutsideTheVocabularyAreNamedWhenRead) {
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  PreferenceDataOptions o;
+  o.vocab_size = 1000;
+  const ojson ids{{"prompt_ids", {1, 2}}, {"chosen_ids", {3, 4}}, {"rejected_ids", {5, 1000}}};
+  const std::string e = test::error_of([&] { prepare_preference_dataset(rows({ojson{{"prompt_ids", {1}}, {"chosen_ids", {2}}, {"rejected_ids", {3}}}, ids}), tok, o); });
+  EXPECT_NE(e.find("prefs.jsonl:2: \"rejected_ids\" position 1 is token id 1000, outside the model's vocabulary of 1000 ids (0 to 999)"),
+            std::string::npos)
+      << e;
+  const std::string text = test::error_of([&] { prepare_preference_dataset(rows({ojson{{"prompt", "Hello"}, {"chosen", " world"}, {"rejected", " there"}}}), tok, o); });
+  EXPECT_NE(text.find("prefs.jsonl:1: \"prompt + chosen (tokenized)\" position"), std::string::npos) << text;
+  const std::string unpaired =
+      test::error_of([&] { prepare_unpaired_dataset(rows({ojson{{"prompt_ids", {1}}, {"completion_ids", {2, 4096}}, {"label", true}}}), tok, o); });
+  EXPECT_NE(unpaired.find("prefs.jsonl:1: \"completion_ids\" position 1 is token id 4096"), std::string::npos) << unpaired;
+  o.vocab_size = 0;  // unchecked
+  EXPECT_EQ(prepare_preference_dataset(rows({ids}), tok, o).size(), 1u);
+}
+
 }  // namespace
 }  // namespace trl

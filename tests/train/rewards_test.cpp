@@ -51,6 +51,7 @@ TEST(Rewards, LengthCountsCharactersAsPythonDoes) {
   EXPECT_EQ(values(f.fn(in)), (std::vector<double>{0.0, -0.05, -0.05, -0.02}));
   EXPECT_NE(error_of([] { reward_function("length:abc"); }).find("whole number"), std::string::npos);
   EXPECT_NE(error_of([] { reward_function("length"); }).find("needs an argument"), std::string::npos);
+  EXPECT_NE(error_of([] { reward_function("length:-5"); }).find("must be >= 0, got -5"), std::string::npos);  // issue 37, defect 11
 }
 
 TEST(Rewards, ThinkFormatFollowsTrlsPattern) {

@@ -305,6 +305,34 @@ TEST(SFTLog, FreshRunStartsANewLog) {
   expect_log_matches_state(c.output_dir, 2);
 }
 
+// A rerun that fails before its first entry leaves the earlier run's files as they were; one that fails after it
+// has taken them over (no earlier trainer_state.json beside its log), so log.jsonl equals the trainer_state.json
+// beside it whenever there is one (issue 37, defect 6).
+TEST(SFTLog, AFailedRerunLeavesNoLogThatDisagreesWithItsState) {
+  test::TinyModel t(test::kCutVocab);
+  const Tokenizer& tok = test::cut_tokenizer();
+  SFTConfig c = small_config(t.dir.file("out"));
+  c.max_steps = 3;
+  SFTTrainer(t.model, tok, text_rows(), c).train();
+  expect_log_matches_state(c.output_dir, 3);
+  for (const int64_t failing_step : {1, 2}) {
+    SFTTrainer tr(t.model, tok, text_rows(), c);
+    int64_t step = 0;
+    tr.on_step = [&](const ojson&) {
+      if (++step == failing_step) throw Error("a failure in step " + std::to_string(step));
+    };
+    EXPECT_THROW(tr.train(), Error);
+    if (failing_step == 1) {
+      expect_log_matches_state(c.output_dir, 3);  // untouched
+    } else {
+      EXPECT_FALSE(std::filesystem::exists(c.output_dir + "/trainer_state.json"));
+      EXPECT_EQ(jsonl_lines(c.output_dir + "/log.jsonl").size(), 1u);  // the failed run's step 1
+    }
+  }
+  SFTTrainer(t.model, tok, text_rows(), c).train();
+  expect_log_matches_state(c.output_dir, 3);
+}
+
 // After a 6-step run (evaluated every 3 steps), resuming from checkpoint-2 keeps the log entries of steps 1-2 and
 // logs steps 3-6 again: log.jsonl holds no entry of the abandoned steps.
 TEST(SFTLog, ResumeKeepsTheCheckpointsEntriesOnly) {

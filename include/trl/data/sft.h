@@ -27,7 +27,12 @@ struct SFTDataOptions {
   std::string dataset_text_field = "text";
   std::string eos_token;                       // appended to non-chat text/completions; "" = the tokenizer's
   bool truncate = true;                        // false when packing truncates by itself
+  int64_t vocab_size = 0;                      // > 0: every token id must be below it (the model's embedding rows)
 };
+
+// Every id of `ids` is below `vocab_size` (the model's embedding rows; 0: unchecked): an error names the row, the
+// field, the position and the id, when the data is read rather than inside the first step's embedding.
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where, const char* field);
 
 // The format of a row: "language_modeling" (text), "conversational" (messages), "prompt_completion" (strings) or
 // "conversational_prompt_completion" (message lists). Errors name the row.

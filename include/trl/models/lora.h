@@ -69,6 +69,11 @@ Shape lora_module_shape(const ModelConfig& config, const std::string& module);
 
 // Whether `dir` holds an adapter (adapter_config.json).
 bool is_adapter_dir(const std::string& dir);
+// An adapter folder's adapter_config.json, read and checked (errors name the file).
+LoraConfig read_adapter_config(const std::string& dir);
+// The base model an adapter folder names in base_model_name_or_path: a folder (taken from where the command runs,
+// then from beside the adapter) or a hub id as written. An error says how to give the base when it is not set.
+std::string adapter_base_model(const std::string& dir);
 // Reads a PEFT LoRA adapter folder for a model with `config`: every module the config targets needs its lora_A
 // [r, in] and lora_B [out, r]; tensors named with PEFT's ".default" adapter name are accepted.
 LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config);

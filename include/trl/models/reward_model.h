@@ -36,6 +36,10 @@ bool is_sequence_classification_adapter(const std::string& dir);
 RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions& options = {}, std::optional<int32_t> pad_token_id = std::nullopt,
                               uint64_t seed = 42);
 
+// The reward model of a SEQ_CLS adapter folder on `adapted` (its base with that adapter attached, e.g. a base other
+// than the adapter's base_model_name_or_path): the adapter merged, and the score head the adapter saved.
+RewardModel reward_model_from_adapter(const CausalLM& adapted, const std::string& adapter_dir, std::optional<int32_t> pad_token_id = std::nullopt);
+
 // A new head on an existing decoder (weights N(0, initializer_range), in the decoder's dtype).
 Tensor new_score_head(const ModelConfig& config, DType dtype, uint64_t seed);
 

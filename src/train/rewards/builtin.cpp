@@ -209,6 +209,7 @@ NamedRewardFunction reward_function(const std::string& spec, const RewardFunctio
   if (kind == "length") {
     need_arg("length:N (the target length in characters)");
     const int64_t target = parse_int(arg, spec, "N");
+    if (target < 0) fail("reward function '{}': N is the target length in characters, so it must be >= 0, got {}", spec, target);
     return {"reward_len", [target](const RewardInputs& in) {
               Rewards out;
               for (size_t i = 0; i < in.size(); ++i)

@@ -5,6 +5,7 @@
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "trl/io/hub.h"
+#include "trl/models/lora.h"
 #include "trl/models/reward_model.h"
 #include "trl/tokenizer/chat_template.h"
 #include "trl/tokenizer/tokenizer.h"
@@ -52,19 +53,33 @@ NamedRewardFunction reward_model_function(std::shared_ptr<const RewardModel> mod
           }};
 }
 
+// A folder or id names a reward model; anything else is a built-in reward or an exec: program (reward_function).
 NamedRewardFunction reward_from_spec(const std::string& spec, const RewardFunctionOptions& options, bool bf16, ojson chat_template_kwargs) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  const bool folder = std::filesystem::is_regular_file(std::filesystem::path(spec) / "config.json", ec);
+  // A reward adapter (`trl reward --use_peft`'s output) has adapter_config.json instead of config.json.
+  const bool adapter = fs::is_directory(spec, ec) && is_sequence_classification_adapter(spec);
   std::string dir;
-  if (folder) dir = spec;
+  if (adapter || fs::is_regular_file(fs::path(spec) / "config.json", ec)) dir = spec;
   else if (spec.find(':') == std::string::npos && spec.find('/') != std::string::npos) dir = resolve_model_dir(spec);  // an id: the local cache
   if (dir.empty()) return reward_function(spec, options);
+  // A causal-LM checkpoint has no trained score head: Transformers would draw one at random (with a warning) and the
+  // run would train on random rewards.
+  if (!adapter && !is_sequence_classification_config(dir)) {
+    const ModelConfig c = ModelConfig::load((fs::path(dir) / "config.json").string());
+    fail("--reward_funcs {}: {} is not a reward model: its config.json names {} and it has no trained score head (score.weight), so its "
+         "rewards would come from a random head. Give a reward model (the output of trl reward, a ...ForSequenceClassification checkpoint, "
+         "or trl reward --use_peft's adapter folder) or a built-in reward such as length:200",
+         spec, dir, c.architectures.empty() ? std::string("no architecture") : c.architectures.front());
+  }
   LoadOptions lo;
   if (bf16) lo.dtype = DType::BF16;
-  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_pretrained(dir));
+  const std::string tokenizer_dir =
+      adapter && !fs::is_regular_file(fs::path(dir) / "tokenizer.json", ec) ? adapter_base_model(dir) : dir;
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_pretrained(tokenizer_dir));
   auto model = std::make_shared<const RewardModel>(load_reward_model(dir, lo, tok->pad_token_id()));
-  std::string name = std::filesystem::path(spec).filename().string();
-  if (name.empty()) name = std::filesystem::path(spec).parent_path().filename().string();
+  std::string name = fs::path(spec).filename().string();
+  if (name.empty()) name = fs::path(spec).parent_path().filename().string();
   return reward_model_function(std::move(model), std::move(tok), name, std::move(chat_template_kwargs));
 }
 

@@ -55,6 +55,7 @@ class DpoMethod final : public TrainingMethod {
     opt_.data.max_length = c.max_length;
     opt_.data.truncation_mode = c.truncation_mode;
     opt_.data.eos_token = c.eos_token;
+    opt_.data.vocab_size = trainer.model().config().vocab_size;
     opt_.pad_to_multiple_of = parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer.auto_pad_multiple());
     opt_.padding_free = c.padding_free;
     opt_.ld_alpha = c.ld_alpha;

@@ -306,21 +306,22 @@ class DistillMethod final : public TrainingMethod {
 // ---- data ----
 
 // A pre-tokenized row {"input_ids": [...], "completion_mask": [0, ..., 0, 1, ..., 1]}.
-DistillRow pretokenized_row(const ojson& row, const std::string& where) {
+DistillRow pretokenized_row(const ojson& row, const std::string& where, int64_t vocab_size) {
   DistillRow r;
   r.where = where;
   try {
     const std::vector<int32_t> ids = row.at("input_ids").get<std::vector<int32_t>>();
     const std::vector<int32_t> mask = row.at("completion_mask").get<std::vector<int32_t>>();
     if (mask.size() != ids.size()) fail("completion_mask has {} entries for {} input_ids", mask.size(), ids.size());
+    check_token_ids(ids, vocab_size, where, "input_ids");
     const size_t first = static_cast<size_t>(std::find(mask.begin(), mask.end(), 1) - mask.begin());
     if (first == 0 || first == ids.size()) fail("completion_mask must mark a non-empty completion after a non-empty prompt");
     for (size_t t = first; t < mask.size(); ++t)
       if (mask[t] != 1) fail("completion_mask must be 0 on the prompt, then 1 to the end");
     r.prompt.assign(ids.begin(), ids.begin() + static_cast<int64_t>(first));
     r.completion.assign(ids.begin() + static_cast<int64_t>(first), ids.end());
-  } catch (const nlohmann::json::exception& e) {
-    fail("GKD: {}: input_ids and completion_mask must be lists of integers: {}", where, e.what());
+  } catch (const nlohmann::json::exception&) {
+    fail("GKD: {}: input_ids and completion_mask must be lists of whole numbers", where);
   } catch (const Error& e) {
     fail("GKD: {}: {}", where, e.what());
   }
@@ -329,7 +330,7 @@ DistillRow pretokenized_row(const ojson& row, const std::string& where) {
 
 // GKD's rows: SFT's tokenization of prompt-completion data (a conversation's last turn, the assistant's, is its
 // completion), then TRL's collator's truncation: a row longer than max_length keeps its last max_length tokens.
-std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, const GKDConfig& c, const char* split) {
+std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, const GKDConfig& c, const char* split, int64_t vocab_size) {
   Dataset converted;
   std::vector<DistillRow> tokenized;  // rows given as token ids
   for (size_t i = 0; i < data.size(); ++i) {
@@ -337,7 +338,7 @@ std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, cons
     const std::string where = data.location(i);
     if (!row.is_object()) fail("GKD: {}: a row must be a JSON object, got {}", where, row.dump().substr(0, 200));
     if (row.contains("input_ids")) {  // pre-tokenized, as TRL's collator accepts: the completion where completion_mask is 1
-      tokenized.push_back(pretokenized_row(row, where));
+      tokenized.push_back(pretokenized_row(row, where, vocab_size));
       continue;
     }
     ojson r = row;
@@ -361,6 +362,7 @@ std::vector<DistillRow> gkd_rows(const Dataset& data, const Tokenizer& tok, cons
   o.completion_only_loss = true;
   o.eos_token = c.eos_token;
   o.truncate = false;
+  o.vocab_size = vocab_size;
   std::vector<SFTExample> ex = converted.rows.empty() ? std::vector<SFTExample>{} : prepare_sft_dataset(converted, tok, o);
   for (DistillRow& r : tokenized) {
     SFTExample e;
@@ -451,6 +453,10 @@ void check_distillation_config(const DistillationConfig& c) {
   if (c.max_completion_length < 1) fail("DistillationConfig: max_completion_length must be >= 1, got {}", c.max_completion_length);
   if (c.num_generations < 1) fail("DistillationConfig: num_generations must be at least 1, got {}", c.num_generations);
   const int64_t local = c.per_device_train_batch_size * c.gradient_accumulation_steps;
+  if (!c.generation_batch_size && local % c.num_generations != 0)
+    fail("DistillationConfig: per_device_train_batch_size * gradient_accumulation_steps ({} * {} = {}) must be a multiple of num_generations ({}): "
+         "each prompt's {} completions are trained together; change one of them",
+         c.per_device_train_batch_size, c.gradient_accumulation_steps, local, c.num_generations, c.num_generations);
   const int64_t gbs = c.generation_batch_size.value_or(local / c.num_generations);
   if (gbs < 1) fail("DistillationConfig: generation_batch_size must be at least 1, got {}", gbs);
   if (gbs * c.num_generations != local)
@@ -472,8 +478,9 @@ GKDTrainer::GKDTrainer(const CausalLM& model, const CausalLM& teacher, const Tok
   s.temperature = c.temperature, s.top_p = 1.0, s.top_k = 0, s.max_new_tokens = c.max_new_tokens;
   s.lmbda = c.lmbda, s.seq_kd = c.seq_kd;
   s.dropout = !c.disable_dropout;
-  std::vector<DistillRow> rows = gkd_rows(train, tok, c, "train"), eval_rows;
-  if (eval) eval_rows = gkd_rows(*eval, tok, c, "eval");
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<DistillRow> rows = gkd_rows(train, tok, c, "train", vocab), eval_rows;
+  if (eval) eval_rows = gkd_rows(*eval, tok, c, "eval", vocab);
   const int64_t multiple = parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer_->auto_pad_multiple());
   auto m = std::make_unique<DistillMethod>(std::move(s), std::move(rows), std::move(eval_rows), tok, teacher, *trainer_, multiple);
   m->set_gradient_checkpointing(c.gradient_checkpointing);

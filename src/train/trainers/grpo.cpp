@@ -30,6 +30,7 @@
 
 #include "core/clock.h"
 #include "core/fs.h"
+#include "core/json_text.h"
 #include "core/rng.h"
 #include "train/frozen_model.h"
 #include "train/losses/grpo_loss.h"
@@ -230,22 +231,37 @@ class OnlineMethod final : public TrainingMethod {
     rollout_.reset();
     if (!std::filesystem::exists(path)) return;
     try {
-      const ojson j = ojson::parse(read_text_file(path));
+      const ojson j = parse_json<ojson>(read_text_file(path), path);
+      if (!j.is_object()) fail("it holds {}, not an object", json_kind(j));
+      // Each field read as what it must be; an error names the field (the library's words never reach the user).
+      auto get = [&j](const char* key, auto& out, const char* what) {
+        if (!j.contains(key)) fail("field '{}' is missing", key);
+        try {
+          j[key].get_to(out);
+        } catch (const nlohmann::json::exception&) {
+          fail("field '{}' must be {}, got {}", key, what, json_kind(j[key]));
+        }
+      };
       Rollout r;
-      r.epoch = j.at("epoch"), r.round = j.at("round"), r.P = j.at("P"), r.C = j.at("C");
-      r.prompt_of = j.at("prompt_of").get<std::vector<size_t>>();
-      r.prompt_ids = j.at("prompt_ids").get<std::vector<std::vector<int32_t>>>();
-      r.completions = j.at("completions").get<std::vector<std::vector<int32_t>>>();
+      get("epoch", r.epoch, "a whole number"), get("round", r.round, "a whole number"), get("P", r.P, "a whole number"), get("C", r.C, "a whole number");
+      get("prompt_of", r.prompt_of, "a list of prompt indices");
+      get("prompt_ids", r.prompt_ids, "a list of token-id lists");
+      get("completions", r.completions, "a list of token-id lists");
       r.mask_truncated = cfg_.mask_truncated_completions;
-      for (int t : j.at("truncated").get<std::vector<int>>()) r.truncated.push_back(static_cast<char>(t));
-      r.advantages = j.at("advantages").get<std::vector<double>>();
-      r.old_logp = logp_table(j.at("old_logp").get<std::vector<std::vector<float>>>(), r.C);
-      r.ref_logp = logp_table(j.at("ref_logp").get<std::vector<std::vector<float>>>(), r.C);
+      std::vector<int> truncated;
+      get("truncated", truncated, "a list of 0/1 flags");
+      for (int t : truncated) r.truncated.push_back(static_cast<char>(t));
+      get("advantages", r.advantages, "a list of numbers");
+      std::vector<std::vector<float>> old_logp, ref_logp;
+      get("old_logp", old_logp, "a list of log-prob lists");
+      get("ref_logp", ref_logp, "a list of log-prob lists");
+      r.old_logp = logp_table(old_logp, r.C);
+      r.ref_logp = logp_table(ref_logp, r.C);
       for (const Tensor* t : {&r.old_logp, &r.ref_logp})
         if (t->numel() > 0 && t->size(0) != static_cast<int64_t>(r.prompt_of.size()))
           fail("{} rows of log-probs for a round of {} completions", t->size(0), r.prompt_of.size());
-      r.order = j.at("order").get<std::vector<size_t>>();
-      r.num_items = j.at("num_items");
+      get("order", r.order, "a list of item indices");
+      get("num_items", r.num_items, "a number");
       for (size_t p : r.prompt_of)
         if (p >= prompts_.size()) fail("prompt index {} is outside the dataset's {} prompts", p, prompts_.size());
       rollout_ = std::make_unique<Rollout>(std::move(r));
@@ -573,7 +589,7 @@ class OnlineMethod final : public TrainingMethod {
                      static_cast<long long>(ctx.global_step + 1), p.c_str(), texts[i].c_str(), rw.dump().c_str(), a.advantages[i]);
       }
     }
-    if (writer_) append_text_file(ctx.args.output_dir + "/completions.jsonl", lines);
+    if (writer_) ctx.append_completions(lines);
   }
 
   // share: this rank's part of the micro-batch's rows (1 with one process).

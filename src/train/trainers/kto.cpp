@@ -42,6 +42,7 @@ class KtoMethod final : public TrainingMethod {
       : cfg_(c), loss_(loss_config(c)), kl_(c.loss_type != "apo_zero_unpaired") {
     data_.max_length = c.max_length;
     data_.eos_token = c.eos_token;
+    data_.vocab_size = trainer.model().config().vocab_size;
     const auto pad = tok.pad_token_id();
     if (!pad) fail("KTO: the tokenizer has neither a pad_token nor an eos_token");
     layout_ = SequenceLayout{*pad, parse_pad_to_multiple_of(c.pad_to_multiple_of, trainer.auto_pad_multiple()), c.max_length, false};

@@ -35,6 +35,7 @@ class RewardMethod final : public TrainingMethod {
     PreferenceDataOptions o;
     o.max_length = 0;  // TRL filters long pairs instead of truncating them
     o.eos_token = c.eos_token;
+    o.vocab_size = config_.vocab_size;
     train_ = prepare(train, tok, o, "training");
     if (eval) eval_ = prepare(*eval, tok, o, "eval");
   }

@@ -52,7 +52,8 @@ TokenMetrics token_metrics(const MethodContext& ctx, const SFTBatch& b, const Te
 
 class SftMethod final : public TrainingMethod {
  public:
-  SftMethod(const SFTConfig& c, const Tokenizer& tok, const Dataset& train, const std::optional<Dataset>& eval, int64_t auto_multiple) : cfg_(c) {
+  SftMethod(const SFTConfig& c, const Tokenizer& tok, const Dataset& train, const std::optional<Dataset>& eval, int64_t auto_multiple, int64_t vocab_size)
+      : cfg_(c) {
     multiple_ = parse_pad_to_multiple_of(c.pad_to_multiple_of, auto_multiple);
     const auto pad = tok.pad_token_id();
     if (!pad) fail("SFT: the tokenizer has neither a pad_token nor an eos_token");
@@ -63,6 +64,7 @@ class SftMethod final : public TrainingMethod {
     o.assistant_only_loss = c.assistant_only_loss;
     o.dataset_text_field = c.dataset_text_field;
     o.eos_token = c.eos_token;
+    o.vocab_size = vocab_size;
     int64_t dropped = 0;
     train_ = prepare_sft_dataset(train, tok, o, &dropped);
     if (dropped > 0) std::fprintf(stderr, "[trl] dropped %lld training rows whose labels are all masked\n", static_cast<long long>(dropped));
@@ -231,7 +233,7 @@ SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset trai
   check_sft_config(config, &tok);
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
   trainer_ = std::make_unique<Trainer>(model, config, "SFTConfig");
-  trainer_->set_method(std::make_unique<SftMethod>(config, tok, train, eval, trainer_->auto_pad_multiple()));
+  trainer_->set_method(std::make_unique<SftMethod>(config, tok, train, eval, trainer_->auto_pad_multiple(), trainer_->model().config().vocab_size));
 }
 
 SFTTrainer::~SFTTrainer() = default;
