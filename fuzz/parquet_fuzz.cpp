@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz_util.h"
 #include "trl/core/error.h"
 #include "trl/data/parquet.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+TRL_FUZZ_TARGET(parquet) {
   trl::parquet::ReadLimits limits;
   limits.max_page_bytes = int64_t{1} << 22;            // small limits: a finding is a bug, not a big allocation
   limits.max_values_per_row_group = int64_t{1} << 18;

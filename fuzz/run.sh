@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Builds the Parquet fuzz target with clang and runs it for SECONDS (default 60) on 1 job, starting from the seed
-# corpus fuzz/corpus/parquet (the test fixtures' files). New inputs go to a temporary corpus, not the tree; a
-# finding stops the run with libFuzzer's report and leaves the input as crash-*/leak-*/timeout-*/oom-* in $PWD.
-#   bash fuzz/run.sh [SECONDS] [extra libFuzzer flags...]
+# Builds fuzz targets with clang and runs each for SECONDS (default 60) on 1 job, starting from its seed corpus
+# fuzz/corpus/NAME (and the findings kept there). New inputs go to a temporary corpus, not the tree; a finding stops
+# the run with libFuzzer's report and leaves the input as crash-*/leak-*/timeout-*/oom-* in $PWD.
+#   bash fuzz/run.sh [SECONDS] [TARGET ...] [-- extra libFuzzer flags...]
+# TARGET: parquet (the default), safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, or all. Every
+# target but parquet links the library, built once in the fuzz build with the sanitizers (a few minutes).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 shift || true
+targets=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+[ ${#targets[@]} -eq 0 ] && targets=(parquet)
+[ "${targets[0]}" = "all" ] && targets=(parquet safetensors config tokenizer jinja dataset yaml checkpoint)
 build=${TRL_FUZZ_BUILD:-$root/build-fuzz}
-cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cp "$root"/fuzz/corpus/parquet/* "$work/"
-# -rss_limit_mb: the reader's limits keep it far below; -timeout: no input may take 10 s.
-"$build/parquet_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "$@" "$work"
+cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" --target $(printf '%s_fuzz ' "${targets[@]}")
+for t in "${targets[@]}"; do
+  work=$(mktemp -d) scratch=$(mktemp -d)  # the corpus; the files a target writes to read them back
+  cp "$root"/fuzz/corpus/"$t"/* "$work/"
+  echo "== $t: $seconds s from $(ls "$work" | wc -l) seeds"
+  # -rss_limit_mb: the readers' limits keep them far below; -timeout: no input may take 10 s.
+  TMPDIR="$scratch" "$build/${t}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 "$@" "$work" ||
+    { rm -rf "$work" "$scratch"; exit 1; }
+  rm -rf "$work" "$scratch"
+done

@@ -25,6 +25,8 @@ Json parse_json(std::string_view text, const std::string& where) {
     return Json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     fail("{}: not valid JSON at {}", where, describe_json_error(text, e.byte));
+  } catch (const nlohmann::json::exception&) {  // out_of_range: a number beyond a double (found by fuzzing)
+    fail("{}: not valid JSON: a number too large to represent (beyond 1.8e308)", where);
   }
 }
 

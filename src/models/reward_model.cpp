@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fs.h"
+#include "core/json_text.h"
 #include "core/rng.h"
 #include "trl/backend/program_cache.h"
 #include "trl/core/error.h"
@@ -80,7 +81,7 @@ RewardModel load_reward_model(const std::string& name_or_path, const LoadOptions
     Tensor head = new_score_head(m.config(), m.dtype(), seed);
     return RewardModel{std::move(m), std::move(head), *pad, true};
   }
-  const nlohmann::json j = nlohmann::json::parse(read_text_file(config_path));
+  const nlohmann::json j = parse_json(read_text_file(config_path), config_path);
   if (j.contains("id2label") && j["id2label"].is_object() && j["id2label"].size() != 1)
     fail("{}: field 'id2label' has {} labels; a reward model has one (num_labels 1): train it with trl reward from a causal-LM "
          "checkpoint, or give a checkpoint saved with num_labels=1",

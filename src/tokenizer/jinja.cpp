@@ -2,6 +2,7 @@
 #include "tokenizer/jinja.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <ctime>
 #include <unordered_map>
@@ -276,6 +277,8 @@ class Lexer {
             const size_t len = n == 'u' ? 4 : 2;
             if (p + 2 + len > src_.size()) error(line, col, "truncated escape in string literal");
             const std::string hex = src_.substr(p + 2, len);
+            if (!std::all_of(hex.begin(), hex.end(), [](char h) { return std::isxdigit(static_cast<unsigned char>(h)) != 0; }))
+              error(line, col, fmt::format("\\{} in a string literal needs {} hex digits, got '{}'", n, len, hex));  // found by fuzzing
             unicode::append_utf8(out, static_cast<char32_t>(std::stoul(hex, nullptr, 16)));
             p += len;
             break;

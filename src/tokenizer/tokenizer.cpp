@@ -119,6 +119,34 @@ std::string str_field(const json& j, const char* key, const std::string& where, 
 bool bool_field(const json& j, const char* key, bool def) {
   return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : def;
 }
+// Token ids above this are no vocabulary's (the largest have a few hundred thousand): a bound before any table is
+// sized by an id read from the file.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
+// j[key] when j is an object that has it; null otherwise (an absent field).
+const json& member(const json& j, const char* key) {
+  static const json absent;
+  if (!j.is_object()) return absent;
+  const auto it = j.find(key);
+  return it == j.end() ? absent : *it;
+}
+// A list field: absent or null is empty; anything else but a list is an error naming where and the key.
+const json& list_field(const json& j, const char* key, const std::string& where) {
+  static const json empty = json::array();
+  const json& v = member(j, key);
+  if (v.is_null()) return empty;
+  if (!v.is_array()) fail("{}: '{}' must be a list, got {}", where, key, json_kind(v));
+  return v;
+}
+// A whole-number field: absent or null is `def`.
+int64_t int_field(const json& j, const char* key, const std::string& where, int64_t def) {
+  const json& v = member(j, key);
+  return v.is_null() ? def : json_field<int64_t>(j, key, where);
+}
+// A pipeline step (normalizer, pre-tokenizer, decoder, post-processor) is an object with a "type".
+void check_step(const json& j, const std::string& where) {
+  if (!j.is_object()) fail("{}: must be an object with a \"type\", got {}", where, json_kind(j));
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Normalizers
@@ -132,10 +160,11 @@ struct Normalizer {
 
 void parse_normalizer(const json& j, std::vector<Normalizer>& out, const std::string& where) {
   if (j.is_null()) return;
+  check_step(j, where);
   const std::string type = str_field(j, "type", where);
   const std::string w = where + " (" + type + ")";
   if (type == "Sequence") {
-    for (const json& n : j.value("normalizers", json::array())) parse_normalizer(n, out, where);
+    for (const json& n : list_field(j, "normalizers", where)) parse_normalizer(n, out, where);
     return;
   }
   Normalizer n{};
@@ -145,7 +174,7 @@ void parse_normalizer(const json& j, std::vector<Normalizer>& out, const std::st
   else if (type == "NFKD") n.kind = Normalizer::NFKD;
   else if (type == "Lowercase") n.kind = Normalizer::Lowercase;
   else if (type == "Strip") n.kind = Normalizer::Strip, n.left = bool_field(j, "strip_left", true), n.right = bool_field(j, "strip_right", true);
-  else if (type == "Replace") n.kind = Normalizer::Replace, n.pattern = pattern_of(j.value("pattern", json()), w), n.content = str_field(j, "content", w);
+  else if (type == "Replace") n.kind = Normalizer::Replace, n.pattern = pattern_of(member(j, "pattern"), w), n.content = str_field(j, "content", w);
   else if (type == "Prepend") n.kind = Normalizer::Prepend, n.content = str_field(j, "prepend", w);
   else fail("{}: normalizer '{}' is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend)", where, type);
   out.push_back(std::move(n));
@@ -223,16 +252,17 @@ struct PreTokenizer {
 
 void parse_pre_tokenizer(const json& j, std::vector<PreTokenizer>& out, const std::string& where) {
   if (j.is_null()) return;
+  check_step(j, where);
   const std::string type = str_field(j, "type", where);
   const std::string w = where + " (" + type + ")";
   if (type == "Sequence") {
-    for (const json& p : j.value("pretokenizers", json::array())) parse_pre_tokenizer(p, out, where);
+    for (const json& p : list_field(j, "pretokenizers", where)) parse_pre_tokenizer(p, out, where);
     return;
   }
   PreTokenizer p{};
   if (type == "Split") {
     p.kind = PreTokenizer::Split;
-    p.regex = pattern_of(j.value("pattern", json()), w);
+    p.regex = pattern_of(member(j, "pattern"), w);
     const std::string b = str_field(j, "behavior", w, "Isolated");
     if (b == "Removed") p.behavior = PreTokenizer::Removed;
     else if (b == "Isolated") p.behavior = PreTokenizer::Isolated;
@@ -319,21 +349,22 @@ struct Decoder {
 
 void parse_decoder(const json& j, std::vector<Decoder>& out, const std::string& where) {
   if (j.is_null()) return;
+  check_step(j, where);
   const std::string type = str_field(j, "type", where);
   const std::string w = where + " (" + type + ")";
   if (type == "Sequence") {
-    for (const json& d : j.value("decoders", json::array())) parse_decoder(d, out, where);
+    for (const json& d : list_field(j, "decoders", where)) parse_decoder(d, out, where);
     return;
   }
   Decoder d{};
   if (type == "ByteLevel") d.kind = Decoder::ByteLevel;
   else if (type == "Fuse") d.kind = Decoder::Fuse;
-  else if (type == "Replace") d.kind = Decoder::Replace, d.pattern = pattern_of(j.value("pattern", json()), w), d.content = str_field(j, "content", w);
+  else if (type == "Replace") d.kind = Decoder::Replace, d.pattern = pattern_of(member(j, "pattern"), w), d.content = str_field(j, "content", w);
   else if (type == "Strip") {
     d.kind = Decoder::Strip;
     d.strip_char = str_field(j, "content", w, " ");
-    d.strip_start = j.value("start", 0);
-    d.strip_stop = j.value("stop", 0);
+    d.strip_start = static_cast<int>(int_field(j, "start", w, 0));
+    d.strip_stop = static_cast<int>(int_field(j, "stop", w, 0));
   } else fail("{}: decoder '{}' is not supported (supported: Sequence, ByteLevel, Replace, Strip, Fuse)", where, type);
   out.push_back(std::move(d));
 }
@@ -354,9 +385,10 @@ struct PostProcessor {
 
 void parse_post_processor(const json& j, PostProcessor& out, const std::string& where) {
   if (j.is_null()) return;
+  check_step(j, where);
   const std::string type = str_field(j, "type", where);
   if (type == "Sequence") {
-    for (const json& p : j.value("processors", json::array())) parse_post_processor(p, out, where);
+    for (const json& p : list_field(j, "processors", where)) parse_post_processor(p, out, where);
     return;
   }
   if (type == "ByteLevel") return;  // offsets only; ids unchanged
@@ -364,16 +396,21 @@ void parse_post_processor(const json& j, PostProcessor& out, const std::string& 
     fail("{}: post-processor '{}' is not supported (supported: Sequence, ByteLevel, TemplateProcessing)", where, type);
   }
   out.template_processing = true;
-  const json& specials = j.value("special_tokens", json::object());
-  for (const json& piece : j.value("single", json::array())) {
+  const json& specials = member(j, "special_tokens");
+  for (const json& piece : list_field(j, "single", where)) {
     TemplatePiece tp;
-    if (piece.contains("Sequence")) {
+    if (piece.is_object() && piece.contains("Sequence")) {
       tp.is_sequence = true;
-      tp.sequence_id = piece["Sequence"].value("id", "A");
-    } else if (piece.contains("SpecialToken")) {
-      const std::string id = piece["SpecialToken"].value("id", "");
-      if (!specials.contains(id)) fail("{}: TemplateProcessing names special token '{}' that special_tokens does not define", where, id);
-      for (const json& v : specials[id].value("ids", json::array())) tp.special.push_back(v.get<int32_t>());
+      tp.sequence_id = str_field(member(piece, "Sequence"), "id", where + ": single", "A");
+    } else if (piece.is_object() && piece.contains("SpecialToken")) {
+      const std::string id = str_field(member(piece, "SpecialToken"), "id", where + ": single");
+      if (!specials.is_object() || !specials.contains(id))
+        fail("{}: TemplateProcessing names special token '{}' that special_tokens does not define", where, id);
+      for (const json& v : list_field(specials[id], "ids", where + ": special_tokens." + id)) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+          fail("{}: special_tokens.{}: ids must be token ids, got {}", where, id, v.dump());
+        tp.special.push_back(static_cast<int32_t>(v.get<int64_t>()));
+      }
     } else {
       fail("{}: TemplateProcessing piece {} is neither Sequence nor SpecialToken", where, piece.dump());
     }
@@ -632,7 +669,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   for (const auto field : vocab) {
     int64_t id = -1;
     if (field.value.get_int64().get(id) != simdjson::SUCCESS) fail("{}: model.vocab['{}'] must be an integer id", path, field.key);
-    if (id < 0 || id > 10'000'000) fail("{}: model.vocab['{}'] = {} is not a valid id", path, field.key, id);
+    if (id < 0 || id >= kMaxTokenId) fail("{}: model.vocab['{}'] = {} is not a valid id", path, field.key, id);
     if (static_cast<size_t>(id) >= m.id_to_token.size()) m.id_to_token.resize(static_cast<size_t>(id) + 1);
     m.id_to_token[static_cast<size_t>(id)] = std::string(field.key);
     m.vocab.emplace(std::string(field.key), static_cast<int32_t>(id));
@@ -671,21 +708,24 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   if (!m.continuing_subword_prefix.empty() || !m.end_of_word_suffix.empty()) {
     fail("{}: continuing_subword_prefix / end_of_word_suffix are not supported", path);
   }
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
+  if (model.contains("dropout") && !model["dropout"].is_null() && (!model["dropout"].is_number() || model["dropout"].get<double>() != 0.0)) {
     fail("{}: BPE dropout is not supported (it makes encoding random)", path);
   }
   const std::string unk = str_field(model, "unk_token", path);
   if (!unk.empty() && m.vocab.count(unk)) m.unk_id = m.vocab.at(unk);
 
-  parse_normalizer(j.value("normalizer", json()), m.normalizers, path + ": normalizer");
-  parse_pre_tokenizer(j.value("pre_tokenizer", json()), m.pre_tokenizers, path + ": pre_tokenizer");
-  parse_decoder(j.value("decoder", json()), m.decoders, path + ": decoder");
-  parse_post_processor(j.value("post_processor", json()), m.post, path + ": post_processor");
+  parse_normalizer(member(j, "normalizer"), m.normalizers, path + ": normalizer");
+  parse_pre_tokenizer(member(j, "pre_tokenizer"), m.pre_tokenizers, path + ": pre_tokenizer");
+  parse_decoder(member(j, "decoder"), m.decoders, path + ": decoder");
+  parse_post_processor(member(j, "post_processor"), m.post, path + ": post_processor");
   for (const auto& p : m.pre_tokenizers) m.byte_level = m.byte_level || p.kind == PreTokenizer::ByteLevel;
 
-  for (const json& a : j.value("added_tokens", json::array())) {
+  for (const json& a : list_field(j, "added_tokens", path)) {
     AddedToken t;
-    t.id = a.value("id", -1);
+    if (!a.is_object()) fail("{}: added_tokens: each entry must be an object, got {}", path, json_kind(a));
+    const int64_t id = int_field(a, "id", path + ": added_tokens", -1);
+    if (id >= kMaxTokenId) fail("{}: added token id {} is beyond any vocabulary ({} at most)", path, id, kMaxTokenId);
+    t.id = static_cast<int32_t>(std::max<int64_t>(id, -1));
     t.content = str_field(a, "content", path + ": added_tokens");
     t.special = bool_field(a, "special", false);
     t.lstrip = bool_field(a, "lstrip", false);
@@ -728,7 +768,7 @@ Tokenizer Tokenizer::from_pretrained(const std::string& name_or_path, const std:
       if (ct.is_string()) m.chat_template = ct.get<std::string>();
       else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
         for (const json& t : ct)
-          if (t.value("name", "") == "default") m.chat_template = t.value("template", "");
+          if (str_field(t, "name", cfg_path.string() + ": chat_template") == "default") m.chat_template = str_field(t, "template", cfg_path.string() + ": chat_template");
       }
     }
   }

@@ -22,7 +22,6 @@
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
 #include "core/fs.h"
-#include "core/json_text.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "trl/io/safetensors.h"
@@ -31,6 +30,7 @@
 #include "dist/fsdp.h"
 #include "train/optim/adamw.h"
 #include "train/report.h"
+#include "train/saved_state.h"
 #include "train/trainer_state.h"
 
 namespace trl {
@@ -470,17 +470,13 @@ void Trainer::State::save_final(const RunSummary* summary) {
 // A checkpoint resumes only the run that wrote it: the seed, the method, the number of training items and the
 // batch layout decide the data order and the position in it (checkpoints from before these were recorded have
 // only the seed).
-void Trainer::State::check_resumed_layout(const ojson& st, const std::string& dir) const {
-  const ojson& saved = st["trl_cpp"];  // an object (resume checked it)
-  const std::string section = (stdfs::path(dir) / "trainer_state.json").string() + ", trl_cpp";
+void Trainer::State::check_resumed_layout(const SavedTrainerState& st, const std::string& dir) const {
+  const ojson& saved = st.trl_cpp;
   const ojson now = trainer_state()["trl_cpp"];
   // Any number of processes resumes a checkpoint, as long as a micro-batch has the same rows over all of them
   // (data-parallel ranks × per_device_train_batch_size): the data order and the position in it are the same.
-  if (saved.contains("per_device_train_batch_size")) {
-    const int64_t saved_world = saved.contains("data_parallel_size") ? json_field<int64_t>(saved, "data_parallel_size", section)
-                                : saved.contains("world_size")       ? json_field<int64_t>(saved, "world_size", section)
-                                                                     : 1;
-    const int64_t saved_b = json_field<int64_t>(saved, "per_device_train_batch_size", section), rows = saved_world * saved_b;
+  if (st.per_device_train_batch_size) {
+    const int64_t saved_world = st.data_parallel_size, saved_b = *st.per_device_train_batch_size, rows = saved_world * saved_b;
     if (rows != micro_rows() && saved_world == dp->size())
       fail("resume_from_checkpoint {}: the checkpoint was written with per_device_train_batch_size = {}, this run has per_device_train_batch_size = {}; "
            "resume with --per_device_train_batch_size {} (the data order and the position in it depend on it), or start a new run",
@@ -491,7 +487,7 @@ void Trainer::State::check_resumed_layout(const ojson& st, const std::string& di
       auto ranks = [](int64_t n) { return fmt::format("{} {}", n, n == 1 ? "process" : "processes"); };
       fail("resume_from_checkpoint {}: the checkpoint was written by {}{} × per_device_train_batch_size {} ({} rows per micro-batch), "
            "this run is {}{} × {} ({} rows); {}",
-           dir, ranks(saved_world), saved.contains("data_parallel_size") ? " (data parallel)" : "", saved_b, rows, ranks(W),
+           dir, ranks(saved_world), st.data_parallel_recorded ? " (data parallel)" : "", saved_b, rows, ranks(W),
            tp() > 1 ? " (data parallel)" : "", cfg.per_device_train_batch_size, micro_rows(),
            rows % W == 0 ? fmt::format("resume with --per_device_train_batch_size {} on {} (the data order and the position in it depend on it), "
                                        "or start a new run", rows / W, ranks(W))
@@ -608,22 +604,9 @@ void Trainer::State::resume(const std::string& spec) {
   const std::string opt_file = (stdfs::path(dir) / "optimizer.safetensors").string(), state_file = (stdfs::path(dir) / "trainer_state.json").string();
   if (!stdfs::is_regular_file(opt_file) || !stdfs::is_regular_file(state_file))
     fail("resume_from_checkpoint {}: not a checkpoint (needs optimizer.safetensors and trainer_state.json)", dir);
-  const ojson st = parse_json<ojson>(read_text_file(state_file), state_file);
-  if (!st.is_object()) fail("resume_from_checkpoint {}: {} holds {}, not a trainer state object", dir, state_file, json_kind(st));
-  if (!st.contains("trl_cpp") || !st["trl_cpp"].is_object())
-    fail("resume_from_checkpoint {}: {} has no trl_cpp section (written by another program?)", dir, state_file);
-  // The progress the run continues from, every field checked before any tensor is read.
-  const std::string section = state_file + ", trl_cpp";
-  const int64_t saved_step = json_field<int64_t>(st, "global_step", state_file);
-  const int64_t saved_optimizer_steps = json_field<int64_t>(st["trl_cpp"], "optimizer_steps", section);
-  const int64_t saved_tokens = json_field<int64_t>(st["trl_cpp"], "num_tokens", section);
-  if (!st.contains("log_history") || !st["log_history"].is_array())
-    fail("resume_from_checkpoint {}: {}: field 'log_history' must be a list of log entries", dir, state_file);
-  for (const auto& e : st["log_history"])
-    if (!e.is_object()) fail("resume_from_checkpoint {}: {}: an entry of 'log_history' is {}, not an object", dir, state_file, json_kind(e));
+  const SavedTrainerState st = read_trainer_state(state_file);
   // auto_find_batch_size resumes with the batch size the checkpoint's run found (as Transformers does).
-  if (cfg.auto_find_batch_size && st["trl_cpp"].contains("per_device_train_batch_size"))
-    cfg.per_device_train_batch_size = json_field<int64_t>(st["trl_cpp"], "per_device_train_batch_size", section);
+  if (cfg.auto_find_batch_size && st.per_device_train_batch_size) cfg.per_device_train_batch_size = *st.per_device_train_batch_size;
   check_resumed_layout(st, dir);
   const SafeTensorsFile f = SafeTensorsFile::open(opt_file);
   // The checkpoint holds the whole state, whatever the world size, tp_size and fsdp_size of the run that wrote it.
@@ -660,12 +643,11 @@ void Trainer::State::resume(const std::string& spec) {
       m[piece.name] = part_of("exp_avg/").clone();
       v[piece.name] = part_of("exp_avg_sq/").clone();
     }
-  global_step = saved_step;
+  global_step = st.global_step;
   method->load_state(dir);
-  opt.set_state(std::move(m), std::move(v), saved_optimizer_steps);
-  tokens_seen = saved_tokens;
-  log_history.clear();
-  for (const auto& e : st.at("log_history")) log_history.push_back(e);
+  opt.set_state(std::move(m), std::move(v), st.optimizer_steps);
+  tokens_seen = st.num_tokens;
+  log_history = st.log_history;
   if (is_main()) std::fprintf(stderr, "[trl] resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(global_step));
 }
 

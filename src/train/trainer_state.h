@@ -22,6 +22,7 @@
 #include "dist/fsdp.h"
 #include "train/optim/adamw.h"
 #include "train/report.h"
+#include "train/saved_state.h"
 #include "train/trainer.h"
 
 namespace trl {
@@ -130,7 +131,7 @@ struct Trainer::State {
 
   // Training (below).
   void resume(const std::string& spec);
-  void check_resumed_layout(const nlohmann::ordered_json& state, const std::string& dir) const;
+  void check_resumed_layout(const SavedTrainerState& state, const std::string& dir) const;
   struct MemoryPlan {
     uint64_t more = 0;  // bytes still to allocate
     MemoryBudget budget;
