@@ -333,7 +333,10 @@ namespace {
 nlohmann::ordered_json yaml_to_json(const YAML::Node& n) {
   if (n.IsMap()) {
     nlohmann::ordered_json o = nlohmann::ordered_json::object();
-    for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar()) fail("a mapping's keys must be plain words, not lists or mappings");
+      o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    }
     return o;
   }
   if (n.IsSequence()) {
@@ -349,8 +352,9 @@ nlohmann::ordered_json yaml_to_json(const YAML::Node& n) {
     if (v == "null" || v == "~" || v == "None") return nullptr;
     char* end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
-    if (!v.empty() && *end == '\0') {
-      if (v.find_first_of(".eE") == std::string::npos) return static_cast<int64_t>(d);
+    if (!v.empty() && *end == '\0' && std::isfinite(d)) {  // "inf" and "nan" stay text; whole numbers in range are integers
+      const bool whole = v.find_first_not_of("+-0123456789") == std::string::npos;
+      if (whole && std::fabs(d) < 9.2e18) return static_cast<int64_t>(d);
       return d;
     }
   }
@@ -373,8 +377,9 @@ void Options::apply_yaml(const std::string& path) {
   if (root.IsNull()) return;
   if (!root.IsMap()) fail("--config {}: the file must be a mapping of option: value", path);
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
     const int line = kv.first.Mark().line + 1;
+    if (!kv.first.IsScalar()) fail("--config {}:{}: an option name must be a plain word, not a list or a mapping", path, line);
+    const std::string key = kv.first.as<std::string>();
     OptionSpec* s = find(key);
     if (s == nullptr || s->name == "config") fail("--config {}:{}: unknown option '{}' (see trl {} --help)", path, line, key, cmd_->get_name());
     if (s->option->count() > 0) continue;  // the command line wins
@@ -384,9 +389,20 @@ void Options::apply_yaml(const std::string& path) {
     }
     std::vector<std::string> values;
     if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
-    else if (kv.second.IsMap() && !s->list) values.push_back(yaml_to_json(kv.second).dump());  // chat_template_kwargs: {...}
-    else if (kv.second.IsSequence() && s->list)
-      for (const auto& x : kv.second) values.push_back(x.as<std::string>());
+    else if (kv.second.IsMap() && !s->list) {  // chat_template_kwargs: {...}
+      try {
+        values.push_back(yaml_to_json(kv.second).dump());
+      } catch (const nlohmann::json::exception&) {  // found by fuzzing
+        fail("--config {}:{}: '{}' holds text that is not UTF-8", path, line, key);
+      } catch (const Error& e) {
+        fail("--config {}:{}: '{}': {}", path, line, key, e.what());
+      }
+    } else if (kv.second.IsSequence() && s->list) {
+      for (const auto& x : kv.second) {
+        if (!x.IsScalar()) fail("--config {}:{}: '{}' must be a list of plain values, not of lists or mappings", path, line, key);
+        values.push_back(x.as<std::string>());
+      }
+    }
     else fail("--config {}:{}: '{}' must be a single value{}", path, line, key, s->list ? " or a list" : "");
     try {
       if (s->list) s->reset();

@@ -209,6 +209,36 @@ TEST(Options, HelpShowsEveryDefault) {
     EXPECT_NE(help.find(want), std::string::npos) << want << "\n" << help;
 }
 
+// YAML shapes a config never has (found by fuzzing, issue 37): named with the file, the line and the key, never a
+// yaml-cpp or JSON library exception; numbers that fit no integer stay numbers, inf and nan stay text.
+TEST(Options, YamlShapesOfTheWrongKindAreNamed) {
+  test::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"? [a, b]\n: 1\n", "c.yaml:1: an option name must be a plain word"},
+      {"targets: [[a], b]\n", "c.yaml:1: 'targets' must be a list of plain values"},
+      {"kwargs: {[a]: 1}\n", "c.yaml:1: 'kwargs': a mapping's keys must be plain words"},
+      {"kwargs: {a: \x9f}\n", "c.yaml:1: 'kwargs' holds text that is not UTF-8"},
+  };
+  for (const auto& [text, want] : bad) {
+    test::write_file(dir.file("c.yaml"), text);
+    Harness h;
+    std::vector<std::string> targets;
+    std::string kwargs;
+    h.opts.add("targets", targets, "t");
+    h.opts.add("kwargs", kwargs, "k");
+    ASSERT_EQ(h.parse({}), "");
+    const std::string e = test::error_of([&] { h.opts.apply_yaml(dir.file("c.yaml")); });
+    EXPECT_NE(e.find(want), std::string::npos) << text << " -> " << e;
+  }
+  test::write_file(dir.file("c.yaml"), "kwargs: {x: inf, n: 99999999999999999999999, k: -12}\n");
+  Harness h;
+  std::string kwargs;
+  h.opts.add("kwargs", kwargs, "k");
+  ASSERT_EQ(h.parse({}), "");
+  h.opts.apply_yaml(dir.file("c.yaml"));
+  EXPECT_EQ(kwargs, R"({"x":"inf","n":9.999999999999999e+22,"k":-12})");  // the double nearest 1e23 - 1
+}
+
 TEST(Options, YamlGoesThroughTheSameParsers) {
   test::TempDir dir;
   test::write_file(dir.file("c.yaml"), "bf16: false\nmax_steps: 7\nsave_total_limit: null\nlearning_rate: 1.0e-4\neos_token_id: [1, 2]\n");
