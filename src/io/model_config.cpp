@@ -1,12 +1,14 @@
 #include "trl/io/model_config.h"
-#include "core/json_text.h"
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
 
 #include <fmt/ranges.h>
 
-#include "trl/core/error.h"
 #include "core/fs.h"
+#include "core/json_text.h"
+#include "trl/core/error.h"
 
 namespace trl {
 
@@ -147,6 +149,17 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     if (rp.is_object() && rp.contains("rope_theta")) c.rope_theta = Fields(rp, source + ": rope_parameters").number("rope_theta", c.rope_theta);
   }
   if (c.rope_theta <= 0) fail("{}: field 'rope_theta' must be positive", source);
+  // Sizes no model has: refused before any table is sized by them (2^31 layers exhausted memory naming the tensors of
+  // every layer; 2^62 heads overflowed the shapes: the bad-input sweep).
+  const std::pair<const char*, int64_t> limits[] = {{"vocab_size", int64_t{1} << 24},         {"hidden_size", int64_t{1} << 18},
+                                                    {"intermediate_size", int64_t{1} << 20},  {"num_hidden_layers", 4096},
+                                                    {"num_attention_heads", 4096},            {"num_key_value_heads", 4096},
+                                                    {"head_dim", 4096},                       {"max_position_embeddings", int64_t{1} << 24}};
+  const int64_t values[] = {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                            c.head_dim, c.max_position_embeddings};
+  for (size_t i = 0; i < std::size(values); ++i)
+    if (values[i] > limits[i].second)
+      fail("{}: field '{}' is {}, beyond any model this program can hold ({} at most)", source, limits[i].first, values[i], limits[i].second);
 
   const bool attention_bias = f.boolean("attention_bias", false);
   c.qk_norm = c.model_type == "qwen3";

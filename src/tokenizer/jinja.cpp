@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <charconv>
 #include <ctime>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -15,6 +17,24 @@ namespace trl::jinja {
 
 // =============================================================================================================
 // Lexer: template text -> tokens, with Jinja's whitespace control (trim_blocks, lstrip_blocks, -/+ modifiers).
+
+namespace {
+
+// Limits on what a template may make (the bad-input sweep exhausted memory with range(10**12), "x" * 10**11 and
+// center(10**12), and overflowed the stack with a macro calling itself): a template that needs more is an error.
+constexpr int64_t kMaxItems = int64_t{1} << 24;  // items of a list, bytes of a string made by one operation
+constexpr int kMaxCallDepth = 256;                // calls nested in calls
+
+// A decimal integer of int64's range, or nothing (out of range: the template's number is refused, not stoll's
+// exception).
+std::optional<int64_t> parse_int64(std::string_view text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
 
 namespace {
 
@@ -758,8 +778,18 @@ class Parser {
         while (cur().kind == Tok::String) s += t_[i_++].text;  // adjacent literals concatenate
         return literal(Value(s), t);
       }
-      case Tok::Int: ++i_; return literal(Value(static_cast<int64_t>(std::stoll(t.text))), t);
-      case Tok::Float: ++i_; return literal(Value(std::stod(t.text)), t);
+      case Tok::Int: {
+        const std::optional<int64_t> v = parse_int64(t.text);
+        if (!v) error(t, "integer literal " + t.text + " is beyond 64 bits");
+        ++i_;
+        return literal(Value(*v), t);
+      }
+      case Tok::Float: {
+        const double v = std::strtod(t.text.c_str(), nullptr);
+        if (!std::isfinite(v)) error(t, "number literal " + t.text + " is beyond a double");
+        ++i_;
+        return literal(Value(v), t);
+      }
       case Tok::Op:
         if (t.text == "(") {
           ++i_;
@@ -1247,7 +1277,10 @@ class Interpreter {
     if (obj.is_string() || obj.is_list()) {
       Value m = method(n, obj, name);
       if (!m.is_undefined()) return m;
-      if (obj.is_list() && !name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) return get_item(n, obj, Value(static_cast<int64_t>(std::stoll(name))));
+      if (obj.is_list() && !name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
+        const std::optional<int64_t> i = parse_int64(name);
+        return i ? get_item(n, obj, Value(*i)) : Value();
+      }
     }
     return Value();
   }
@@ -1353,6 +1386,8 @@ class Interpreter {
         else if (a.positional.size() >= 2) start = a.positional[0].as_int(), stop = a.positional[1].as_int();
         if (a.positional.size() >= 3) step = a.positional[2].as_int();
         if (step == 0) error(n, "range() step must not be zero");
+        const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
+        if (count > static_cast<double>(kMaxItems)) error(n, fmt::format("range() of {} items is more than a template may make ({})", count, kMaxItems));
         List l;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.emplace_back(i);
         return Value(std::move(l));
@@ -1375,6 +1410,12 @@ class Interpreter {
     const Value f = eval(callee);
     if (f.type() != Value::Type::Function) error(n, fmt::format("'{}' is not callable", describe_expr(callee)));
     Args a = eval_args(n, 1);
+    if (call_depth_ >= kMaxCallDepth) error(n, fmt::format("calls nested deeper than {} (a macro that calls itself without end?)", kMaxCallDepth));
+    ++call_depth_;
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{call_depth_};
     try {
       return f.as_function()(a);
     } catch (const TemplateError&) {
@@ -1403,14 +1444,24 @@ class Interpreter {
     auto inum = [](const Value& v) { return v.type() == Value::Type::Bool ? (v.as_bool() ? 1 : 0) : v.as_int(); };
     const bool numbers = (a.is_number() || a.type() == Value::Type::Bool) && (b.is_number() || b.type() == Value::Type::Bool);
     if (op == "*" && a.is_string() && b.type() == Value::Type::Int) {
+      if (b.as_int() > 0 && static_cast<double>(a.as_string().size()) * static_cast<double>(b.as_int()) > static_cast<double>(kMaxItems))
+        error(n, fmt::format("a string repeated {} times is more than a template may make ({} bytes)", b.as_int(), kMaxItems));
       std::string s;
       for (int64_t i = 0; i < b.as_int(); ++i) s += a.as_string();
       return Value(s);
     }
     if (!numbers) error(n, fmt::format("unsupported operand types for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
-    if (op == "+") return ints ? Value(inum(a) + inum(b)) : Value(num(a) + num(b));
-    if (op == "-") return ints ? Value(inum(a) - inum(b)) : Value(num(a) - num(b));
-    if (op == "*") return ints ? Value(inum(a) * inum(b)) : Value(num(a) * num(b));
+    // Integers stay 64-bit: a result beyond that is an error (Python would grow the integer; no template needs it).
+    if (ints && (op == "+" || op == "-" || op == "*")) {
+      const int64_t x = inum(a), y = inum(b);
+      int64_t r = 0;
+      const bool overflow = op == "+" ? __builtin_add_overflow(x, y, &r) : op == "-" ? __builtin_sub_overflow(x, y, &r) : __builtin_mul_overflow(x, y, &r);
+      if (overflow) error(n, fmt::format("integer overflow in '{}'", op));
+      return Value(r);
+    }
+    if (op == "+") return Value(num(a) + num(b));
+    if (op == "-") return Value(num(a) - num(b));
+    if (op == "*") return Value(num(a) * num(b));
     if (op == "/") {
       if (num(b) == 0) error(n, "division by zero");
       return Value(num(a) / num(b));
@@ -1419,6 +1470,7 @@ class Interpreter {
       if (num(b) == 0) error(n, "integer division by zero");
       if (ints) {
         const int64_t x = inum(a), y = inum(b);
+        if (x == INT64_MIN && y == -1) error(n, "integer overflow in '//'");
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
         return Value(q);
@@ -1429,6 +1481,7 @@ class Interpreter {
       if (num(b) == 0) error(n, "modulo by zero");
       if (ints) {
         const int64_t x = inum(a), y = inum(b);
+        if (y == -1) return Value(int64_t{0});  // x % -1 is 0; INT64_MIN % -1 traps
         int64_t r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) r += y;
         return Value(r);
@@ -1509,6 +1562,7 @@ class Interpreter {
   RenderResult& out_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   int loop_depth_ = 0;
+  int call_depth_ = 0;  // function and macro calls being evaluated
 };
 
 // Python's str.strip family: `chars` none = whitespace.
@@ -1803,8 +1857,8 @@ Value attribute_of(const Value& v, const std::string& path) {
       const Value* x = cur.get(part);
       cur = x ? *x : Value();
     } else if (cur.is_list() && !part.empty() && std::isdigit(static_cast<unsigned char>(part[0]))) {
-      const size_t i = std::stoul(part);
-      cur = i < cur.as_list().size() ? cur.as_list()[i] : Value();
+      const std::optional<int64_t> i = parse_int64(part);
+      cur = i && static_cast<uint64_t>(*i) < cur.as_list().size() ? cur.as_list()[static_cast<size_t>(*i)] : Value();
     } else {
       return Value();
     }
@@ -1957,7 +2011,10 @@ Value Interpreter::filter_by_name(const Node& at, const std::string& name, const
   if (name == "attr") return attribute_of(v, a.get(0, "name").str());
   if (name == "int") {
     if (v.type() == Value::Type::Int) return v;
-    if (v.type() == Value::Type::Float) return Value(static_cast<int64_t>(v.as_number()));
+    if (v.type() == Value::Type::Float) {  // beyond int64 (or nan): the default, as a failed conversion
+      const double x = v.as_number();
+      return std::isfinite(x) && std::fabs(x) < 9.2e18 ? Value(static_cast<int64_t>(x)) : a.get(0, "default", Value(0));
+    }
     if (v.type() == Value::Type::Bool) return Value(static_cast<int64_t>(v.as_bool()));
     try {
       return Value(static_cast<int64_t>(std::stoll(v.str())));
@@ -2008,6 +2065,7 @@ Value Interpreter::filter_by_name(const Node& at, const std::string& name, const
   }
   if (name == "indent") {
     const Value w = a.get(0, "width", Value(4));
+    if (!w.is_string() && (w.as_int() < 0 || w.as_int() > kMaxItems)) throw TemplateError(fmt::format("indent width {} is out of range", w.as_int()));
     const std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(w.as_int()), ' ');
     const bool first = a.get(1, "first").truthy(), blank = a.get(2, "blank").truthy();
     const List lines = py_split(v.str(), Value("\n"), -1);
@@ -2023,6 +2081,7 @@ Value Interpreter::filter_by_name(const Node& at, const std::string& name, const
   if (name == "wordcount") return Value(static_cast<int64_t>(py_split(v.str(), Value(), -1).size()));
   if (name == "center") {
     const int64_t w = a.get(0, "width", Value(80)).as_int();
+    if (w > kMaxItems) throw TemplateError(fmt::format("center width {} is more than a template may make ({})", w, kMaxItems));
     const std::string s = v.str();
     const int64_t len = length_of(Value(s));
     if (len >= w) return Value(s);

@@ -674,8 +674,14 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
     m.id_to_token[static_cast<size_t>(id)] = std::string(field.key);
     m.vocab.emplace(std::string(field.key), static_cast<int32_t>(id));
   }
-  simdjson::dom::array merges;
-  if (model_el["merges"].get_array().get(merges) != simdjson::SUCCESS) merges = {};
+  // No merges (absent or null): every token is a whole vocabulary entry. A default simdjson array is no empty list
+  // (iterating one crashed: found by the bad-input sweep), so an absent list is a parsed "[]".
+  static simdjson::dom::parser empty_parser;
+  static const simdjson::dom::array no_merges = empty_parser.parse(std::string_view("[]")).get_array().value();
+  simdjson::dom::element merges_el;
+  simdjson::dom::array merges = no_merges;
+  if (model_el["merges"].get(merges_el) == simdjson::SUCCESS && !merges_el.is_null() && merges_el.get_array().get(merges) != simdjson::SUCCESS)
+    fail("{}: model.merges must be a list", path);
   m.merges.reserve(merges.size() * 2);
   int32_t rank = 0;
   std::string ma, mb, mab;

@@ -41,7 +41,7 @@ using Points = std::vector<std::pair<double, double>>;
 Points series(const std::vector<ojson>& log, const char* key) {
   Points out;
   for (const auto& e : log) {
-    if (!e.contains(key) || !e.contains("step") || !e[key].is_number()) continue;
+    if (!e.contains(key) || !e.contains("step") || !e[key].is_number() || !e["step"].is_number()) continue;
     const double x = e["step"].get<double>(), y = e[key].get<double>();
     if (std::isfinite(x) && std::isfinite(y)) out.emplace_back(x, y);
   }

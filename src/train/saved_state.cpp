@@ -21,8 +21,14 @@ SavedTrainerState read_trainer_state(const std::string& path) {
   if (s.global_step < 0 || s.optimizer_steps < 0 || s.num_tokens < 0)
     fail("{}: global_step, optimizer_steps and num_tokens must be >= 0, got {}, {} and {}", path, s.global_step, s.optimizer_steps, s.num_tokens);
   if (!st.contains("log_history") || !st["log_history"].is_array()) fail("{}: field 'log_history' must be a list of log entries", path);
+  // The entries go back into log.jsonl, the report and the final summary: each is an object whose "step" is a whole
+  // number and whose other values are numbers (strings and null allowed, as a hand-edited file may hold them).
   for (const ojson& e : st["log_history"]) {
-    if (!e.is_object()) fail("{}: an entry of 'log_history' is {}, not an object", path, json_kind(e));
+    const std::string entry = fmt::format("{}: log_history[{}]", path, s.log_history.size());
+    if (!e.is_object()) fail("{}: is {}, not an object", entry, json_kind(e));
+    if (json_field<int64_t>(e, "step", entry) < 0) fail("{}: 'step' must be >= 0", entry);
+    for (const auto& [key, v] : e.items())
+      if (!v.is_number() && !v.is_string() && !v.is_null() && !v.is_boolean()) fail("{}: '{}' must be a number, got {}", entry, key, json_kind(v));
     s.log_history.push_back(e);
   }
   if (s.trl_cpp.contains("per_device_train_batch_size")) {

@@ -935,7 +935,7 @@ TrainOutput Trainer::train() {
   double sum = 0;
   int64_t n = 0;
   for (const auto& e : s.log_history)
-    if (e.contains("loss")) sum += e["loss"].get<double>(), ++n;
+    if (e.contains("loss") && e["loss"].is_number()) sum += e["loss"].get<double>(), ++n;
   result.training_loss = n ? sum / static_cast<double>(n) : 0;
   result.log_history = s.log_history;
   result.programs = s.programs->stats();

@@ -125,6 +125,13 @@ TEST(ModelConfig, TransformersV5RopeParameters) {
 
 TEST(ModelConfig, ClearErrors) {
   json j = json::parse(kQwen3_06B);
+  // Sizes no model has are refused before anything is sized by them (2^31 layers exhausted memory: issue 37's sweep).
+  for (const char* key : {"num_hidden_layers", "num_attention_heads", "vocab_size", "hidden_size"}) {
+    json big = j;
+    big[key] = int64_t{1} << 31;
+    const std::string e = error_of(big);
+    EXPECT_NE(e.find(std::string("field '") + key + "' is 2147483648, beyond any model this program can hold"), std::string::npos) << e;
+  }
   j["hidden_size"] = "1024";
   std::string e = error_of(j);
   EXPECT_NE(e.find("dir/config.json"), std::string::npos) << e;

@@ -123,6 +123,31 @@ TEST(Jinja, ErrorsSayWhatAndWhere) {
   EXPECT_NE(render_error("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
 }
 
+// What the bad-input sweep and the fuzzer found a template could do to the process (issue 37): numbers beyond 64
+// bits, lists and strings beyond memory, endless recursion, INT64_MIN // -1, \x without hex digits. Each is a
+// template error that names its place, never an exception of the standard library, a crash or a trap.
+TEST(Jinja, TemplatesCannotExhaustTheProcess) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ 1e999 }}", "number literal 1e999 is beyond a double"},
+      {"{{ 99999999999999999999999 }}", "integer literal 99999999999999999999999 is beyond 64 bits"},
+      {"{% for i in range(10**12) %}x{% endfor %}", "range() of 1000000000000 items is more than a template may make"},
+      {"{{ 'x' * 100000000000 }}", "a string repeated 100000000000 times"},
+      {"{{ 'x' | center(1000000000000) }}", "center width 1000000000000"},
+      {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "calls nested deeper than 256"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow in '//'"},
+      {"{{ 9223372036854775807 + 1 }}", "integer overflow in '+'"},
+      {"{{ '\\xZZ' }}", "needs 2 hex digits"},
+  };
+  for (const auto& [src, want] : cases) {
+    const std::string e = render_error(src);
+    EXPECT_NE(e.find(want), std::string::npos) << src << " -> " << e;
+    EXPECT_NE(e.find("line 1"), std::string::npos) << src << " -> " << e;
+  }
+  auto r = [](const std::string& src) { return jinja::Template(src).render(jinja::Value(jinja::Dict{})).text; };
+  EXPECT_EQ(r("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
+  EXPECT_EQ(r("{{ [1, 2].99999999999999999999 }}"), "");  // an index beyond 64 bits is undefined, as any missing item
+}
+
 // Whitespace control around raw blocks and +/- modifiers; expected strings are jinja2 3.1.2's output with
 // trim_blocks and lstrip_blocks.
 TEST(Jinja, WhitespaceControlLikeJinja2) {

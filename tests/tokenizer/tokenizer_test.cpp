@@ -99,6 +99,23 @@ TEST(Tokenizer, CutVocabularyMatchesHuggingFace) {
   EXPECT_EQ(cut.decode(cut.encode(docs[0], false)), docs[0]);
 }
 
+// A tokenizer.json whose model has no merges (absent or null) loads as a vocabulary-only BPE; merges of another kind
+// are named. Without merges the loader iterated a default simdjson array and crashed (issue 37's sweep).
+TEST(Tokenizer, MergesAbsentNullOrOfTheWrongKind) {
+  test::TempDir dir;
+  nlohmann::json t = nlohmann::json::parse(test::read_file(std::string(TRL_TEST_DATA_DIR) + "/../../fuzz/corpus/tokenizer/qwen3_small.json"));
+  for (const nlohmann::json& merges : {nlohmann::json(nullptr), nlohmann::json("discarded")}) {
+    if (merges.is_null()) t["model"]["merges"] = nullptr;
+    else t["model"].erase("merges");
+    test::write_file(dir.file("tokenizer.json"), t.dump());
+    const Tokenizer tok = Tokenizer::from_file(dir.file("tokenizer.json"));
+    EXPECT_FALSE(tok.encode("ab", false).empty());
+  }
+  t["model"]["merges"] = 5;
+  test::write_file(dir.file("tokenizer.json"), t.dump());
+  EXPECT_NE(test::error_of([&] { (void)Tokenizer::from_file(dir.file("tokenizer.json")); }).find("model.merges must be a list"), std::string::npos);
+}
+
 TEST(Tokenizer, InvalidUtf8IsReplacedLikeTheDecoders) {
   const auto docs = read_jsonl(kData + "invalid_utf8.jsonl");
   const json expected = json::parse(read_text_file(kData + "qwen3_expected.json"));

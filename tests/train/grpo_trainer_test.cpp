@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -200,6 +201,25 @@ TEST(GrpoTrainer, ResumeInTheMiddleOfARoundIsExact) {
   const std::string e = test::error_of([&] { GRPOTrainer(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, rc).train(); });
   EXPECT_NE(e.find("rollout.json is not a valid generation round"), std::string::npos) << e;
   EXPECT_NE(e.find("rows of log-probs for a round of"), std::string::npos) << e;
+  // Lists of other lengths, an order that is no permutation, ids beyond the vocabulary: named, never read past
+  // their ends (issue 37's sweep: a vector range error and a segmentation fault).
+  const nlohmann::json good = nlohmann::json::parse(test::read_file(out.file("full/checkpoint-3/rollout.json")));
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> damaged = {
+      {[](nlohmann::json& j) { j["advantages"] = {1.0}; }, "field 'advantages' has 1 entries for a round of"},
+      {[](nlohmann::json& j) { j["order"] = nlohmann::json::array(); }, "field 'order' has 0 entries"},
+      {[](nlohmann::json& j) { j["order"][0] = j["order"][1]; }, "field 'order' must hold each of the"},
+      {[](nlohmann::json& j) { j["completions"][0][0] = 99999999; }, "token id 99999999 is outside the model's vocabulary"},
+      {[](nlohmann::json& j) { j["P"] = -5; }, "fields 'P' and 'C' (the buckets) must be in [1,"},
+  };
+  for (const auto& [damage, want] : damaged) {
+    nlohmann::json j = good;
+    damage(j);
+    test::write_file(out.file("full/checkpoint-3/rollout.json"), j.dump());
+    GRPOConfig c3 = config(out.file("full"));
+    c3.resume_from_checkpoint = out.file("full/checkpoint-3");
+    const std::string msg = test::error_of([&] { GRPOTrainer(m.model, test::cut_tokenizer(), rewards({"length:20"}), d, c3).train(); });
+    EXPECT_NE(msg.find(want), std::string::npos) << want << " -> " << msg;
+  }
 }
 
 // The tiny model, after a short SFT on " one two ... <k>" completions (k random), learns under GRPO to answer

@@ -264,6 +264,7 @@ class OnlineMethod final : public TrainingMethod {
       get("num_items", r.num_items, "a number");
       for (size_t p : r.prompt_of)
         if (p >= prompts_.size()) fail("prompt index {} is outside the dataset's {} prompts", p, prompts_.size());
+      check_round(r);
       rollout_ = std::make_unique<Rollout>(std::move(r));
     } catch (const std::exception& e) {
       fail("resume_from_checkpoint {}: {} is not a valid generation round: {}", dir, path, e.what());
@@ -273,7 +274,35 @@ class OnlineMethod final : public TrainingMethod {
  private:
   const char* config_name() const { return rloo_ ? "RLOOConfig" : "GRPOConfig"; }
 
+  // A saved round's parts agree with each other and with this run (the bad-input sweep found rounds whose lists
+  // differed in length reading past their ends): N rows everywhere, the order a permutation of them, the buckets
+  // holding every row, token ids inside the vocabulary.
+  void check_round(const Rollout& r) const {
+    const size_t N = r.prompt_of.size();
+    const std::pair<const char*, size_t> lists[] = {{"prompt_ids", r.prompt_ids.size()}, {"completions", r.completions.size()},
+                                                    {"truncated", r.truncated.size()}, {"advantages", r.advantages.size()}, {"order", r.order.size()}};
+    for (const auto& [name, n] : lists)
+      if (n != N) fail("field '{}' has {} entries for a round of {} rows (prompt_of)", name, n, N);
+    if (N == 0) fail("the round has no rows");
+    std::vector<char> seen(N, 0);
+    for (size_t i : r.order) {
+      if (i >= N || seen[i]) fail("field 'order' must hold each of the {} rows once, got {}", N, i);
+      seen[i] = 1;
+    }
+    constexpr int64_t kMaxBucket = int64_t{1} << 20;
+    if (r.P < 1 || r.C < 1 || r.P > kMaxBucket || r.C > kMaxBucket) fail("fields 'P' and 'C' (the buckets) must be in [1, {}], got {} and {}", kMaxBucket, r.P, r.C);
+    for (size_t i = 0; i < N; ++i) {
+      if (static_cast<int64_t>(r.prompt_ids[i].size()) > r.P || static_cast<int64_t>(r.completions[i].size()) > r.C || r.completions[i].empty())
+        fail("row {}: a prompt of {} and a completion of {} tokens do not fit the buckets P = {} and C = {}", i, r.prompt_ids[i].size(),
+             r.completions[i].size(), r.P, r.C);
+      for (const auto* ids : {&r.prompt_ids[i], &r.completions[i]})
+        for (int32_t id : *ids)
+          if (id < 0 || id >= vocab_size_) fail("row {}: token id {} is outside the model's vocabulary of {} ids", i, id, vocab_size_);
+    }
+  }
+
   void prepare_prompts(const Dataset& train, const ModelConfig& mc) {
+    vocab_size_ = mc.vocab_size;
     ChatTemplateOptions co;
     co.add_generation_prompt = true;
     co.extra = cfg_.chat_template_kwargs;
@@ -627,6 +656,7 @@ class OnlineMethod final : public TrainingMethod {
   std::function<void(const RolloutRecord&)>* on_rollout_;
   Layout layout_;
   int64_t world_ = 1, rank_ = 0;  // the data-parallel ranks and this one
+  int64_t vocab_size_ = 0;        // the policy's (a saved round's ids are checked against it)
   bool writer_ = true;            // rank 0 of the job: prints samples and writes completions.jsonl
   int64_t multiple_ = 0, rounds_per_epoch_ = 0, longest_prompt_ = 0;
   int32_t eos_ = 0, pad_ = 0;
