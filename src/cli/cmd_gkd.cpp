@@ -142,6 +142,8 @@ void register_distill(CLI::App& app) {
     cfg.teacher_model_revision = a->teacher.revision;
     if (!a->chat_template_kwargs.empty()) {
       cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a->chat_template_kwargs, "--chat_template_kwargs '" + a->chat_template_kwargs + "'");
+      if (!cfg.chat_template_kwargs.is_object())
+        fail("--chat_template_kwargs must be a JSON object of template variables, such as '{{\"enable_thinking\": false}}', got {}", a->chat_template_kwargs);
     }
     if (a->use_vllm) std::fprintf(stderr, "[trl] distill: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n");
     check_distillation_config(cfg);

@@ -49,6 +49,7 @@ ChatTemplateOptions chat_options_from(const nlohmann::ordered_json& line, const 
       if (!it.value().is_boolean()) fail("{}: continue_final_message must be true or false", where);
       o.continue_final_message = it.value().get<bool>();
     } else if (k == "chat_template") {
+      if (!it.value().is_string()) fail("{}: chat_template must be the template's text", where);
       o.chat_template = it.value().get<std::string>();
     } else {
       o.extra[k] = it.value();
@@ -107,7 +108,15 @@ void register_tokenize(CLI::App& app) {
         out["text"] = tok.decode(token_ids_from_json(j["ids"], where), a->skip_special_tokens);
       } else if (a->chat) {
         if (!j.contains("messages")) fail("{}: missing \"messages\"", where);
-        const ChatEncoding enc = apply_chat_template_ids(tok, j["messages"], chat_options_from(j, where));
+        const ChatEncoding enc = [&] {
+          try {
+            return apply_chat_template_ids(tok, j["messages"], chat_options_from(j, where));
+          } catch (const Error& e) {  // the template's and the messages' errors, with the line they come from
+            const std::string message = e.what();
+            if (message.rfind(where, 0) == 0) throw;
+            fail("{}: {}", where, message);
+          }
+        }();
         out["ids"] = enc.input_ids;
         out["text"] = enc.text;
         if (std::find(enc.assistant_masks.begin(), enc.assistant_masks.end(), 1) != enc.assistant_masks.end()) {

@@ -45,6 +45,8 @@ ChatRender apply_chat_template(const Tokenizer& tok, const nlohmann::ordered_jso
   if (!messages.is_array()) fail("apply_chat_template: messages must be a list of {{\"role\": ..., \"content\": ...}} objects");
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!messages[i].is_object() || !messages[i].contains("role")) fail("apply_chat_template: message {} has no 'role'", i);
+    if (!messages[i]["role"].is_string())
+      fail("apply_chat_template: message {}: 'role' must be text such as \"user\" or \"assistant\", got {}", i, messages[i]["role"].dump());
     // Content is text, a list of parts ({"type": "text", "text": ...}) or null (an assistant turn of tool calls only);
     // anything else would reach the template as a value it cannot render.
     if (const auto c = messages[i].find("content"); c != messages[i].end() && !c->is_string() && !c->is_array() && !c->is_null())

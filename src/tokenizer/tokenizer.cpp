@@ -771,8 +771,12 @@ Tokenizer Tokenizer::from_pretrained(const std::string& name_or_path, const std:
     m.cleanup = bool_field(cfg, "clean_up_tokenization_spaces", false);
     if (cfg.contains("chat_template")) {
       const json& ct = cfg["chat_template"];
+      if (!ct.is_string() && !ct.is_array() && !ct.is_null())
+        fail("{}: 'chat_template' must be the template's text or a list of {{\"name\", \"template\"}}, got {}", cfg_path.string(), json_kind(ct));
       if (ct.is_string()) m.chat_template = ct.get<std::string>();
       else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const json& t : ct)
+          if (!t.is_object()) fail("{}: 'chat_template' is a list whose entries must be {{\"name\", \"template\"}} objects, got {}", cfg_path.string(), json_kind(t));
         for (const json& t : ct)
           if (str_field(t, "name", cfg_path.string() + ": chat_template") == "default") m.chat_template = str_field(t, "template", cfg_path.string() + ": chat_template");
       }

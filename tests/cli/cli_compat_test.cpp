@@ -240,6 +240,41 @@ TEST(CliCompat, BadInputIsNamed) {
   }
 }
 
+// Issue 37's sweeps: messages that named the wrong thing or no place now name the file, the line or the variable.
+TEST(CliCompat, BadInputNamesTheRightPlace) {
+  Fixture f;
+  std::string out;
+  test::write_file(f.dir.file("role.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"messages\": [{\"role\": 5, \"content\": \"hi\"}]}\n");
+  const std::string train = "sft --output_dir " + f.dir.file("o") + " --model_name_or_path " + f.model + " --dataset_name " + f.data + " --max_steps 1";
+  struct Case {
+    std::string command, want;
+  };
+  const std::vector<Case> cases = {
+      {kTrl + " tokenize --model " + f.model + " --jsonl --chat < " + f.dir.file("role.jsonl"), "stdin:2: apply_chat_template: message 0: 'role' must be text"},
+      {kTrl + " distill --output_dir " + f.dir.file("d") + " --model_name_or_path " + f.model + " --teacher_model_name_or_path " + f.model +
+           " --dataset_name " + f.data + " --chat_template_kwargs '[1]'",
+       "--chat_template_kwargs must be a JSON object of template variables"},
+      {"TRL_MEMORY_LIMIT=abc " + kTrl + " " + train, "the environment variable TRL_MEMORY_LIMIT: invalid size 'abc'"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_NE(test::run_command(c.command + " 2>&1", &out), 0) << c.command;
+    EXPECT_NE(out.find(c.want), std::string::npos) << c.command << "\n" << out;
+  }
+  // tokenizer_config.json's chat_template of the wrong kind is named; without one, chat data is told what to do.
+  const std::string cfg_file = f.model + "/tokenizer_config.json";
+  json cfg = json::parse(test::read_file(cfg_file));
+  cfg["chat_template"] = 5;
+  test::write_file(cfg_file, cfg.dump());
+  EXPECT_NE(run(train, &out), 0);
+  EXPECT_NE(out.find("tokenizer_config.json: 'chat_template' must be the template's text"), std::string::npos) << out;
+  cfg.erase("chat_template");
+  test::write_file(cfg_file, cfg.dump());
+  std::filesystem::remove(f.model + "/chat_template.jinja");
+  EXPECT_NE(run(train, &out), 0);
+  EXPECT_NE(out.find("this tokenizer has no chat template"), std::string::npos) << out;
+  EXPECT_NE(out.find("give the data as text"), std::string::npos) << out;
+}
+
 TEST(CliCompat, WeightsMustFitTheArchitecture) {
   Fixture f;
   std::string out;
