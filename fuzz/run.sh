@@ -15,7 +15,10 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
 [ ${#targets[@]} -eq 0 ] && targets=(parquet)
 [ "${targets[0]}" = "all" ] && targets=(parquet safetensors config tokenizer jinja dataset yaml checkpoint)
 build=${TRL_FUZZ_BUILD:-$root/build-fuzz}
-cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+library=OFF  # the targets but parquet link the library, built here with clang (it needs libomp-dev)
+for t in "${targets[@]}"; do [ "$t" != parquet ] && library=ON; done
+cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTRL_FUZZ_LIBRARY=$library >/dev/null
 cmake --build "$build" --target $(printf '%s_fuzz ' "${targets[@]}")
 for t in "${targets[@]}"; do
   work=$(mktemp -d) scratch=$(mktemp -d)  # the corpus; the files a target writes to read them back
