@@ -7,33 +7,23 @@
 #include <cstdint>
 
 #include "fuzz_util.h"
+#include "tokenizer_folder.h"
 #include "trl/core/error.h"
 #include "trl/generation/generate.h"
 #include "trl/io/model_config.h"
-#include "trl/models/init.h"
 #include "trl/models/lora.h"
 #include "trl/tokenizer/tokenizer.h"
 
 namespace {
 
-// A folder with a 4,096-token tokenizer.json (100 KB, not Qwen3's 11 MB: each input reloads it), made once.
-const std::string& tokenizer_dir() {
-  static const std::string dir = [] {
-    const std::string d = trl::fuzz::scratch() + "/t";
-    std::filesystem::create_directories(d);
-    trl::write_tokenizer_files(d, 4096);
-    return d;
-  }();
-  return dir;
-}
+// tokenizer_config.json is read beside a tokenizer.json of 512 tokens (the smallest cut: each input reloads it).
+constexpr int64_t kVocab = 512;
 
 }  // namespace
 
 #ifndef TRL_FUZZ_REGRESSION
-// The folder is made before fuzzing starts: cutting the tokenizer takes seconds under the sanitizers, which would
-// count against the first input's time-out.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  (void)tokenizer_dir();
+  (void)trl::fuzz::tokenizer_folder(kVocab);
   return 0;
 }
 #endif
@@ -62,8 +52,8 @@ TRL_FUZZ_TARGET(config) {
         break;
       }
       default: {
-        const std::string& dir = tokenizer_dir();
-        trl::fuzz::write("t/tokenizer_config.json", data + 1, size - 1);
+        const std::string dir = trl::fuzz::tokenizer_folder(kVocab);
+        trl::fuzz::write_to(dir + "/tokenizer_config.json", data + 1, size - 1);
         const trl::Tokenizer tok = trl::Tokenizer::from_pretrained(dir);
         (void)tok.encode("Hello <|im_end|>", true);
         break;

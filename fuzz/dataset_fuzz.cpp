@@ -1,34 +1,30 @@
 // libFuzzer target: dataset files and their rows as the trainers read them (docs/TESTING.md, "Fuzzing"). The first
 // byte picks the file kind (JSON lines or a JSON array) and the reader (SFT, paired preference, unpaired preference);
-// the rows are tokenized with a 4,096-token Qwen3 tokenizer and checked against that vocabulary. Anything but
+// the rows are tokenized with a 4,096-token cut of the Qwen3 tokenizer and checked against that vocabulary. Anything but
 // examples or a trl::Error is a finding.
 #include <cstddef>
 #include <cstdint>
 
 #include "data/preference.h"
 #include "fuzz_util.h"
+#include "tokenizer_folder.h"
 #include "trl/core/error.h"
 #include "trl/data/dataset.h"
 #include "trl/data/sft.h"
-#include "trl/models/init.h"
 #include "trl/tokenizer/tokenizer.h"
 
 namespace {
 
+constexpr int64_t kVocab = 4096;  // the rows' ids are checked against it
+
 const trl::Tokenizer& tokenizer() {
-  static const trl::Tokenizer tok = [] {
-    std::filesystem::create_directories(trl::fuzz::scratch() + "/tok");
-    trl::write_tokenizer_files(trl::fuzz::scratch() + "/tok", 4096);
-    return trl::Tokenizer::from_pretrained(trl::fuzz::scratch() + "/tok");
-  }();
+  static const trl::Tokenizer tok = trl::Tokenizer::from_pretrained(trl::fuzz::tokenizer_folder(kVocab));
   return tok;
 }
 
 }  // namespace
 
 #ifndef TRL_FUZZ_REGRESSION
-// The tokenizer is made before fuzzing starts: cutting it takes seconds under the sanitizers, which would count
-// against the first input's time-out.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   (void)tokenizer();
   return 0;
@@ -45,12 +41,12 @@ TRL_FUZZ_TARGET(dataset) {
     if (reader == 0) {
       trl::SFTDataOptions o;
       o.max_length = 64;
-      o.vocab_size = 4096;
+      o.vocab_size = kVocab;
       (void)trl::prepare_sft_dataset(d, tok, o);
     } else {
       trl::PreferenceDataOptions o;
       o.max_length = 64;
-      o.vocab_size = 4096;
+      o.vocab_size = kVocab;
       if (reader == 1) (void)trl::prepare_preference_dataset(d, tok, o);
       else (void)trl::prepare_unpaired_dataset(d, tok, o);
     }

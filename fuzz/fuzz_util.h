@@ -32,9 +32,8 @@ inline const std::string& scratch() {
   return dir;
 }
 
-// Writes `size` bytes to scratch()/name and returns the path.
-inline std::string write(const std::string& name, const uint8_t* data, size_t size) {
-  const std::string path = scratch() + "/" + name;
+// Writes `size` bytes to `path` (its folder made) and returns the path.
+inline std::string write_to(const std::string& path, const uint8_t* data, size_t size) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) std::abort();
@@ -42,6 +41,9 @@ inline std::string write(const std::string& name, const uint8_t* data, size_t si
   std::fclose(f);
   return path;
 }
+
+// Writes `size` bytes to scratch()/name and returns the path.
+inline std::string write(const std::string& name, const uint8_t* data, size_t size) { return write_to(scratch() + "/" + name, data, size); }
 
 inline std::string text(const uint8_t* data, size_t size) { return std::string(reinterpret_cast<const char*>(data), size); }
 

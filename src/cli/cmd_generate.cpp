@@ -299,7 +299,9 @@ void register_generate(CLI::App& app) {
     struct Item {
       std::vector<int32_t> ids;
       ojson source;
+      int64_t line = 0;  // in --input
     };
+    const int64_t vocab = model.config().vocab_size;
     std::vector<Item> items;
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
@@ -316,6 +318,9 @@ void register_generate(CLI::App& app) {
         fail("{}: {}", where, what);
       }
       if (it.ids.empty()) fail("{}: the prompt has no tokens", where);
+      for (int32_t id : it.ids)
+        if (id < 0 || id >= vocab) fail("{}: token id {} is outside the model's vocabulary [0, {})", where, id, vocab);
+      it.line = n;
       items.push_back(std::move(it));
     }
     if (items.empty()) fail("{}: no prompts", a->input);
@@ -324,8 +329,18 @@ void register_generate(CLI::App& app) {
     GenerationOutput last;
     for (size_t i = 0; i < items.size(); i += static_cast<size_t>(a->batch_size)) {
       std::vector<std::vector<int32_t>> prompts;
-      for (size_t k = i; k < std::min(items.size(), i + static_cast<size_t>(a->batch_size)); ++k) prompts.push_back(items[k].ids);
-      last = gen.generate(prompts, cfg, &tok);
+      const size_t end = std::min(items.size(), i + static_cast<size_t>(a->batch_size));
+      size_t longest = i;
+      for (size_t k = i; k < end; ++k) {
+        prompts.push_back(items[k].ids);
+        if (items[k].ids.size() > items[longest].ids.size()) longest = k;
+      }
+      try {
+        last = gen.generate(prompts, cfg, &tok);
+      } catch (const Error& e) {  // name the lines, not the places in the batch (the longest prompt sets the shapes)
+        fail("{}: lines {} to {} (--batch_size {}; the longest prompt, {} tokens, is line {}): {}", a->input, items[i].line,
+             items[end - 1].line, a->batch_size, items[longest].ids.size(), items[longest].line, e.what());
+      }
       for (size_t r = 0; r < last.generated.size(); ++r) {
         const Item& it = items[i + r / static_cast<size_t>(a->num_return_sequences)];
         ojson o = it.source;

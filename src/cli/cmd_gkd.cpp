@@ -50,7 +50,8 @@ void add_teacher_options(Options& o, TeacherArgs& t) {
   o.add("teacher_model_name_or_path", t.path, "The teacher (a folder or a local-cache id) with the student's vocabulary").default_text("None (required)");
   o.add("teacher_model_revision", t.revision, "Revision of the teacher in the local cache").default_text("the model's");
   o.add("teacher_model_init_kwargs", t.init_kwargs, "JSON: {\"dtype\": \"auto\" | \"bfloat16\" | \"float32\"} (default: the compute dtype)")
-      .default_text("None");
+      .default_text("None")
+      .json_object();
 }
 
 }  // namespace
@@ -128,7 +129,9 @@ void register_distill(CLI::App& app) {
   o->add("top_k", c.top_k, "Top-k sampling (0: off)").min(0);
   o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N: the prompt and completion buckets (auto = the backend's, 64 on the CPU)");
   o->add("shuffle_dataset", c.shuffle_dataset, "Shuffle the prompts every epoch");
-  o->add("chat_template_kwargs", a->chat_template_kwargs, "JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'").default_text("{}");
+  o->add("chat_template_kwargs", a->chat_template_kwargs, "JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'")
+      .default_text("{}")
+      .json_object();
   o->add("use_vllm", a->use_vllm, "Accepted; generation always uses trl.cpp's static-cache engine");
   o->add("vllm_mode", a->vllm_mode, "Accepted; ignored (no vLLM here)");
   o->add("log_completions", a->log_completions, "Accepted; the completion length metrics are always logged");

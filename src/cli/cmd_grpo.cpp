@@ -58,7 +58,9 @@ void add_online_options(Options& o, OnlineArgs<Config>& a) {
   o.add("shuffle_dataset", c.shuffle_dataset, "Shuffle the prompts every epoch");
   o.add("cache_implementation", c.cache_implementation, "static (dynamic is accepted and runs the static cache)").default_text("None (static)");
   o.add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N: the prompt and completion buckets (auto = the backend's, 64 on the CPU)");
-  o.add("chat_template_kwargs", a.chat_template_kwargs, "JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'").default_text("{}");
+  o.add("chat_template_kwargs", a.chat_template_kwargs, "JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'")
+      .default_text("{}")
+      .json_object();
   o.add("log_completions", c.log_completions, "Print a sample of each round and write output_dir/completions.jsonl");
   o.add("num_completions_to_print", c.num_completions_to_print, "Rows printed per round with log_completions").min(0).default_text("4");
   o.add("reward_timeout_seconds", c.reward_timeout_seconds, "exec: rewards: the longest wait for one batch's answer").above(0);

@@ -176,6 +176,11 @@ Opt& Opt::excludes(const Opt& other) {
   return *this;
 }
 
+Opt& Opt::json_object() {
+  s_->json = true;
+  return *this;
+}
+
 // ---- Options ----
 
 CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description) {
@@ -389,7 +394,7 @@ void Options::apply_yaml(const std::string& path) {
     }
     std::vector<std::string> values;
     if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
-    else if (kv.second.IsMap() && !s->list) {  // chat_template_kwargs: {...}
+    else if (kv.second.IsMap() && s->json) {  // chat_template_kwargs: {...}
       try {
         values.push_back(yaml_to_json(kv.second).dump());
       } catch (const nlohmann::json::exception&) {  // found by fuzzing
@@ -403,7 +408,8 @@ void Options::apply_yaml(const std::string& path) {
         values.push_back(x.as<std::string>());
       }
     }
-    else fail("--config {}:{}: '{}' must be a single value{}", path, line, key, s->list ? " or a list" : "");
+    else fail("--config {}:{}: '{}' must be a single value{}, not a {}", path, line, key, s->list ? " or a list" : "",
+              kv.second.IsMap() ? "mapping" : "list");
     try {
       if (s->list) s->reset();
       for (const auto& v : values) s->read(v);

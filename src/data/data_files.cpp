@@ -169,7 +169,8 @@ YAML::Node readme_header(const stdfs::path& root) {
   try {
     return YAML::Load(text.substr(3, end - 3));
   } catch (const YAML::Exception& e) {
-    fail("{}: the YAML header does not parse: {}", readme.string(), e.what());
+    fail("{}: the YAML header between the --- lines does not parse (line {}, column {}): {}", readme.string(), e.mark.line + 1,
+         e.mark.column + 1, e.msg);
   }
 }
 
@@ -238,8 +239,11 @@ bool splits_from_readme(const stdfs::path& root, const std::string& config, cons
           }
       out.splits.push_back(std::move(s));
     }
-  } catch (const YAML::Exception& e) {
-    fail("{}: unexpected `configs:` entry: {}", readme, e.what());
+  } catch (const YAML::Exception& e) {  // a value of the wrong kind (a list where text belongs, ...)
+    const std::string at = e.mark.is_null() ? std::string() : fmt::format(" (line {})", e.mark.line + 1);
+    fail("{}: a `configs:` entry{} holds a value of the wrong kind: config_name, data_dir, split and path are text, default is "
+         "true or false, data_files is a path, a list of paths or a list of {{split, path}}",
+         readme, at);
   }
   return true;
 }

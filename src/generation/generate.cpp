@@ -47,6 +47,7 @@ GenerationConfig GenerationConfig::from_model_dir(const std::string& dir) {
   if (dir.empty() || !std::filesystem::exists(path)) return c;
   const json j = parse_json(read_text_file(path), path);
   if (!j.is_object()) fail("{}: expected a JSON object", path);
+  c.source = path;
   // Each field with the type Transformers gives it; a wrong one is named with what it holds.
   auto field = [&](const char* key, auto& out, const char* what) {
     if (!j.contains(key) || j[key].is_null()) return;
@@ -125,16 +126,23 @@ Settings resolve_settings(const GenerationConfig& user, const GenerationConfig& 
   sp.top_p = pick(user.top_p, d.top_p, 1.0f);
   sp.min_p = user.min_p ? user.min_p : d.min_p;
   sp.repetition_penalty = pick(user.repetition_penalty, d.repetition_penalty, 1.0f);
-  if (sp.do_sample && !(sp.temperature > 0)) fail("generate: temperature must be > 0 when sampling, got {}", sp.temperature);
-  if (sp.top_k < 0) fail("generate: top_k must be >= 0, got {}", sp.top_k);
-  if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("generate: top_p must be in (0, 1], got {}", sp.top_p);
-  if (sp.min_p && !(*sp.min_p >= 0 && *sp.min_p <= 1)) fail("generate: min_p must be in [0, 1], got {}", *sp.min_p);
-  if (!(sp.repetition_penalty > 0)) fail("generate: repetition_penalty must be > 0, got {}", sp.repetition_penalty);
+  // A value the user did not give came from the model's generation_config.json: an error about it names that file.
+  auto from = [&d](const auto& given) { return given ? std::string() : d.origin(); };
+  if (sp.do_sample && !(sp.temperature > 0))
+    fail("generate: temperature must be > 0 when sampling, got {}{}", sp.temperature, from(user.temperature));
+  if (sp.top_k < 0) fail("generate: top_k must be >= 0, got {}{}", sp.top_k, from(user.top_k));
+  if (!(sp.top_p > 0 && sp.top_p <= 1)) fail("generate: top_p must be in (0, 1], got {}{}", sp.top_p, from(user.top_p));
+  if (sp.min_p && !(*sp.min_p >= 0 && *sp.min_p <= 1)) fail("generate: min_p must be in [0, 1], got {}{}", *sp.min_p, from(user.min_p));
+  if (!(sp.repetition_penalty > 0))
+    fail("generate: repetition_penalty must be > 0, got {}{}", sp.repetition_penalty, from(user.repetition_penalty));
   st.eos = pick(user.eos_token_id, d.eos_token_id, std::vector<int32_t>{});
   st.pad = user.pad_token_id ? *user.pad_token_id : d.pad_token_id ? *d.pad_token_id : !st.eos.empty() ? st.eos[0] : 0;
   for (int32_t id : st.eos)
-    if (id < 0 || id >= mc.vocab_size) fail("generate: eos_token_id {} is outside the vocabulary [0, {})", id, mc.vocab_size);
-  if (st.pad < 0 || st.pad >= mc.vocab_size) fail("generate: pad_token_id {} is outside the vocabulary [0, {})", st.pad, mc.vocab_size);
+    if (id < 0 || id >= mc.vocab_size)
+      fail("generate: eos_token_id {} is outside the vocabulary [0, {}){}", id, mc.vocab_size, from(user.eos_token_id));
+  if (st.pad < 0 || st.pad >= mc.vocab_size)
+    fail("generate: pad_token_id {} is outside the vocabulary [0, {}){}", st.pad, mc.vocab_size,
+         user.pad_token_id ? "" : d.pad_token_id ? d.origin() : from(user.eos_token_id));
   if (user.cache_implementation != "static" && user.cache_implementation != "dynamic")
     fail("generate: cache_implementation '{}' is not \"static\" or \"dynamic\"", user.cache_implementation);
   if (user.num_return_sequences < 1) fail("generate: num_return_sequences must be >= 1, got {}", user.num_return_sequences);
@@ -167,9 +175,11 @@ Layout plan_layout(const std::vector<std::vector<int32_t>>& prompts, const Gener
   } else {
     const int64_t max_length = pick(user.max_length, d.max_length, int64_t{20});
     l.N = max_length - l.longest;
-    if (l.N <= 0) fail("generate: max_length {} leaves no room after a prompt of {} tokens; set max_new_tokens", max_length, l.longest);
+    if (l.N <= 0)
+      fail("generate: max_length {}{} leaves no room after a prompt of {} tokens; set max_new_tokens", max_length,
+           user.max_length || !d.max_length ? std::string() : d.origin(), l.longest);
   }
-  if (l.N < 1) fail("generate: max_new_tokens must be >= 1, got {}", l.N);
+  if (l.N < 1) fail("generate: max_new_tokens must be >= 1, got {}{}", l.N, user.max_new_tokens ? std::string() : d.origin());
   l.S = padded_length(l.P + l.N, multiple);
   if (l.S > mc.max_position_embeddings)
     fail("generate: a prompt of {} tokens (bucket {}) and {} new tokens need a cache of {} positions, more than the model's "

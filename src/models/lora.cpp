@@ -111,8 +111,11 @@ ojson LoraConfig::to_json() const {
 
 LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: an adapter config must be a JSON object", source);
-  const std::string type = j.contains("peft_type") && j["peft_type"].is_string() ? j["peft_type"].get<std::string>() : std::string();
-  if (type != "LORA") fail("{}: peft_type is '{}'; trl reads LoRA adapters (peft_type \"LORA\") only", source, type.empty() ? "missing" : type);
+  if (!j.contains("peft_type") || j["peft_type"].is_null())
+    fail("{}: peft_type is missing; trl reads LoRA adapters (\"peft_type\": \"LORA\") only", source);
+  if (!j["peft_type"].is_string()) fail("{}: peft_type must be text (\"LORA\"), got {}", source, json_kind(j["peft_type"]));
+  const std::string type = j["peft_type"].get<std::string>();
+  if (type != "LORA") fail("{}: peft_type is '{}'; trl reads LoRA adapters (peft_type \"LORA\") only", source, type);
   LoraConfig c;
   // A missing number takes PEFT's default; null is refused, as PEFT fails on it (r, lora_alpha and lora_dropout
   // enter the adapter's arithmetic).
@@ -134,8 +137,14 @@ LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& sou
   c.lora_alpha = number("lora_alpha", 8);
   c.lora_dropout = number("lora_dropout", 0);
   c.use_rslora = flag("use_rslora");
-  c.task_type = j.contains("task_type") && j["task_type"].is_string() ? j["task_type"].get<std::string>() : "CAUSAL_LM";
-  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string()) c.base_model_name_or_path = j["base_model_name_or_path"];
+  // Text fields PEFT may leave null: null or missing is "not set"; any other kind is named.
+  auto text = [&](const char* key, const std::string& fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_string()) fail("{}: '{}' must be text, got {}", source, key, json_kind(j[key]));
+    return j[key].get<std::string>();
+  };
+  c.task_type = text("task_type", "CAUSAL_LM");
+  c.base_model_name_or_path = text("base_model_name_or_path", "");
   if (j.contains("target_modules") && j["target_modules"].is_string()) {
     const std::string t = j["target_modules"];
     if (t == "all-linear") c.target_modules = {t};

@@ -1418,8 +1418,10 @@ class Interpreter {
     } leave{call_depth_};
     try {
       return f.as_function()(a);
-    } catch (const TemplateError&) {
-      throw;
+    } catch (const TemplateError& e) {  // a method's own error ("split(): empty separator") gets the call's place
+      const std::string msg = e.what();
+      if (msg.rfind(name_ + ":", 0) == 0) throw;
+      error(n, msg);
     } catch (const std::exception& e) {
       error(n, e.what());
     }

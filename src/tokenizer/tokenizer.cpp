@@ -363,8 +363,12 @@ void parse_decoder(const json& j, std::vector<Decoder>& out, const std::string& 
   else if (type == "Strip") {
     d.kind = Decoder::Strip;
     d.strip_char = str_field(j, "content", w, " ");
-    d.strip_start = static_cast<int>(int_field(j, "start", w, 0));
-    d.strip_stop = static_cast<int>(int_field(j, "stop", w, 0));
+    if (d.strip_char.empty()) fail("{}: Strip's 'content' must be the character to strip, got \"\"", w);
+    for (auto [key, count] : {std::pair<const char*, size_t*>{"start", &d.strip_start}, {"stop", &d.strip_stop}}) {
+      const int64_t n = int_field(j, key, w, 0);  // a count of characters (tokenizers' usize)
+      if (n < 0 || n > (1 << 20)) fail("{}: Strip's '{}' must be a count of characters from 0 to {}, got {}", w, key, 1 << 20, n);
+      *count = static_cast<size_t>(n);
+    }
   } else fail("{}: decoder '{}' is not supported (supported: Sequence, ByteLevel, Replace, Strip, Fuse)", where, type);
   out.push_back(std::move(d));
 }
@@ -418,12 +422,16 @@ void parse_post_processor(const json& j, PostProcessor& out, const std::string& 
   }
 }
 
-std::string special_token_string(const json& cfg, const char* key) {
+// tokenizer_config.json's eos_token, pad_token, ...: the token's text, or an AddedToken object {"content": ...} as
+// Transformers saves it; "" when absent or null. Any other kind is an error naming the file and the key.
+std::string special_token_string(const json& cfg, const char* key, const std::string& path) {
   if (!cfg.contains(key) || cfg[key].is_null()) return "";
   const json& v = cfg[key];
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
+  if (v.is_object())
+    fail("{}: '{}' is an object without a text 'content' (a special token is its text or {{\"content\": TEXT, ...}})", path, key);
+  fail("{}: '{}' must be the token's text or {{\"content\": TEXT, ...}}, got {}", path, key, json_kind(v));
 }
 
 }  // namespace
@@ -764,10 +772,18 @@ Tokenizer Tokenizer::from_pretrained(const std::string& name_or_path, const std:
   const fs::path cfg_path = fs::path(dir) / "tokenizer_config.json";
   if (fs::exists(cfg_path)) {
     const json cfg = parse_json(read_text_file(cfg_path.string()), cfg_path.string());
-    m.eos = special_token_string(cfg, "eos_token");
-    m.pad = special_token_string(cfg, "pad_token");
-    m.bos = special_token_string(cfg, "bos_token");
-    m.unk = special_token_string(cfg, "unk_token");
+    m.eos = special_token_string(cfg, "eos_token", cfg_path.string());
+    m.pad = special_token_string(cfg, "pad_token", cfg_path.string());
+    m.bos = special_token_string(cfg, "bos_token", cfg_path.string());
+    m.unk = special_token_string(cfg, "unk_token", cfg_path.string());
+    // The tokens that end and pad sequences must be tokens of this tokenizer: one that is not would be reported later
+    // as absent ("has no eos_token"), far from its cause. (Transformers would append it as a new token, an id beyond
+    // the model's embeddings.)
+    for (const auto& [key, text] : {std::pair<const char*, const std::string*>{"eos_token", &m.eos}, {"pad_token", &m.pad}})
+      if (!text->empty() && !tok.token_to_id(*text))
+        fail("{}: {} '{}' is not a token of {} (neither in the model's vocabulary nor in added_tokens); name one of its tokens, "
+             "such as '<|im_end|>' for Qwen3's eos_token",
+             cfg_path.string(), key, *text, file.string());
     m.cleanup = bool_field(cfg, "clean_up_tokenization_spaces", false);
     if (cfg.contains("chat_template")) {
       const json& ct = cfg["chat_template"];

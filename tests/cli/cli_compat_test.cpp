@@ -209,11 +209,22 @@ TEST(CliCompat, BadInputIsNamed) {
   test::write_file(gc, g.dump());
   EXPECT_NE(run("generate --model " + f.model + " --prompt hi --max_new_tokens 2", &out), 0);
   EXPECT_NE(out.find("field 'temperature' must be a number, got \"hot\""), std::string::npos) << out;
+  // A value out of range there is named with the file it came from (not with the option the user did not give).
+  g = json::parse(original);
+  g["top_p"] = 2;
+  g["do_sample"] = true;
+  test::write_file(gc, g.dump());
+  EXPECT_NE(run("generate --model " + f.model + " --prompt hi --max_new_tokens 2", &out), 0);
+  EXPECT_NE(out.find("top_p must be in (0, 1], got 2 (from " + gc + ")"), std::string::npos) << out;
+  EXPECT_NE(run("generate --model " + f.model + " --prompt hi --max_new_tokens 2 --top_p 3", &out), 0);
+  EXPECT_NE(out.find("--top_p must be"), std::string::npos) << out;  // the user's own value: the option's check
   test::write_file(gc, original);
 
   test::write_file(f.dir.file("p.jsonl"), "{\"prompt\": \"fine\"}\n{\"messages\": [{\"role\": \"user\"}]}\n");
   test::write_file(f.dir.file("ids.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 3000000000]}\n");
   test::write_file(f.dir.file("tok.jsonl"), "{\"ids\": [4294967297]}\n");
+  test::write_file(f.dir.file("far.jsonl"), fmt::format("{{\"ids\": [1, 2]}}\n\n{{\"ids\": [1, {}]}}\n", test::kCutVocab));
+  test::write_file(f.dir.file("two.jsonl"), "{\"ids\": [1, 2]}\n{\"ids\": [1, 2, 3]}\n{\"ids\": [4]}\n");
   struct Case {
     std::string args, want;
   };
@@ -221,6 +232,11 @@ TEST(CliCompat, BadInputIsNamed) {
       {"generate --model " + f.model + " --input " + f.dir.file("p.jsonl") + " --max_new_tokens 2", "p.jsonl:2"},
       {"generate --model " + f.model + " --input " + f.dir.file("ids.jsonl") + " --max_new_tokens 2", "ids.jsonl:2: \"ids\": ids[1] = 3000000000 is not a token id"},
       {"tokenize --model " + f.model + " --jsonl --decode < " + f.dir.file("tok.jsonl"), "stdin:1: ids[0] = 4294967297 is not a token id"},
+      // --input errors name the file's line, not the place in a batch.
+      {"generate --model " + f.model + " --input " + f.dir.file("far.jsonl") + " --max_new_tokens 2",
+       fmt::format("far.jsonl:3: token id {} is outside the model's vocabulary [0, {})", test::kCutVocab, test::kCutVocab)},
+      {"generate --model " + f.model + " --input " + f.dir.file("two.jsonl") + " --batch_size 2 --max_new_tokens 1000000",
+       "two.jsonl: lines 1 to 2 (--batch_size 2; the longest prompt, 3 tokens, is line 2): generate: a prompt of 3 tokens"},
       {"score --model " + f.model + " --ids 5", "nothing to score"},
       {"score --model " + f.model + " --text a", "nothing to score"},
       {"sft --config " + f.dir.path(), "is a folder"},

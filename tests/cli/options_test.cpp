@@ -218,14 +218,19 @@ TEST(Options, YamlShapesOfTheWrongKindAreNamed) {
       {"targets: [[a], b]\n", "c.yaml:1: 'targets' must be a list of plain values"},
       {"kwargs: {[a]: 1}\n", "c.yaml:1: 'kwargs': a mapping's keys must be plain words"},
       {"kwargs: {a: \x9f}\n", "c.yaml:1: 'kwargs' holds text that is not UTF-8"},
+      // A mapping is JSON text only for an option that takes a JSON object; a plain text option refuses it (it
+      // became the text '{"a":1}').
+      {"name: {a: 1}\n", "c.yaml:1: 'name' must be a single value, not a mapping"},
+      {"targets: {a: 1}\n", "c.yaml:1: 'targets' must be a single value or a list, not a mapping"},
   };
   for (const auto& [text, want] : bad) {
     test::write_file(dir.file("c.yaml"), text);
     Harness h;
     std::vector<std::string> targets;
-    std::string kwargs;
+    std::string kwargs, name;
     h.opts.add("targets", targets, "t");
-    h.opts.add("kwargs", kwargs, "k");
+    h.opts.add("kwargs", kwargs, "k").json_object();
+    h.opts.add("name", name, "n");
     ASSERT_EQ(h.parse({}), "");
     const std::string e = test::error_of([&] { h.opts.apply_yaml(dir.file("c.yaml")); });
     EXPECT_NE(e.find(want), std::string::npos) << text << " -> " << e;
@@ -233,7 +238,7 @@ TEST(Options, YamlShapesOfTheWrongKindAreNamed) {
   test::write_file(dir.file("c.yaml"), "kwargs: {x: inf, n: 99999999999999999999999, k: -12}\n");
   Harness h;
   std::string kwargs;
-  h.opts.add("kwargs", kwargs, "k");
+  h.opts.add("kwargs", kwargs, "k").json_object();
   ASSERT_EQ(h.parse({}), "");
   h.opts.apply_yaml(dir.file("c.yaml"));
   EXPECT_EQ(kwargs, R"({"x":"inf","n":9.999999999999999e+22,"k":-12})");  // the double nearest 1e23 - 1

@@ -156,6 +156,16 @@ TEST(Datasets, ReadmeConfigsChooseTheFiles) {
   test::write_file(dirs.file("README.md"), "---\nconfigs:\n- config_name: chat\n  data_dir: chat\n---\n");
   EXPECT_EQ(load_dataset(dirs.path(), "train").size(), expected("capybara").size());
   EXPECT_EQ(load_dataset(dirs.path(), "test").size(), expected("prompt_only").size());
+
+  // A header that does not parse, and a `configs:` value of the wrong kind, in the project's words with the line
+  // (they were yaml-cpp's own text).
+  test::write_file(dirs.file("README.md"), "---\nconfigs:\n- config_name: chat\n  data_dir: [chat\n---\n");
+  std::string header_error = test::error_of([&] { load_dataset(dirs.path(), "train"); });
+  EXPECT_NE(header_error.find("README.md: the YAML header between the --- lines does not parse (line "), std::string::npos) << header_error;
+  test::write_file(dirs.file("README.md"), "---\nconfigs:\n- config_name: chat\n  data_dir: {a: 1}\n---\n");
+  header_error = test::error_of([&] { load_dataset(dirs.path(), "train"); });
+  EXPECT_NE(header_error.find("README.md: a `configs:` entry (line 4) holds a value of the wrong kind"), std::string::npos) << header_error;
+  EXPECT_EQ(header_error.find("yaml-cpp"), std::string::npos) << header_error;
 }
 
 TEST(Datasets, ConfigFoldersSynonymsAndJsonLinesBesideParquet) {

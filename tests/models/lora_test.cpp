@@ -250,6 +250,10 @@ TEST(Lora, ConfigsThatChangeTheMathAndBrokenFoldersAreErrors) {
   EXPECT_NE(config_error(R"({"layers_to_transform": [0]})").find("layers_to_transform"), std::string::npos);
   EXPECT_NE(config_error(R"({"bias": "all"})").find("bias"), std::string::npos);
   EXPECT_NE(config_error(R"({"peft_type": "IA3"})").find("IA3"), std::string::npos);
+  // Of the wrong kind, named as such (it was called "missing"); a base model name that is not text is named too.
+  EXPECT_NE(config_error(R"({"peft_type": 7})").find("peft_type must be text (\"LORA\"), got a whole number"), std::string::npos);
+  EXPECT_NE(config_error(R"({"base_model_name_or_path": 7})").find("'base_model_name_or_path' must be text, got a whole number"), std::string::npos);
+  EXPECT_NE(config_error(R"({"task_type": ["CAUSAL_LM"]})").find("'task_type' must be text, got a list"), std::string::npos);
   EXPECT_NE(config_error(R"({"r": 0})").find("r must be"), std::string::npos);
   // null as PEFT reads it (issue 37, defect 9): the numbers of the arithmetic are refused (PEFT fails on them), the
   // fields PEFT writes as null for options left unset load as unset.

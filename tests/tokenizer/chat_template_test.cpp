@@ -137,6 +137,8 @@ TEST(Jinja, TemplatesCannotExhaustTheProcess) {
       {"{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow in '//'"},
       {"{{ 9223372036854775807 + 1 }}", "integer overflow in '+'"},
       {"{{ '\\xZZ' }}", "needs 2 hex digits"},
+      {"{{ 'a b'.split('') }}", "split(): empty separator"},  // a method's own error gets the call's line and column
+      {"{{ 'a'.startswith(1) }}", "startswith(): argument must be a string"},
   };
   for (const auto& [src, want] : cases) {
     const std::string e = render_error(src);

@@ -109,11 +109,58 @@ TEST(Tokenizer, MergesAbsentNullOrOfTheWrongKind) {
     else t["model"].erase("merges");
     test::write_file(dir.file("tokenizer.json"), t.dump());
     const Tokenizer tok = Tokenizer::from_file(dir.file("tokenizer.json"));
-    EXPECT_FALSE(tok.encode("ab", false).empty());
+    // Without merges BPE joins nothing: each character is its own token, though the vocabulary holds "in" too.
+    ASSERT_TRUE(tok.token_to_id("i") && tok.token_to_id("n") && tok.token_to_id("in"));
+    EXPECT_EQ(tok.encode("in", false), (std::vector<int32_t>{*tok.token_to_id("i"), *tok.token_to_id("n")}));
   }
   t["model"]["merges"] = 5;
   test::write_file(dir.file("tokenizer.json"), t.dump());
   EXPECT_NE(test::error_of([&] { (void)Tokenizer::from_file(dir.file("tokenizer.json")); }).find("model.merges must be a list"), std::string::npos);
+}
+
+// tokenizer_config.json's special tokens: text or {"content": text}; another kind, or an eos/pad token the tokenizer
+// does not have, is named with the file and the key (both were reported later as "the tokenizer has no eos_token").
+TEST(Tokenizer, SpecialTokensOfTheWrongKindOrUnknownAreNamed) {
+  test::TempDir dir;
+  test::write_file(dir.file("tokenizer.json"), test::read_file(std::string(TRL_TEST_DATA_DIR) + "/../../fuzz/corpus/tokenizer/qwen3_small.json"));
+  auto error_with = [&](const std::string& config) {
+    test::write_file(dir.file("tokenizer_config.json"), config);
+    return test::error_of([&] { (void)Tokenizer::from_pretrained(dir.path()); });
+  };
+  test::write_file(dir.file("tokenizer_config.json"), R"({"eos_token": {"content": "<|im_end|>"}, "pad_token": null, "unk_token": null})");
+  const Tokenizer ok = Tokenizer::from_pretrained(dir.path());
+  EXPECT_EQ(ok.eos_token(), "<|im_end|>");
+  EXPECT_EQ(ok.pad_token_id(), ok.eos_token_id());
+  for (const char* config : {R"({"eos_token": 5})", R"({"eos_token": ["<|im_end|>"]})", R"({"eos_token": {"id": 5}})"}) {
+    const std::string e = error_with(config);
+    EXPECT_NE(e.find("tokenizer_config.json: 'eos_token'"), std::string::npos) << config << ": " << e;
+  }
+  std::string e = error_with(R"({"eos_token": "<|im_end|>", "pad_token": "<pad>"})");
+  EXPECT_NE(e.find("tokenizer_config.json: pad_token '<pad>' is not a token of"), std::string::npos) << e;
+  e = error_with(R"({"eos_token": "</s>"})");
+  EXPECT_NE(e.find("eos_token '</s>' is not a token of"), std::string::npos) << e;
+}
+
+// A Strip decoder's counts are tokenizers' unsigned integers: a negative one is refused (it wrapped to 2^64 - 1 and
+// stripped every leading character), as is an empty character.
+TEST(Tokenizer, StripDecoderCountsAreChecked) {
+  test::TempDir dir;
+  nlohmann::json t = nlohmann::json::parse(test::read_file(std::string(TRL_TEST_DATA_DIR) + "/../../fuzz/corpus/tokenizer/qwen3_small.json"));
+  t["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteLevel"}}, {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  test::write_file(dir.file("tokenizer.json"), t.dump());
+  const Tokenizer tok = Tokenizer::from_file(dir.file("tokenizer.json"));
+  const auto two_spaces = tok.token_to_id("\xc4\xa0\xc4\xa0");  // "ĠĠ", two byte-level spaces
+  ASSERT_TRUE(two_spaces);
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{*two_spaces}), " ");  // one leading space stripped, not both
+  for (const auto& [key, value, expected] : {std::tuple<const char*, nlohmann::json, const char*>{"start", -1, "Strip's 'start' must be a count"},
+                                             {"stop", int64_t{1} << 40, "Strip's 'stop' must be a count"},
+                                             {"content", "", "Strip's 'content' must be the character"}}) {
+    nlohmann::json bad = t;
+    bad["decoder"]["decoders"][1][key] = value;
+    test::write_file(dir.file("tokenizer.json"), bad.dump());
+    const std::string e = test::error_of([&] { (void)Tokenizer::from_file(dir.file("tokenizer.json")); });
+    EXPECT_NE(e.find(expected), std::string::npos) << key << ": " << e;
+  }
 }
 
 TEST(Tokenizer, InvalidUtf8IsReplacedLikeTheDecoders) {

@@ -51,6 +51,9 @@ struct GenerationConfig {
 
   // The generation_config.json of a model folder (missing file: nothing set).
   static GenerationConfig from_model_dir(const std::string& dir);
+  std::string source;  // the file these values were read from ("" when none): errors about them name it
+  // " (from FILE)" for a value this config gives (an error about a default names the file it came from), else "".
+  std::string origin() const { return source.empty() ? "" : " (from " + source + ")"; }
 };
 
 struct GenerationOutput {
