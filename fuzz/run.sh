@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Builds fuzz targets with clang and runs each for SECONDS (default 60) on 1 job, starting from its seed corpus
+# Builds the fuzz targets and runs each for SECONDS (default 60) on 1 job, starting from its seed corpus
 # fuzz/corpus/NAME (and the findings kept there). New inputs go to a temporary corpus, not the tree; a finding stops
 # the run with libFuzzer's report and leaves the input as crash-*/leak-*/timeout-*/oom-* in $PWD.
 #   bash fuzz/run.sh [SECONDS] [TARGET ...] [-- extra libFuzzer flags...]
-# TARGET: parquet (the default), safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, or all. Every
-# target but parquet links the library, built once in the fuzz build with the sanitizers (a few minutes).
+# TARGET: parquet (the default), safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, or all.
+# The build is the project's sanitizer build made with clang and TRL_FUZZ=ON (fuzz/targets.cmake): the library with
+# ASan, UBSan and libFuzzer's coverage, and a target per parser linking it. TRL_FUZZ_BUILD names the folder (default
+# build-fuzz); scripts/test.sh points it at its sanitizer build, which has the targets already, so nothing is
+# configured or compiled again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
@@ -15,10 +18,12 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
 [ ${#targets[@]} -eq 0 ] && targets=(parquet)
 [ "${targets[0]}" = "all" ] && targets=(parquet safetensors config tokenizer jinja dataset yaml checkpoint)
 build=${TRL_FUZZ_BUILD:-$root/build-fuzz}
-library=OFF  # the targets but parquet link the library, built here with clang (it needs libomp-dev)
-for t in "${targets[@]}"; do [ "$t" != parquet ] && library=ON; done
-cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTRL_FUZZ_LIBRARY=$library >/dev/null
+if ! grep -qx 'TRL_FUZZ:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  # The flags of scripts/test.sh's sanitizer build, without the tests and benchmarks.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DTRL_SANITIZE=ON \
+    -DTRL_FUZZ=ON -DTRL_UNITY_BUILD=ON -DTRL_BUILD_TESTS=OFF -DTRL_BUILD_BENCH=OFF >/dev/null
+fi
 cmake --build "$build" --target $(printf '%s_fuzz ' "${targets[@]}")
 for t in "${targets[@]}"; do
   work=$(mktemp -d) scratch=$(mktemp -d)  # the corpus; the files a target writes to read them back

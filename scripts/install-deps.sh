@@ -23,8 +23,9 @@ packages=(
   zlib1g-dev            # Parquet datasets: GZIP pages
   libopenmpi-dev        # Open MPI: the collectives of distributed training (data parallel)
   openmpi-bin           # mpirun: starts the ranks (trl sft --nproc_per_node N runs it)
-  clang                 # the Parquet fuzz target (libFuzzer), built and run briefly by scripts/test.sh
+  clang                 # the sanitizer build and the fuzz targets (libFuzzer) of scripts/test.sh
   libclang-rt-14-dev    # libFuzzer and the sanitizer runtimes for clang
+  libomp-dev            # clang's OpenMP runtime, for that build
   python3               # the exec: reward test runs a Python reward script, as TRL users write theirs (tests only)
 )
 if [ "${1:-}" = "--dev" ]; then

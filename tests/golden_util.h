@@ -44,7 +44,7 @@ inline void expect_gradients(const nlohmann::json& want, const TensorMap& got, c
     double sq = 0, sum = 0, l1 = 0;
     for (float x : g) sq += static_cast<double>(x) * x, sum += x, l1 += std::fabs(x);
     const double norm = w["norm"].get<double>(), scale = std::max(norm, 1e-8);
-    const auto near = [&](double value, double golden, double tol, const std::string& part) {
+    const auto near = [&, name = name](double value, double golden, double tol, const std::string& part) {
       EXPECT_TRUE(std::isfinite(value) && std::fabs(value - golden) <= tol)
           << what << " " << name << " " << part << ": " << value << ", PyTorch " << golden << " (tolerance " << tol << ")";
     };

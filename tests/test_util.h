@@ -8,6 +8,7 @@
 #include <string>
 
 #include "trl/models/causal_lm.h"
+#include "core/sanitizers.h"
 
 namespace trl {
 class Tokenizer;
@@ -16,11 +17,7 @@ class Tokenizer;
 namespace trl::test {
 
 // Built with AddressSanitizer (scripts/test.sh's second pass): the long learning tests skip themselves there.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = TRL_ASAN;
 
 // The bundled Qwen3 tokenizer, loaded once per test process.
 const Tokenizer& qwen3_tokenizer();

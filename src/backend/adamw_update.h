@@ -9,13 +9,21 @@
 #include "trl/backend/backend.h"
 #include "trl/core/dtype.h"
 
+// No contraction of a multiply and an add into one fused multiply-add in a function: GCC's attribute; clang has no
+// such attribute and builds every file with -ffp-contract=off (CMakeLists.txt).
+#if defined(__clang__)
+#define TRL_NO_FP_CONTRACT
+#else
+#define TRL_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+
 namespace trl {
 
 // Elements [i0, i1): gradient g, moments m, v (read unless fresh: then they start at 0), the f32 weight w and its
 // bf16 compute copy w16 (when not null). No fused multiply-add (GCC would otherwise contract mul + add in one
 // kernel and not the other), so that every kernel gives the same bits.
 template <bool kFresh>
-__attribute__((optimize("fp-contract=off"))) inline void adamw_update_scalar(const float* g, float* m, float* v, float* w, uint16_t* w16,
+TRL_NO_FP_CONTRACT inline void adamw_update_scalar(const float* g, float* m, float* v, float* w, uint16_t* w16,
                                                                              int64_t i0, int64_t i1, const Backend::AdamWStep& u) {
   for (int64_t i = i0; i < i1; ++i) {
     const float gi = g[i];

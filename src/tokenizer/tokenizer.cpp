@@ -12,7 +12,9 @@
 
 #include <nlohmann/json.hpp>
 // GCC 12 reports a false -Wdangling-pointer inside simdjson's inline DOM iterators (simdjson.h tape_ref).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wdangling-pointer"
+#endif
 #include <simdjson.h>
 
 #include "trl/core/error.h"

@@ -361,7 +361,7 @@ void embedding_cases(std::vector<OpCase>& t) {
   };
   for (const S s : {S{1, 1, 1, 1}, S{2, 7, 129, 7}, S{1, 129, 7, 129}, S{2, 3, 4099, 16}})
     for (const auto& [td, od] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, BF16}, {BF16, F32}, {F32, BF16}})
-      add_case(t, Op::Embedding, fmt::format("table {} {}x{} -> {}, ids {}x{}", dn(td), s.V, s.C, dn(od), s.B, s.T), kExact, [=](Ctx& c) {
+      add_case(t, Op::Embedding, fmt::format("table {} {}x{} -> {}, ids {}x{}", dn(td), s.V, s.C, dn(od), s.B, s.T), kExact, [=, od = od, td = td](Ctx& c) {
         const ValueId ids = c.ids("ids", {s.B, s.T}, s.V);
         c.out(c.b.embedding(ids, c.rand("table", {s.V, s.C}, td), od));
       });
@@ -385,7 +385,7 @@ void matmul_cases(std::vector<OpCase>& t) {
     for (const D d : {D{F32, F32, F32, i % 2 == 0}, D{BF16, BF16, BF16, false}, D{BF16, BF16, F32, true}, D{F32, BF16, F32, false}, D{BF16, F32, F32, i % 2 == 1}}) {
       const double tol = d.out == BF16 ? kBF16 : kF32;
       add_case(t, Op::MatMul, fmt::format("x {} {} w {} {}x{}{} -> {}", dn(d.x), dims(xs), dn(d.w), N, K, d.bias ? " bias" : "", dn(d.out)), tol,
-               [=](Ctx& c) {
+               [=, N = N, xs = xs](Ctx& c) {
                  const ValueId x = c.rand("x", xs, d.x), w = c.rand("w", {N, K}, d.w);
                  const ValueId b = d.bias ? c.rand("b", {N}, F32) : kNone;
                  c.out(c.b.matmul(x, w, b, d.out));
@@ -413,7 +413,7 @@ void rms_norm_cases(std::vector<OpCase>& t) {
   const std::vector<std::pair<Shape, double>> shapes = {{{1, 1}, 1e-6}, {{7, 7}, 1e-6}, {{7, 8}, 1e-6}, {{129, 129}, 1e-6}, {{2, 3, 64}, 1e-6}, {{5, 16}, 0.5}};
   for (const auto& [xs, eps] : shapes)
     for (const auto& [xd, wd] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, BF16}, {BF16, F32}, {F32, BF16}})
-      add_case(t, Op::RmsNorm, fmt::format("x {} {} w {} eps {}", dn(xd), dims(xs), dn(wd), eps), xd == BF16 ? kBF16 : kF32, [=](Ctx& c) {
+      add_case(t, Op::RmsNorm, fmt::format("x {} {} w {} eps {}", dn(xd), dims(xs), dn(wd), eps), xd == BF16 ? kBF16 : kF32, [=, eps = eps, wd = wd, xd = xd, xs = xs](Ctx& c) {
         c.out(c.b.rms_norm(c.rand("x", xs, xd), c.rand("w", {xs.back()}, wd), eps));
       });
 }
@@ -467,7 +467,7 @@ void attention_cases(std::vector<OpCase>& t) {
     std::vector<std::pair<DType, DType>> dts = {{F32, F32}, {BF16, BF16}};
     if (a.T == 7 || a.T == 129) dts.push_back({F32, BF16});  // mixed dtypes: the CPU backend converts per task
     for (const auto& [qd, kd] : dts)
-      add_case(t, Op::Attention, att_name(a, qd, kd), qd == BF16 || kd == BF16 ? kBF16 : kF32, [=](Ctx& c) {
+      add_case(t, Op::Attention, att_name(a, qd, kd), qd == BF16 || kd == BF16 ? kBF16 : kF32, [=, kd = kd, qd = qd](Ctx& c) {
         const ValueId q = c.rand("q", {a.B, a.T, a.H, a.D}, qd), k = c.rand("k", {a.B, a.S, a.Hkv, a.D}, kd), v = c.rand("v", {a.B, a.S, a.Hkv, a.D}, kd);
         const ValueId m = a.mask ? c.segments("mask", a.B, a.S) : kNone;
         c.out(c.b.attention(q, k, v, m, 1.0 / std::sqrt(static_cast<double>(a.D)), a.causal));
@@ -532,12 +532,12 @@ void elementwise_cases(std::vector<OpCase>& t) {
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {129}, {3, 5, 129}})
     for (const auto& [a, b] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, BF16}, {BF16, F32}, {F32, BF16}})
       add_case(t, Op::Add, fmt::format("{} + {} {}", dn(a), dn(b), dims(s)), a == BF16 ? kBF16 : kF32,
-               [=](Ctx& c) { c.out(c.b.add(c.rand("a", s, a), c.rand("b", s, b))); });
+               [=, a = a, b = b](Ctx& c) { c.out(c.b.add(c.rand("a", s, a), c.rand("b", s, b))); });
 
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}})
     for (const auto& [w, o] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, F32}, {F32, BF16}})
       add_case(t, Op::ScaleBy, fmt::format("{} {} times f32 scalar -> {}", dn(w), dims(s), dn(o)), tol_of(o),
-               [=](Ctx& c) { c.out(c.b.scale_by(c.rand("w", s, w), c.rand("s", {}, F32), o)); });
+               [=, o = o, w = w](Ctx& c) { c.out(c.b.scale_by(c.rand("w", s, w), c.rand("s", {}, F32), o)); });
 
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}, {2, 3, 4099}})
     for (DType xd : {F32, BF16})
@@ -578,10 +578,10 @@ void data_movement_cases(std::vector<OpCase>& t) {
   // denormal, ±Inf, NaN), which must come out as the same values (NaN as NaN, each infinity with its sign).
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {5, 129}})
     for (const auto& [from, to] : std::vector<std::pair<DType, DType>>{{F32, BF16}, {BF16, F32}, {F32, F16}, {F16, F32}, {BF16, F16}, {F32, F32}})
-      add_case(t, Op::Cast, fmt::format("{} -> {} {}", dn(from), dn(to), dims(s)), kExact, [=](Ctx& c) { c.out(c.b.cast(c.rand("x", s, from, 100.0), to)); });
+      add_case(t, Op::Cast, fmt::format("{} -> {} {}", dn(from), dn(to), dims(s)), kExact, [=, from = from, to = to](Ctx& c) { c.out(c.b.cast(c.rand("x", s, from, 100.0), to)); });
   const std::vector<double> special = {0.0, -0.0, 1.0, -1.0, 1.00390625, 1.01171875, 3.0e38, -3.0e38, 1e-40, 65504.0, 70000.0, INFINITY, -INFINITY, NAN, 0.1, -7.25};
   for (const auto& [from, to] : std::vector<std::pair<DType, DType>>{{F32, BF16}, {F32, F16}, {BF16, F32}})
-    add_case(t, Op::Cast, fmt::format("{} -> {} special values", dn(from), dn(to)), kExact, [=](Ctx& c) {
+    add_case(t, Op::Cast, fmt::format("{} -> {} special values", dn(from), dn(to)), kExact, [=, from = from, to = to](Ctx& c) {
       c.out(c.b.cast(c.vals("x", {static_cast<int64_t>(special.size())}, from, special), to));
     }).nonfinite_expected = true;
 
@@ -615,7 +615,7 @@ void data_movement_cases(std::vector<OpCase>& t) {
   };
   for (const Kv k : {Kv{1, 1, 1, 1, 1, 0}, Kv{2, 16, 2, 8, 7, 3}, Kv{2, 16, 2, 8, 1, 15}, Kv{1, 129, 2, 4, 129, 0}, Kv{2, 9, 1, 7, 4, 5}})
     for (const auto& [cd, xd] : std::vector<std::pair<DType, DType>>{{BF16, BF16}, {F32, F32}, {BF16, F32}})
-      add_case(t, Op::KvCacheWrite, fmt::format("cache {} {}x{}x{}x{} x {} T{} at {}", dn(cd), k.B, k.S, k.Hkv, k.D, dn(xd), k.T, k.pos), kExact, [=](Ctx& c) {
+      add_case(t, Op::KvCacheWrite, fmt::format("cache {} {}x{}x{}x{} x {} T{} at {}", dn(cd), k.B, k.S, k.Hkv, k.D, dn(xd), k.T, k.pos), kExact, [=, cd = cd, xd = xd](Ctx& c) {
         const ValueId cache = c.rand("cache", {k.B, k.S, k.Hkv, k.D}, cd);
         c.in_place = {"cache"};
         c.out(c.b.kv_cache_write(cache, c.rand("x", {k.B, k.T, k.Hkv, k.D}, xd), c.i32("pos", {1}, {k.pos})));
@@ -649,7 +649,7 @@ void backward_gemm_cases(std::vector<OpCase>& t) {
   for (const auto& [dys, K] : std::vector<std::pair<Shape, int64_t>>{{{1, 1}, 1}, {{7, 129}, 7}, {{8, 7}, 129}, {{129, 33}, 65}, {{2, 7, 9}, 300}})
     for (const D d : dts)
       add_case(t, Op::MatMulNN, fmt::format("dy {} {} w {} {}x{} -> {}", dn(d.a), dims(dys), dn(d.b), dys.back(), K, dn(d.out)), tol_of(d.out),
-               [=](Ctx& c) { c.out(c.b.matmul_nn(c.rand("dy", dys, d.a), c.rand("w", {dys.back(), K}, d.b), d.out)); });
+               [=, K = K, dys = dys](Ctx& c) { c.out(c.b.matmul_nn(c.rand("dy", dys, d.a), c.rand("w", {dys.back(), K}, d.b), d.out)); });
   for (const bool computed : {false, true})  // + an addend (a gradient sum so far), input or computed (in place)
     add_case(t, Op::MatMulNN, fmt::format("dy bf16 33x16 w 16x40 -> f32 + {} addend", computed ? "computed (in place)" : "input"), kF32, [=](Ctx& c) {
       ValueId addend = c.rand("addend", {33, 40}, F32);
@@ -659,10 +659,10 @@ void backward_gemm_cases(std::vector<OpCase>& t) {
   for (const auto& [as, bs] : std::vector<std::pair<Shape, Shape>>{{{1, 1}, {1, 1}}, {{7, 7}, {7, 129}}, {{129, 8}, {129, 7}}, {{129, 33}, {129, 65}}, {{2, 5, 129}, {2, 5, 9}}})
     for (const D d : dts)
       add_case(t, Op::MatMulTN, fmt::format("a {} {} b {} {} -> {}", dn(d.a), dims(as), dn(d.b), dims(bs), dn(d.out)), tol_of(d.out),
-               [=](Ctx& c) { c.out(c.b.matmul_tn(c.rand("a", as, d.a), c.rand("b", bs, d.b), d.out)); });
+               [=, as = as, bs = bs](Ctx& c) { c.out(c.b.matmul_tn(c.rand("a", as, d.a), c.rand("b", bs, d.b), d.out)); });
   for (const Shape& s : std::vector<Shape>{{1, 1}, {7, 129}, {129, 7}, {3, 5, 33}})
     for (const auto& [in, out] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, F32}, {F32, BF16}})
-      add_case(t, Op::SumRows, fmt::format("{} {} -> {}", dn(in), dims(s), dn(out)), tol_of(out), [=](Ctx& c) { c.out(c.b.sum_rows(c.rand("x", s, in), out)); });
+      add_case(t, Op::SumRows, fmt::format("{} {} -> {}", dn(in), dims(s), dn(out)), tol_of(out), [=, in = in, out = out](Ctx& c) { c.out(c.b.sum_rows(c.rand("x", s, in), out)); });
 }
 
 void embedding_backward_cases(std::vector<OpCase>& t) {
@@ -705,11 +705,11 @@ void norm_backward_cases(std::vector<OpCase>& t) {
       }).floor = xs.back() == 1 ? 1.0 : 1e-6;
     for (const auto& [xd, od] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, F32}, {F32, BF16}})
       add_case(t, Op::RmsNormBackW, fmt::format("x {} {} dy f32 -> {}", dn(xd), dims(xs), dn(od)), tol_of(od),
-               [=](Ctx& c) { c.out(c.b.rms_norm_back_w(c.rand("x", xs, xd), c.rand("dy", xs, F32), 1e-6, od)); });
+               [=, od = od, xd = xd](Ctx& c) { c.out(c.b.rms_norm_back_w(c.rand("x", xs, xd), c.rand("dy", xs, F32), 1e-6, od)); });
   }
   for (const Shape& s : std::vector<Shape>{{1}, {7}, {3, 129}})
     for (const auto& [gd, dd] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, F32}, {BF16, BF16}})
-      add_case(t, Op::SwiGLUBackward, fmt::format("gate/up {} {} dy {}", dn(gd), dims(s), dn(dd)), tol_of(dd), [=](Ctx& c) {
+      add_case(t, Op::SwiGLUBackward, fmt::format("gate/up {} {} dy {}", dn(gd), dims(s), dn(dd)), tol_of(dd), [=, dd = dd, gd = gd](Ctx& c) {
         for (ValueId v : c.b.swiglu_backward(c.rand("gate", s, gd), c.rand("up", s, gd), c.rand("dy", s, dd))) c.out(v);
       });
   add_case(t, Op::SwiGLUBackward, "gate/up f32 129 saturated gates dy f32", kF32, [](Ctx& c) {
@@ -725,7 +725,7 @@ void attention_backward_cases(std::vector<OpCase>& t) {
     // (q/k/v, dy): f32; bf16 throughout (bf16 GEMMs); bf16 with an f32 gradient (converted per task).
     for (const auto& [qd, dd] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, BF16}, {BF16, F32}}) {
       const double tol = qd != BF16 ? kF32 : dd == BF16 ? kBF16AttentionBackward : kBF16;
-      add_case(t, Op::AttentionBackward, att_name(a, qd, qd) + " dy " + dn(dd), tol, [=](Ctx& c) {
+      add_case(t, Op::AttentionBackward, att_name(a, qd, qd) + " dy " + dn(dd), tol, [=, dd = dd, qd = qd](Ctx& c) {
         const ValueId q = c.rand("q", {a.B, a.T, a.H, a.D}, qd), k = c.rand("k", {a.B, a.S, a.Hkv, a.D}, qd), v = c.rand("v", {a.B, a.S, a.Hkv, a.D}, qd);
         const ValueId m = a.mask ? c.segments("mask", a.B, a.S) : kNone;
         const ValueId dy = c.rand("dy", {a.B, a.T, a.H, a.D}, dd);
@@ -791,12 +791,12 @@ void head_cases(std::vector<OpCase>& t) {
     for (const auto& [hd, wd] : dts) {
       const std::string shape = fmt::format("h {} {} w {} {}x{}", dn(hd), dims(hs), dn(wd), s.V, s.C);
       const double tol = hd == BF16 ? kBF16 : kF32;
-      add_case(t, Op::TokenLogprobs, shape, tol, [=](Ctx& c) {
+      add_case(t, Op::TokenLogprobs, shape, tol, [=, hd = hd, wd = wd](Ctx& c) {
         const ValueId h = c.rand("h", hs, hd), w = c.rand("w", {s.V, s.C}, wd);
         c.out(c.b.token_logprobs(h, w, c.i32("t", s.lead, edge_targets(c.rng, R, s.V))));
       }).zeros_expected = s.V == 1;  // one token: log p = 0
-      add_case(t, Op::Entropy, shape, tol, [=](Ctx& c) { c.out(c.b.entropy(c.rand("h", hs, hd), c.rand("w", {s.V, s.C}, wd))); }).zeros_expected = s.V == 1;
-      add_case(t, Op::TokenArgmaxMatch, shape + " quarters", kExact, [=](Ctx& c) {
+      add_case(t, Op::Entropy, shape, tol, [=, hd = hd, wd = wd](Ctx& c) { c.out(c.b.entropy(c.rand("h", hs, hd), c.rand("w", {s.V, s.C}, wd))); }).zeros_expected = s.V == 1;
+      add_case(t, Op::TokenArgmaxMatch, shape + " quarters", kExact, [=, hd = hd, wd = wd](Ctx& c) {
         const ValueId h = c.quarters("h", hs, hd), w = c.quarters("w", {s.V, s.C}, wd);
         c.out(c.b.token_argmax_match(h, w, c.i32("t", s.lead, argmax_targets(c, R, s.C, s.V, hd))));
       });
@@ -806,11 +806,11 @@ void head_cases(std::vector<OpCase>& t) {
         for (int64_t r = 0; r < R; ++r) g[static_cast<size_t>(r)] = r % 3 == 2 ? 0.0 : c.rng.normal();
         return c.vals("dlogp", lead, F32, g);
       };
-      add_case(t, Op::TokenLogprobsBackward, shape + " dlogp f32", tol, [=](Ctx& c) {
+      add_case(t, Op::TokenLogprobsBackward, shape + " dlogp f32", tol, [=, hd = hd, wd = wd](Ctx& c) {
         const ValueId h = c.rand("h", hs, hd), w = c.rand("w", {s.V, s.C}, wd), tg = c.i32("t", s.lead, edge_targets(c.rng, R, s.V));
         for (ValueId v : c.b.token_logprobs_backward(h, w, tg, dlogp(c, s.lead))) c.out(v);
       });
-      add_case(t, Op::EntropyBackward, shape + " dH f32", tol, [=](Ctx& c) {
+      add_case(t, Op::EntropyBackward, shape + " dH f32", tol, [=, hd = hd, wd = wd](Ctx& c) {
         const ValueId h = c.rand("h", hs, hd), w = c.rand("w", {s.V, s.C}, wd);
         for (ValueId v : c.b.entropy_backward(h, w, dlogp(c, s.lead))) c.out(v);
       });
@@ -854,7 +854,7 @@ void head_cases(std::vector<OpCase>& t) {
       for (const auto& [with_targets, with_entropy] : {std::pair{true, true}, {false, true}, {true, false}}) {
         const std::string shape = fmt::format("h {} {} w {} {}x{}{}{}", dn(hd), dims(hs), dn(wd), s.V, s.C, with_targets ? " targets" : "",
                                               with_entropy ? " entropy" : "");
-        add_case(t, Op::VocabStats, shape + " quarters", kF32, [=](Ctx& c) {
+        add_case(t, Op::VocabStats, shape + " quarters", kF32, [=, hd = hd, wd = wd, with_entropy = with_entropy, with_targets = with_targets](Ctx& c) {
           const ValueId h = c.quarters("h", hs, hd), w = c.quarters("w", {s.V, s.C}, wd);
           const ValueId tg = with_targets ? c.i32("t", s.lead, argmax_targets(c, R, s.C, s.V, hd)) : kNone;
           const ValueId st = c.b.vocab_stats(h, w, tg, with_entropy, false);
@@ -894,7 +894,7 @@ void jsd_cases(std::vector<OpCase>& t) {
         const std::string shape =
             fmt::format("student {} {} w {}x{} teacher {} {} beta {}", dn(sd), dims(hs), s.V, s.C, dn(td), dims(ts), beta);
         const double tol = sd == BF16 || td == BF16 ? kBF16 : kF32;
-        auto heads = [=](Ctx& c) {
+        auto heads = [=, sd = sd, td = td](Ctx& c) {
           return std::array<ValueId, 4>{c.rand("h", hs, sd), c.rand("w", {s.V, s.C}, sd), c.rand("ht", ts, td, 2.0), c.rand("wt", {s.V, Ct}, td)};
         };
         add_case(t, Op::Jsd, shape, tol, [=](Ctx& c) {
@@ -1242,8 +1242,13 @@ INSTANTIATE_TEST_SUITE_P(OpTable, OpTableVjp, ::testing::ValuesIn(vjp_table()),
 std::vector<OpCase> vjp_backend_cases() {
   std::vector<OpCase> t;
   for (const VjpCase& v : vjp_table())
-    for (DType dt : {F32, BF16})
-      add_case(t, v.op, fmt::format("backward graph {} {}", dn(dt), v.name), tol_of(dt), [v, dt](Ctx& c) { build_loss_and_grads(c, v, dt, F32, true); });
+    for (DType dt : {F32, BF16}) {
+      // A KL value is a small difference of O(1) log-sum-exps (0.1 from terms near log V): in f32 the logits' own
+      // rounding leaves about 1e-5 of it (1.18e-5 under clang 14, below 1e-5 under GCC 12), as jsd_cases says of
+      // its gradients.
+      const double tol = dt == F32 && v.op == Op::Jsd ? 3 * kF32 : tol_of(dt);
+      add_case(t, v.op, fmt::format("backward graph {} {}", dn(dt), v.name), tol, [v, dt](Ctx& c) { build_loss_and_grads(c, v, dt, F32, true); });
+    }
   make_names_unique(t);
   return t;
 }

@@ -24,9 +24,11 @@ namespace {
 // model): with every stored array aligned, the stores bypass the cache (non-temporal), which saves reading each
 // destination line before writing it. Measured on the qwen3-0.6b step: docs/PERFORMANCE.md.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, falsely, inside _mm512_sqrt_ps
+#endif
 template <bool kFresh>
-__attribute__((target("avx512f,avx512bw"), optimize("fp-contract=off"))) void update_avx512(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
+__attribute__((target("avx512f,avx512bw"))) TRL_NO_FP_CONTRACT void update_avx512(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
                                                                 const Backend::AdamWStep& u) {
   auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
   int64_t i = i0;
@@ -68,7 +70,7 @@ __attribute__((target("avx512f,avx512bw"), optimize("fp-contract=off"))) void up
 
 // The same on AVX2, 8 elements at a time (the same operations in the same order: the same bits).
 template <bool kFresh>
-__attribute__((target("avx2"), optimize("fp-contract=off"))) void update_avx2(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
+__attribute__((target("avx2"))) TRL_NO_FP_CONTRACT void update_avx2(const float* g, float* m, float* v, float* w, uint16_t* w16, int64_t i0, int64_t i1,
                                                                      const Backend::AdamWStep& u) {
   auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
   int64_t i = i0;

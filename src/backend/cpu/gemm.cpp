@@ -30,7 +30,7 @@ const dnnl::engine& dnnl_engine() {
 
 Gemm::Gemm(int64_t M, int64_t N, int64_t K, DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, bool bias,
            bool accumulate, int64_t ldc)
-    : M_(M), N_(N), K_(K), sa_m_(sa_m), sa_k_(sa_k), sb_k_(sb_k), sb_n_(sb_n), ldc_(ldc == 0 ? N : ldc), ta_(ta), tb_(tb), tc_(tc) {
+    : M_(M), N_(N), K_(K), ldc_(ldc == 0 ? N : ldc) {
   if (!create(ta, sa_m, sa_k, tb, sb_k, sb_n, tc, ldc_, bias, accumulate)) {
     for (DType t : {ta, tb, tc})
       if (t != DType::F32 && t != DType::BF16)

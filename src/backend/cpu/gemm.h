@@ -34,8 +34,7 @@ class Gemm {
  private:
   bool create(DType ta, int64_t sa_m, int64_t sa_k, DType tb, int64_t sb_k, int64_t sb_n, DType tc, int64_t ldc, bool bias, bool accumulate);
 
-  int64_t M_, N_, K_, sa_m_, sa_k_, sb_k_, sb_n_, ldc_;
-  DType ta_, tb_, tc_;
+  int64_t M_, N_, K_, ldc_;
   bool packed_ = false;  // oneDNN has no primitive for these types here: packed_gemm_ runs instead
   PackedGemm packed_gemm_;
   dnnl::memory::desc a_, b_, c_, bias_, scratch_md_;

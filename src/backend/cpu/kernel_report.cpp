@@ -5,6 +5,7 @@
 #include "backend/cpu/adamw.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
+#include "core/sanitizers.h"
 
 namespace trl::cpu {
 
@@ -29,7 +30,7 @@ std::string onednn_isa() {
 
 // GCC's own CPU test, as target_clones' resolvers use it (so TRL_NO_AVX512 does not change it).
 std::string clone_family() {
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !TRL_ASAN
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return "avx512";
   if (__builtin_cpu_supports("avx2")) return "avx2";

@@ -72,7 +72,7 @@ Kernel attention_blocks(ProgramContext* cx, graph::ValueId id, bool backward) {
   }
   const size_t es = dtype_size(ct);
   return [cx, id, q, k, v, mask, dy, B, T, H, D, S, Hkv, dq, dk, dv, dd, od, ct, same, direct_out, scale, causal, backward, nq, nk,
-          offset, ldq, ldk, ldo, blocks, es] {
+          offset, ldq, ldo, blocks, es] {
     const int64_t rep = H / Hkv;
     const int32_t* m = mask != kNone ? static_cast<const int32_t*>(cx->p(mask)) : nullptr;
     char* out = static_cast<char*>(cx->p(id));

@@ -15,10 +15,11 @@
 #include "backend/cpu/vec_math.h"
 #include "core/cpu_features.h"
 #include "trl/core/dtype.h"
+#include "core/sanitizers.h"
 
 namespace trl::cpu::vec {
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !TRL_ASAN
 #define TRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TRL_MULTIVERSION
@@ -129,7 +130,9 @@ TRL_MULTIVERSION float exp_shift_sum_ey_any(float* x, int64_t n, float shift, fl
 
 #if defined(__x86_64__)
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, falsely, inside the AVX-512 intrinsics
+#endif
 // exp_nonpositive on 16 lanes: v = k·ln2 + r, k = floor(v·log2e + ½), e^r by the same degree-6 polynomial, 2^k in
 // the exponent bits; v < −87 (and −inf) gives 0, a NaN stays NaN.
 __attribute__((target("avx512f"), always_inline)) inline __m512 exp_nonpositive16(__m512 v) {

@@ -7,10 +7,11 @@
 
 #include "backend/cpu/vec.h"
 #include "backend/cpu/vec_math.h"
+#include "core/sanitizers.h"
 
 namespace trl::cpu::vec {
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !TRL_ASAN
 #define TRL_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TRL_MULTIVERSION
