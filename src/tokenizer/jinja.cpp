@@ -24,6 +24,7 @@ namespace {
 // center(10**12), and overflowed the stack with a macro calling itself): a template that needs more is an error.
 constexpr int64_t kMaxItems = int64_t{1} << 24;  // items of a list, bytes of a string made by one operation
 constexpr int kMaxCallDepth = 256;                // calls nested in calls
+constexpr int kMaxNesting = 100;                   // expressions and blocks nested in the source (the parser recurses)
 
 // A decimal integer of int64's range, or nothing (out of range: the template's number is refused, not stoll's
 // exception).
@@ -374,6 +375,17 @@ class Parser {
   [[noreturn]] void error(const Token& at, const std::string& msg) const {
     throw TemplateError(fmt::format("{}: line {}, column {}: {}", name_, at.line, at.col, msg));
   }
+  // One level of the parser's recursion (a nested expression, a unary operator, a block): refused past kMaxNesting,
+  // where a template of brackets or blocks without end would otherwise exhaust the stack.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxNesting) p.error(p.cur(), fmt::format("expressions or blocks nested deeper than {}", kMaxNesting));
+    }
+    ~Nest() { --p.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+  };
   bool is_op(const char* op) const { return cur().kind == Tok::Op && cur().text == op; }
   bool is_name(const char* n) const { return cur().kind == Tok::Name && cur().text == n; }
   void expect_op(const char* op) {
@@ -407,6 +419,7 @@ class Parser {
 
   // Parses statements until a block tag whose keyword is in `stops` (left unconsumed, positioned at its name).
   std::vector<NodePtr> parse_body(const std::vector<std::string>& stops) {
+    const Nest nest(*this);
     std::vector<NodePtr> body;
     while (true) {
       const Token& t = cur();
@@ -624,6 +637,7 @@ class Parser {
   }
 
   NodePtr parse_expression(bool allow_cond = true) {
+    const Nest nest(*this);
     NodePtr e = parse_or();
     if (allow_cond && is_name("if")) {
       auto n = make(K::Cond, cur());
@@ -663,6 +677,7 @@ class Parser {
 
   NodePtr parse_not() {
     if (is_name("not")) {
+      const Nest nest(*this);
       auto n = make(K::Not, cur());
       ++i_;
       n->kids.push_back(parse_not());
@@ -749,6 +764,7 @@ class Parser {
   NodePtr parse_unary(bool with_filter) {
     NodePtr node;
     if (is_op("-") || is_op("+")) {
+      const Nest nest(*this);
       auto n = make(is_op("-") ? K::Neg : K::Pos, cur());
       ++i_;
       n->kids.push_back(parse_unary(false));
@@ -955,6 +971,7 @@ class Parser {
   std::vector<Token> t_;
   std::string name_;
   size_t i_ = 0;
+  int depth_ = 0;  // Nest levels open
 };
 
 }  // namespace

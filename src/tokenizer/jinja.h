@@ -69,11 +69,13 @@ class Value {
   bool as_bool() const { return b_; }
   int64_t as_int() const { return i_; }
   double as_number() const { return type_ == Type::Int ? static_cast<double>(i_) : f_; }
-  const std::string& as_string() const { return *s_; }
-  const List& as_list() const { return *l_; }
-  const Dict& as_dict() const { return *d_; }
-  Dict& mutable_dict() { return *d_; }  // namespace attributes only
-  const Function& as_function() const { return *fn_; }
+  // The held value; another kind is a TemplateError ("expected a str, got int"), never a read through a null pointer
+  // (a template may hand any value to any method or filter: found by fuzzing).
+  const std::string& as_string() const { return check(Type::String), *s_; }
+  const List& as_list() const { return check(Type::List), *l_; }
+  const Dict& as_dict() const { return check(Type::Dict), *d_; }
+  Dict& mutable_dict() { return check(Type::Dict), *d_; }  // namespace attributes only
+  const Function& as_function() const { return check(Type::Function), *fn_; }
 
   // dict lookup; nullptr when absent
   const Value* get(const std::string& key) const;
@@ -91,6 +93,10 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
+  void check(Type expected) const {
+    if (type_ != expected) wrong_kind(expected);
+  }
+  [[noreturn]] void wrong_kind(Type expected) const;
   std::shared_ptr<std::string> s_;
   std::shared_ptr<List> l_;
   std::shared_ptr<Dict> d_;

@@ -10,6 +10,27 @@
 
 namespace trl::jinja {
 
+namespace {
+const char* kind_name(Value::Type t) {  // Python's names, as the template's errors use them
+  switch (t) {
+    case Value::Type::Undefined: return "Undefined";
+    case Value::Type::None: return "NoneType";
+    case Value::Type::Bool: return "bool";
+    case Value::Type::Int: return "int";
+    case Value::Type::Float: return "float";
+    case Value::Type::String: return "str";
+    case Value::Type::List: return "list";
+    case Value::Type::Dict: return "dict";
+    case Value::Type::Function: return "function";
+  }
+  return "?";
+}
+}  // namespace
+
+void Value::wrong_kind(Type expected) const {
+  throw TemplateError(std::string("expected a ") + kind_name(expected) + ", got " + kind_name(type_));
+}
+
 Value Value::none() {
   Value v;
   v.type_ = Type::None;

@@ -139,6 +139,17 @@ TEST(Jinja, TemplatesCannotExhaustTheProcess) {
       {"{{ '\\xZZ' }}", "needs 2 hex digits"},
       {"{{ 'a b'.split('') }}", "split(): empty separator"},  // a method's own error gets the call's line and column
       {"{{ 'a'.startswith(1) }}", "startswith(): argument must be a string"},
+      // Found by fuzzing: a value of another kind where a method wanted a string was read through a null pointer,
+      // and brackets nested without end exhausted the parser's stack.
+      {"{{ 'a,b'.split(1) }}", "expected a str, got int"},
+      {"{{ " + std::string(5000, '[') + " }}", "expressions or blocks nested deeper than 100"},
+      {"{{ " + std::string(5000, '-') + "1 }}", "expressions or blocks nested deeper than 100"},
+      {[] {
+         std::string t;
+         for (int i = 0; i < 300; ++i) t += "{% if 1 %}";
+         return t;
+       }(),
+       "expressions or blocks nested deeper than 100"},
   };
   for (const auto& [src, want] : cases) {
     const std::string e = render_error(src);
