@@ -1191,20 +1191,7 @@ class Interpreter {
     }
   }
 
-  static std::string type_name(const Value& v) {
-    switch (v.type()) {
-      case Value::Type::Undefined: return "Undefined";
-      case Value::Type::None: return "NoneType";
-      case Value::Type::Bool: return "bool";
-      case Value::Type::Int: return "int";
-      case Value::Type::Float: return "float";
-      case Value::Type::String: return "str";
-      case Value::Type::List: return "list";
-      case Value::Type::Dict: return "dict";
-      case Value::Type::Function: return "function";
-    }
-    return "?";
-  }
+  static std::string type_name(const Value& v) { return Value::kind_name(v.type()); }
 
   // ---- expressions ----
 

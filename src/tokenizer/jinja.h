@@ -40,6 +40,7 @@ using Function = std::function<Value(Args&)>;
 class Value {
  public:
   enum class Type { Undefined, None, Bool, Int, Float, String, List, Dict, Function };
+  static const char* kind_name(Type t);  // Python's name of the kind: "NoneType", "int", "str", ...
 
   Value() = default;  // undefined
   static Value none();

@@ -10,22 +10,20 @@
 
 namespace trl::jinja {
 
-namespace {
-const char* kind_name(Value::Type t) {  // Python's names, as the template's errors use them
+const char* Value::kind_name(Type t) {
   switch (t) {
-    case Value::Type::Undefined: return "Undefined";
-    case Value::Type::None: return "NoneType";
-    case Value::Type::Bool: return "bool";
-    case Value::Type::Int: return "int";
-    case Value::Type::Float: return "float";
-    case Value::Type::String: return "str";
-    case Value::Type::List: return "list";
-    case Value::Type::Dict: return "dict";
-    case Value::Type::Function: return "function";
+    case Type::Undefined: return "Undefined";
+    case Type::None: return "NoneType";
+    case Type::Bool: return "bool";
+    case Type::Int: return "int";
+    case Type::Float: return "float";
+    case Type::String: return "str";
+    case Type::List: return "list";
+    case Type::Dict: return "dict";
+    case Type::Function: return "function";
   }
   return "?";
 }
-}  // namespace
 
 void Value::wrong_kind(Type expected) const {
   throw TemplateError(std::string("expected a ") + kind_name(expected) + ", got " + kind_name(type_));
