@@ -37,7 +37,7 @@ void register_compile(CLI::App& app) {
   opts.add("pad_to_multiple_of", a->pad_to_multiple_of, "None | auto | N: the bucket");
   opts.add("gradient_checkpointing", a->gradient_checkpointing, "Compile the rematerialising variant");
   on_run(cmd, [a] {
-    if (a->model.empty() == a->preset.empty()) fail("trl compile: give exactly one of --model_name_or_path and --preset");
+    if (a->model.empty() == a->preset.empty()) usage_fail("trl compile: give exactly one of --model_name_or_path and --preset");
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     auto backend = make_backend("auto");
     const int64_t multiple = parse_pad_to_multiple_of(a->pad_to_multiple_of, backend->auto_pad_multiple());

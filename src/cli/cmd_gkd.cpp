@@ -22,22 +22,22 @@ struct TeacherArgs {
 // compute dtype (bf16 under --bf16), as a frozen model needs no f32 masters.
 CausalLM load_teacher(const char* command, const TeacherArgs& t, const TrainCommandArgs& a, const TrainingArguments& c) {
   if (t.path.empty() || is_none(t.path))
-    fail("trl {}: --teacher_model_name_or_path is required (a model folder or a Hugging Face id in the local cache)", command);
+    usage_fail("trl {}: --teacher_model_name_or_path is required (a model folder or a Hugging Face id in the local cache)", command);
   LoadOptions lo;
   lo.revision = t.revision.empty() || is_none(t.revision) ? a.revision : t.revision;
   lo.dtype = c.bf16 ? DType::BF16 : DType::F32;
   if (!t.init_kwargs.empty() && !is_none(t.init_kwargs)) {
     const nlohmann::ordered_json kw = parse_json<nlohmann::ordered_json>(t.init_kwargs, "--teacher_model_init_kwargs '" + t.init_kwargs + "'");
-    if (!kw.is_object()) fail("--teacher_model_init_kwargs must be a JSON object, got {}", t.init_kwargs);
+    if (!kw.is_object()) usage_fail("--teacher_model_init_kwargs must be a JSON object, got {}", t.init_kwargs);
     for (const auto& [k, v] : kw.items()) {
       if (k == "dtype" || k == "torch_dtype") {
         const std::string d = v.is_string() ? v.get<std::string>() : "";
         if (d == "auto") lo.dtype.reset();
         else if (d == "bfloat16") lo.dtype = DType::BF16;
         else if (d == "float32") lo.dtype = DType::F32;
-        else fail("--teacher_model_init_kwargs: dtype must be \"auto\", \"bfloat16\" or \"float32\", got {}", v.dump());
+        else usage_fail("--teacher_model_init_kwargs: dtype must be \"auto\", \"bfloat16\" or \"float32\", got {}", v.dump());
       } else if (k != "trust_remote_code" && k != "attn_implementation" && k != "use_cache" && k != "revision" && k != "device_map") {
-        fail("--teacher_model_init_kwargs: unknown key '{}' (known here: dtype, and trust_remote_code, attn_implementation, use_cache, "
+        usage_fail("--teacher_model_init_kwargs: unknown key '{}' (known here: dtype, and trust_remote_code, attn_implementation, use_cache, "
              "device_map, which change nothing)",
              k);
       }
@@ -146,7 +146,7 @@ void register_distill(CLI::App& app) {
     if (!a->chat_template_kwargs.empty()) {
       cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a->chat_template_kwargs, "--chat_template_kwargs '" + a->chat_template_kwargs + "'");
       if (!cfg.chat_template_kwargs.is_object())
-        fail("--chat_template_kwargs must be a JSON object of template variables, such as '{{\"enable_thinking\": false}}', got {}", a->chat_template_kwargs);
+        usage_fail("--chat_template_kwargs must be a JSON object of template variables, such as '{{\"enable_thinking\": false}}', got {}", a->chat_template_kwargs);
     }
     if (a->use_vllm) std::fprintf(stderr, "[trl] distill: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n");
     check_distillation_config(cfg);

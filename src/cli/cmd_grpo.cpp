@@ -76,7 +76,7 @@ void finish_online(const char* command, OnlineArgs<Config>& a, Config& cfg) {
     cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a.chat_template_kwargs, "--chat_template_kwargs '" + a.chat_template_kwargs + "'");
   }
   if (a.reward_funcs.empty() && a.reward_model.empty())
-    fail("trl {}: --reward_funcs (or --reward_model_name_or_path) is required, e.g. --reward_funcs length:200", command);
+    usage_fail("trl {}: --reward_funcs (or --reward_model_name_or_path) is required, e.g. --reward_funcs length:200", command);
   if (a.use_vllm) std::fprintf(stderr, "[trl] %s: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n", command);
   if (a.max_prompt_length) std::fprintf(stderr, "[trl] %s: max_prompt_length is ignored: TRL no longer truncates prompts\n", command);
 }
@@ -147,7 +147,7 @@ void register_rloo(CLI::App& app) {
     RLOOConfig cfg = a->c;
     finish_online("rloo", *a, cfg);
     if (!a->reward_clip_range.empty()) {
-      if (a->reward_clip_range.size() != 2) fail("--reward_clip_range takes two numbers (low high), got {}", a->reward_clip_range.size());
+      if (a->reward_clip_range.size() != 2) usage_fail("--reward_clip_range takes two numbers (low high), got {}", a->reward_clip_range.size());
       cfg.reward_clip_range = std::make_pair(a->reward_clip_range[0], a->reward_clip_range[1]);
     }
     std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);

@@ -29,10 +29,10 @@ void refuse_output_in_place(const std::string& output_dir, const std::string& ba
     return !dir.empty() && fs::exists(dir, e) && fs::equivalent(out, dir, e);
   };
   if (same(base_dir))
-    fail("--output_dir {} is the base model's folder ({}): merging there would overwrite the base model in place; give another folder", output_dir,
+    usage_fail("--output_dir {} is the base model's folder ({}): merging there would overwrite the base model in place; give another folder", output_dir,
          base_dir);
   if (same(adapter_dir))
-    fail("--output_dir {} is the adapter's folder: merging there would write a whole model into the adapter; give another folder", output_dir);
+    usage_fail("--output_dir {} is the adapter's folder: merging there would write a whole model into the adapter; give another folder", output_dir);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ void register_sft(CLI::App& app) {
   struct Args {
     SFTConfig c;
     TrainCommandArgs t;
+    std::string packing_strategy = "bfd";
   };
   auto a = std::make_shared<Args>();
   auto o = std::make_shared<Options>(cmd);
@@ -22,6 +23,8 @@ void register_sft(CLI::App& app) {
   add_training_options(*o, c, a->t);
   o->add("max_length", c.max_length, "Truncate (or pack) to this many tokens").min(1);
   o->add("packing", c.packing, "Pack examples into rows of max_length (best-fit decreasing)");
+  o->add("packing_strategy", a->packing_strategy, "How packing fills rows: bfd (best-fit decreasing, overflow truncated)")
+      .choices({"bfd", "bfd_split", "wrapped"});
   o->add("padding_free", c.padding_free, "One row per micro-batch, no padding between examples");
   o->add("completion_only_loss", c.completion_only_loss, "Loss on completions only (None: yes for prompt-completion data)");
   o->add("assistant_only_loss", c.assistant_only_loss, "Loss on assistant turns only");
@@ -30,6 +33,9 @@ void register_sft(CLI::App& app) {
   o->add("eos_token", c.eos_token, "Appended to non-chat text; must be one token of the vocabulary").default_text("the tokenizer's");
   on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
+    if (a->packing_strategy != "bfd")
+      usage_fail("--packing_strategy {}: trl.cpp packs with bfd only (best-fit decreasing, each example truncated to max_length, no "
+                 "attention across examples); drop the option or give bfd", a->packing_strategy);
     SFTConfig cfg = a->c;
     finish_training_options("sft", cfg, a->t);
     check_sft_config(cfg);  // before loading anything: a bad option fails at once (eos_token is checked with the tokenizer)

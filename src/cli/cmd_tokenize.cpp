@@ -76,8 +76,8 @@ void register_tokenize(CLI::App& app) {
   opts.add("skip_special_tokens", a->skip_special_tokens, "With --decode: drop special tokens");
   opts.add("add_special_tokens", a->add_special_tokens, "Add the post-processor's special tokens (BOS/EOS)");
   on_run(cmd, [a] {
-    if (a->chat && !a->jsonl) fail("--chat reads JSON lines: add --jsonl");
-    if (a->chat && a->decode) fail("--chat and --decode cannot be combined");
+    if (a->chat && !a->jsonl) usage_fail("--chat reads JSON lines: add --jsonl");
+    if (a->chat && a->decode) usage_fail("--chat and --decode cannot be combined");
     Tokenizer tok = Tokenizer::from_pretrained(a->model, a->revision);
     if (!a->jsonl) {
       const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());

@@ -11,6 +11,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/launch.h"
+#include "cli/options.h"
 #include "trl/core/error.h"
 #include "trl/dist/communicator.h"
 #include "trl/runtime/runtime.h"
@@ -39,6 +40,10 @@ std::string unknown_options_message(const CLI::App& cmd, const std::string& fall
   for (std::string arg : cmd.remaining()) {
     if (arg.rfind("--", 0) != 0) continue;
     arg = arg.substr(0, arg.find('='));
+    if (const std::string hint = trl::cli::renamed_option_hint(arg.substr(2)); !hint.empty()) {
+      out += (out.empty() ? "" : "; ") + ("unknown option " + arg + ": use " + hint);
+      continue;
+    }
     std::string best;
     size_t best_d = 4;  // suggest only close names
     for (const CLI::Option* o : cmd.get_options())
@@ -58,21 +63,26 @@ std::string unknown_options_message(const CLI::App& cmd, const std::string& fall
   std::_Exit(code);  // not reached
 }
 
-// Under an MPI launcher: MPI starts, each rank pins itself to its cores (before any OpenMP thread exists), and
-// --nproc_per_node, if given, must match the local ranks. Outside one, --nproc_per_node N starts mpirun.
-// Returns the arguments to parse.
+// Under an MPI launcher: MPI starts, each rank pins itself to its cores (before any OpenMP thread exists), and a
+// process count given (--nproc_per_node, --num_processes) must match the local ranks. Outside one, a count N > 1
+// starts mpirun. Returns the arguments to parse.
 std::vector<std::string> start_distributed(int argc, char** argv) {
-  const std::optional<trl::cli::LaunchRequest> launch = trl::cli::take_nproc_per_node(argc, argv);
+  const trl::cli::LaunchRequest launch = trl::cli::take_launch_options(argc, argv);
+  const auto say_notes = [&] {
+    for (const std::string& n : launch.notes) std::fprintf(stderr, "[trl] note: %s\n", n.c_str());
+  };
   if (!trl::dist::launched_by_mpi()) {
-    if (launch && launch->nproc_per_node > 1) trl::cli::exec_mpirun(*launch);
-    return launch ? launch->args : std::vector<std::string>(argv, argv + argc);
+    say_notes();
+    if (launch.nproc_per_node > 1) trl::cli::exec_mpirun(launch);
+    return trl::cli::rank_args(launch, 1);
   }
   trl::dist::Communicator& world = trl::dist::world();
-  if (launch && launch->nproc_per_node != world.local_size())
-    trl::fail("--nproc_per_node {} under mpirun, which started {} ranks on this machine: give one or the other", launch->nproc_per_node,
-              world.local_size());
+  if (launch.nproc_given && launch.nproc_per_node != world.local_size())
+    trl::cli::usage_fail("{} processes asked for under mpirun, which started {} ranks on this machine: give one or the other", launch.nproc_per_node,
+                         world.local_size());
+  if (world.rank() == 0 && std::getenv("TRL_LAUNCHED") == nullptr) say_notes();
   trl::dist::pin_local_cores(world);
-  return launch ? launch->args : std::vector<std::string>(argv, argv + argc);
+  return trl::cli::rank_args(launch, world.size());
 }
 
 }  // namespace
@@ -83,9 +93,10 @@ int main(int argc, char** argv) {
     args = start_distributed(argc, argv);
     trl::apply_num_threads();  // TRL_NUM_THREADS / TRL_VISIBLE_CORES also bound the loops outside programs
   } catch (const std::exception& e) {
-    if (trl::dist::launched_by_mpi()) fail_job(e.what(), 1);
+    const int code = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr ? 2 : 1;
+    if (trl::dist::launched_by_mpi()) fail_job(e.what(), code);
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return code;
   }
   const bool job = trl::dist::launched_by_mpi() && trl::dist::world().size() > 1;
   std::vector<char*> arg_ptrs;
@@ -155,9 +166,10 @@ int main(int argc, char** argv) {
     trl::dist::finalize();
     return rc == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as argparse exits
   } catch (const std::exception& e) {
-    if (job) fail_job(e.what(), 1);
+    const int code = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr ? 2 : 1;  // usage errors exit 2, as argparse's do
+    if (job) fail_job(e.what(), code);
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return code;
   }
   trl::dist::finalize();
   return 0;

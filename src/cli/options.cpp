@@ -225,6 +225,19 @@ Opt Options::add_spec(OptionSpec spec, const std::string& names, const std::stri
     o->expected(s->kind == OptionSpec::Kind::Bool ? 0 : 1, 1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
   s->option = o;
+  if (s->kind == OptionSpec::Kind::Bool && !s->list) {
+    // HfArgumentParser's negation, for every boolean here: --no_bf16 sets bf16 false. Hidden from --help.
+    std::string no_names;
+    for (const std::string& u : s->aliases) no_names += (no_names.empty() ? "" : ",") + ("--no_" + u + ",--no-" + dashed(u));
+    s->negation = cmd_->add_flag_callback(
+        no_names,
+        [s, keep] {
+          if (s->option->count() > 0) invalid(fmt::format("--{0} and --no_{0} are both given: give one", s->name));
+          s->set_bool(false);
+        },
+        "Sets --" + s->name + " false");
+    s->negation->group("");
+  }
   refresh_help(*s);
   return Opt(s, o);
 }
@@ -329,7 +342,29 @@ OptionSpec* Options::find(const std::string& name) const {
 
 bool Options::given(const std::string& name) const {
   const OptionSpec* s = find(name);
-  return s != nullptr && s->option->count() > 0;
+  return s != nullptr && (s->option->count() > 0 || (s->negation != nullptr && s->negation->count() > 0));
+}
+
+bool Options::launcher_key(const std::string& key) {
+  for (const char* k : {"env", "num_processes", "nproc_per_node", "accelerate_config", "num_machines", "mixed_precision", "main_process_port"})
+    if (underscored(key) == k) return true;
+  return false;
+}
+
+std::string renamed_option_hint(const std::string& name) {
+  struct Renamed {
+    const char *old_name, *hint;
+  };
+  static const Renamed table[] = {
+      {"max_seq_length", "--max_length (TRL's SFTConfig renamed max_seq_length to max_length)"},
+      {"evaluation_strategy", "--eval_strategy (Transformers renamed evaluation_strategy to eval_strategy)"},
+      {"per_gpu_train_batch_size", "--per_device_train_batch_size (Transformers' current name)"},
+      {"per_gpu_eval_batch_size", "--per_device_eval_batch_size (Transformers' current name)"},
+  };
+  const std::string u = underscored(name);
+  for (const Renamed& r : table)
+    if (u == r.old_name) return r.hint;
+  return "";
 }
 
 namespace {
@@ -369,25 +404,30 @@ nlohmann::ordered_json yaml_to_json(const YAML::Node& n) {
 
 void Options::apply_yaml(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("--config {}: is a folder; expected a YAML file such as sft.yaml", path);
-  if (!std::filesystem::exists(path, ec)) fail("--config {}: no such file", path);
+  if (std::filesystem::is_directory(path, ec)) usage_fail("--config {}: is a folder; expected a YAML file such as sft.yaml", path);
+  if (!std::filesystem::exists(path, ec)) usage_fail("--config {}: no such file", path);
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
-    fail("--config {}: cannot open", path);
+    usage_fail("--config {}: cannot open", path);
   } catch (const YAML::Exception& e) {
-    fail("--config {}: not valid YAML (line {}, column {}): {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+    usage_fail("--config {}: not valid YAML (line {}, column {}): {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
   if (root.IsNull()) return;
-  if (!root.IsMap()) fail("--config {}: the file must be a mapping of option: value", path);
+  if (!root.IsMap()) usage_fail("--config {}: the file must be a mapping of option: value", path);
   for (const auto& kv : root) {
     const int line = kv.first.Mark().line + 1;
-    if (!kv.first.IsScalar()) fail("--config {}:{}: an option name must be a plain word, not a list or a mapping", path, line);
+    if (!kv.first.IsScalar()) usage_fail("--config {}:{}: an option name must be a plain word, not a list or a mapping", path, line);
     const std::string key = kv.first.as<std::string>();
+    if (launcher_key(key)) continue;
     OptionSpec* s = find(key);
-    if (s == nullptr || s->name == "config") fail("--config {}:{}: unknown option '{}' (see trl {} --help)", path, line, key, cmd_->get_name());
-    if (s->option->count() > 0) continue;  // the command line wins
+    if (s == nullptr || s->name == "config") {
+      const std::string hint = renamed_option_hint(key);
+      usage_fail("--config {}:{}: unknown option '{}'{} (see trl {} --help)", path, line, key, hint.empty() ? "" : "; use " + hint,
+                 cmd_->get_name());
+    }
+    if (given(s->name)) continue;  // the command line wins
     if (kv.second.IsNull()) {              // null: None for optional values, else the default
       if (s->optional) s->reset();
       continue;
@@ -398,23 +438,23 @@ void Options::apply_yaml(const std::string& path) {
       try {
         values.push_back(yaml_to_json(kv.second).dump());
       } catch (const nlohmann::json::exception&) {  // found by fuzzing
-        fail("--config {}:{}: '{}' holds text that is not UTF-8", path, line, key);
+        usage_fail("--config {}:{}: '{}' holds text that is not UTF-8", path, line, key);
       } catch (const Error& e) {
-        fail("--config {}:{}: '{}': {}", path, line, key, e.what());
+        usage_fail("--config {}:{}: '{}': {}", path, line, key, e.what());
       }
     } else if (kv.second.IsSequence() && s->list) {
       for (const auto& x : kv.second) {
-        if (!x.IsScalar()) fail("--config {}:{}: '{}' must be a list of plain values, not of lists or mappings", path, line, key);
+        if (!x.IsScalar()) usage_fail("--config {}:{}: '{}' must be a list of plain values, not of lists or mappings", path, line, key);
         values.push_back(x.as<std::string>());
       }
     }
-    else fail("--config {}:{}: '{}' must be a single value{}, not a {}", path, line, key, s->list ? " or a list" : "",
+    else usage_fail("--config {}:{}: '{}' must be a single value{}, not a {}", path, line, key, s->list ? " or a list" : "",
               kv.second.IsMap() ? "mapping" : "list");
     try {
       if (s->list) s->reset();
       for (const auto& v : values) s->read(v);
     } catch (const CLI::Error& e) {
-      fail("--config {}:{}: {}", path, line, e.what());
+      usage_fail("--config {}:{}: {}", path, line, e.what());
     }
   }
 }

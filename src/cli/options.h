@@ -22,12 +22,25 @@
 #include <string>
 #include <vector>
 
+#include "trl/core/error.h"
+
 namespace CLI {
 class App;
 class Option;
 }  // namespace CLI
 
 namespace trl::cli {
+
+// A usage error: an option missing, unknown or of a wrong value, on the command line or in --config. `trl` exits 2
+// for these, as argparse does (docs/CLI.md); other errors exit 1.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(message) {}
+};
+template <typename... Args>
+[[noreturn]] void usage_fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw UsageError(fmt::format(format, std::forward<Args>(args)...));
+}
 
 // How one option reads text into its target, and what it accepts.
 struct OptionSpec {
@@ -53,6 +66,7 @@ struct OptionSpec {
   int64_t int_min = INT64_MIN, int_max = INT64_MAX;  // the target type's range
   std::string default_override;                     // Opt::default_text
   CLI::Option* option = nullptr;
+  CLI::Option* negation = nullptr;  // a boolean's --no_<name> (HfArgumentParser's form), which sets it false
 
   // Checks `text` against the kind, range and choices; throws trl::Error with a message naming the option.
   void read(const std::string& text);
@@ -106,6 +120,9 @@ class Options {
   // `--config FILE`: every key must name an option; a key also given on the command line keeps the command line's
   // value; null keeps the default. Errors name the file and the key.
   void apply_yaml(const std::string& path);
+  // Keys of a --config file that are not options of the command: read by the launcher before the command runs
+  // (env, num_processes, accelerate_config; cli/launch.h), so apply_yaml passes over them.
+  static bool launcher_key(const std::string& key);
   // Whether the option was given on the command line (or by apply_yaml).
   bool given(const std::string& name) const;
   CLI::App* app() const { return cmd_; }
@@ -130,5 +147,9 @@ bool parse_bool_word(const std::string& text, const std::string& flag);
 int64_t parse_integer(const std::string& text, const std::string& flag);
 long double parse_number(const std::string& text, const std::string& flag);
 bool is_none(const std::string& text);
+
+// The option TRL or Transformers renamed `name` to, with the version that did it ("max_length (TRL 0.20 renamed
+// max_seq_length)"), or "" when `name` is not a known old name. Used by the unknown-option messages.
+std::string renamed_option_hint(const std::string& name);
 
 }  // namespace trl::cli

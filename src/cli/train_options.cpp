@@ -29,7 +29,11 @@ void add_compat_options(Options& o, CompatArgs& x) {
   o.add("dataloader_num_workers", x.dataloader_num_workers, "Accepted for TRL compatibility (data loading is in-process)");
   o.add("save_strategy", x.save_strategy, "steps (every save_steps) | no").choices({"steps", "no"});
   o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
-  o.add("logging_first_step", x.logging_first_step, "Accepted for TRL compatibility");
+  o.add("remove_unused_columns", x.remove_unused_columns, "Accepted for TRL compatibility (the trainers read the columns they need)");
+  o.add("load_in_4bit", x.load_in_4bit, "QLoRA's 4-bit base weights: not available (train LoRA on the bf16 model: --use_peft)");
+  o.add("load_in_8bit", x.load_in_8bit, "8-bit base weights: not available (train LoRA on the bf16 model: --use_peft)");
+  o.add("bnb_4bit_quant_type", x.bnb_4bit_quant_type, "With --load_in_4bit only (not available)").choices({"nf4", "fp4"});
+  o.add("use_bnb_nested_quant", x.use_bnb_nested_quant, "With --load_in_4bit only (not available)");
   o.add("save_only_model", x.save_only_model, "Accepted for TRL compatibility (checkpoints keep the optimizer state for exact resume)");
 }
 
@@ -49,7 +53,7 @@ void add_peft_options(Options& o, PeftArgs& p) {
 // TRL's get_peft_config: a LoraConfig when --use_peft, else none.
 std::optional<LoraConfig> peft_config(const PeftArgs& p) {
   if (!p.use_peft) return std::nullopt;
-  if (p.use_dora) fail("--use_dora: DoRA adapters are not implemented in trl.cpp; train a plain LoRA adapter (drop --use_dora)");
+  if (p.use_dora) usage_fail("--use_dora: DoRA adapters are not implemented in trl.cpp; train a plain LoRA adapter (drop --use_dora)");
   LoraConfig c;
   c.r = p.lora_r;
   c.lora_alpha = p.lora_alpha;
@@ -68,6 +72,10 @@ std::optional<LoraConfig> peft_config(const PeftArgs& p) {
 }
 
 void check_compat(const CompatArgs& x) {
+  for (const auto& [given, flag] : {std::pair{x.load_in_4bit, "--load_in_4bit"}, std::pair{x.load_in_8bit, "--load_in_8bit"}})
+    if (given)
+      usage_fail("{}: quantized base weights (QLoRA, bitsandbytes) are not implemented in trl.cpp; train a LoRA adapter on the bf16 model "
+                 "instead (--use_peft with --bf16, the default; a 0.6B model's LoRA run fits in a few GiB, docs/LORA.md), and drop {}", flag, flag);
   if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
   for (const auto& r : x.report_to) {
     if (r != "none" && r != "all") std::fprintf(stderr, "[trl] note: --report_to %s: no such integration here; logs go to output_dir/log.jsonl and training_report.html\n", r.c_str());
@@ -94,13 +102,14 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("max_steps", c.max_steps, "Optimizer steps (overrides epochs; -1 = off)").min(-1);
   o.add("lr_scheduler_type", c.lr_scheduler_type, "Learning-rate schedule").choices({"linear", "cosine", "constant", "constant_with_warmup"});
   o.add("warmup_ratio", c.warmup_ratio, "Warm-up as a fraction of the steps").min(0).max(1);
-  o.add("warmup_steps", c.warmup_steps, "Warm-up steps (wins over warmup_ratio)").min(0);
+  o.add("warmup_steps", c.warmup_steps, "Warm-up steps, or a value in (0, 1) as a ratio of the total steps (wins over warmup_ratio)").min(0);
   o.add("weight_decay", c.weight_decay, "AdamW weight decay (not on norms and biases)").min(0);
   o.add("adam_beta1", c.adam_beta1, "AdamW beta1").min(0).below(1);
   o.add("adam_beta2", c.adam_beta2, "AdamW beta2").min(0).below(1);
   o.add("adam_epsilon", c.adam_epsilon, "AdamW epsilon").above(0);
   o.add("max_grad_norm", c.max_grad_norm, "Global-norm clipping (0 = off)").min(0);
   o.add("logging_steps", c.logging_steps, "Log every N steps").min(1);
+  o.add("logging_first_step", c.logging_first_step, "Log the first step too");
   o.add("save_steps", c.save_steps, "Save a checkpoint every N steps").min(1);
   o.add("save_total_limit", a.save_total_limit, "Keep at most N checkpoints (None: all)").min(1);
   o.add("eval_strategy", c.eval_strategy, "When to evaluate").choices({"no", "steps", "epoch"});
@@ -123,8 +132,8 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
 }
 
 void finish_training_options(const char* command, TrainingArguments& c, const TrainCommandArgs& a) {
-  if (a.model.empty()) fail("trl {}: --model_name_or_path is required (on the command line or in --config)", command);
-  if (a.dataset.empty()) fail("trl {}: --dataset_name is required (on the command line or in --config)", command);
+  if (a.model.empty()) usage_fail("trl {}: --model_name_or_path is required (on the command line or in --config)", command);
+  if (a.dataset.empty()) usage_fail("trl {}: --dataset_name is required (on the command line or in --config)", command);
   check_compat(a.compat);
   c.save_total_limit = a.save_total_limit;
   c.eval_steps = a.eval_steps;

@@ -20,7 +20,10 @@ struct CompatArgs {
   std::vector<std::string> report_to;
   std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
   bool push_to_hub = false, dataset_streaming = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
-  bool logging_first_step = false, save_only_model = false;
+  bool save_only_model = false, remove_unused_columns = true;
+  // TRL's ModelConfig quantization options: refused (no QLoRA here) with what to use instead.
+  bool load_in_4bit = false, load_in_8bit = false, use_bnb_nested_quant = false;
+  std::string bnb_4bit_quant_type = "nf4";
   std::optional<int64_t> dataloader_num_workers;
 };
 

@@ -898,10 +898,12 @@ class Parser {
             if (colons > 2) error(cur(), "too many ':' in slice");
             continue;
           }
+          if (parts[colons]) error(cur(), "expected ':' or ']' in a subscript");  // m[1 2]
           parts[colons] = parse_expression();
         }
         ++i_;
         if (colons == 0) {
+          if (!parts[0]) error(at, "empty subscript '[]'");  // found by fuzzing: m[] had no index node
           auto n = make(K::Item, at);
           n->kids = {node, parts[0]};
           node = n;
@@ -1497,9 +1499,13 @@ class Interpreter {
       return Value(r);
     }
     if (op == "**") {
-      if (ints && inum(b) >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < inum(b); ++i) r *= inum(a);
+      if (ints && inum(b) >= 0) {  // by squaring: at most 63 squarings, each checked (found by fuzzing: 2 ** 106)
+        int64_t r = 1, base = inum(a);
+        for (int64_t e = inum(b); e > 0; e >>= 1) {
+          if ((e & 1) && __builtin_mul_overflow(r, base, &r)) error(n, "integer overflow in '**'");
+          // A higher bit is left, so this square (or a larger power) multiplies into r: its overflow is r's.
+          if (e > 1 && __builtin_mul_overflow(base, base, &base)) error(n, "integer overflow in '**'");
+        }
         return Value(r);
       }
       return Value(std::pow(num(a), num(b)));

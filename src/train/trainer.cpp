@@ -186,7 +186,8 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
   count_at_least("per_device_train_batch_size", c.per_device_train_batch_size, 1);
   count_at_least("per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
   count_at_least("gradient_accumulation_steps", c.gradient_accumulation_steps, 1);
-  count_at_least("warmup_steps", c.warmup_steps, 0);
+  at_least("warmup_steps", c.warmup_steps, 0, " (a value in (0, 1) is a ratio of the total steps)");
+  if (c.warmup_steps > 1e15) bad("warmup_steps", fmt::format("must be at most 1e15, got {}", c.warmup_steps));
   count_at_least("logging_steps", c.logging_steps, 1);
   count_at_least("save_steps", c.save_steps, 1);
   if (c.save_total_limit) count_at_least("save_total_limit", *c.save_total_limit, 1);
@@ -891,7 +892,7 @@ TrainOutput Trainer::train() {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double tps = static_cast<double>(s.tokens_seen - tokens_at_start) / std::max(elapsed, 1e-9);
       if (tty) print_progress(s.global_step, total, start_step, elapsed, r.loss, r.lr, tps);
-      if (s.global_step % c.logging_steps == 0 || s.global_step == total) {
+      if (s.global_step % c.logging_steps == 0 || s.global_step == total || (c.logging_first_step && s.global_step == 1)) {
         ojson e{{"loss", window_loss / static_cast<double>(window_steps)}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}};
         const ojson means = s.global_means(metrics);
         for (const auto& [name, v] : means.items()) e[name] = v;

@@ -116,7 +116,9 @@ struct Trainer::State {
     return cfg.max_steps > 0 ? cfg.max_steps : static_cast<int64_t>(std::ceil(cfg.num_train_epochs * static_cast<double>(steps_per_epoch())));
   }
   int64_t warmup() const {
-    return cfg.warmup_steps > 0 ? cfg.warmup_steps : static_cast<int64_t>(std::ceil(cfg.warmup_ratio * static_cast<double>(total_steps())));
+    const double w = cfg.warmup_steps, total = static_cast<double>(total_steps());
+    if (w >= 1) return static_cast<int64_t>(w);  // Transformers' get_warmup_steps
+    return static_cast<int64_t>(std::ceil((w > 0 ? w : cfg.warmup_ratio) * total));
   }
   // The order of the items in `epoch`: a seeded Fisher-Yates shuffle, the same on every run and on resume.
   std::vector<size_t> order(int64_t epoch) const {

@@ -174,6 +174,89 @@ TEST(CliCompat, TrlCommandLinesRunUnchanged) {
   EXPECT_NE(out.find("--use_dora"), std::string::npos) << out;
 }
 
+// Issue 38: what TRL's documentation writes that trl.cpp did not take. Every usage error exits 2 (argparse's code),
+// with the project's words; an error of the run itself exits 1.
+TEST(CliCompat, UsageErrorsExitTwoAndSayWhatToUse) {
+  Fixture f;
+  const std::string base = "sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --max_steps 1 --output_dir " + f.dir.file("o");
+  test::write_file(f.dir.file("unknown.yaml"), "model_name_or_path: " + f.model + "\ndataset_name: " + f.data + "\nmax_seq_length: 64\n");
+  test::write_file(f.dir.file("env.yaml"), "env: [1, 2]\n");
+  struct Case {
+    std::string args, want;
+  };
+  const std::vector<Case> cases = {
+      {"sft --model_name_or_path " + f.model, "--dataset_name is required"},
+      {"grpo --model_name_or_path " + f.model + " --dataset_name " + f.data, "--reward_funcs (or --reward_model_name_or_path) is required"},
+      {"sft --config " + f.dir.file("unknown.yaml"), "unknown.yaml:3: unknown option 'max_seq_length'; use --max_length"},
+      {"sft --config " + f.dir.file("env.yaml"), "env.yaml:1: env must be a mapping of VARIABLE: value"},
+      {base + " --max_seq_length 64", "unknown option --max_seq_length: use --max_length"},
+      {base + " --evaluation_strategy steps", "use --eval_strategy"},
+      {base + " --load_in_4bit", "--load_in_4bit: quantized base weights (QLoRA, bitsandbytes) are not implemented"},
+      {base + " --load_in_8bit --use_peft", "train a LoRA adapter on the bf16 model instead"},
+      {base + " --packing --packing_strategy wrapped", "--packing_strategy wrapped: trl.cpp packs with bfd only"},
+      {base + " --bf16 --no_bf16", "--bf16 and --no_bf16 are both given"},
+      {base + " --num_processes 0", "--num_processes 0: expected a whole number >= 1"},
+      {base + " --num_processes 2 --nproc_per_node 3", "give one process count"},
+      {base + " --accelerate_config zero9", "neither a file nor one of TRL's presets (zero1, zero2, zero3, fsdp1, fsdp2, multi_gpu, single_gpu)"},
+      {"generate --model " + f.model + " --prompt hi --accelerate_config zero2", "only the training commands"},
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    EXPECT_EQ(run(c.args, &out), 2) << c.args << "\n" << out;
+    EXPECT_NE(out.find(c.want), std::string::npos) << c.args << "\n" << out;
+  }
+  std::string out;
+  EXPECT_EQ(run("sft --model_name_or_path " + f.dir.file("absent") + " --dataset_name " + f.data, &out), 1) << out;  // not a usage error
+}
+
+// Transformers v5 and HfArgumentParser forms in TRL's docs: a fractional warmup_steps is a ratio of the steps,
+// logging_first_step logs step 1, --no_<flag> negates any boolean, and a YAML config's env:, num_processes: and
+// accelerate_config: keys (TRL's launcher keys) are taken.
+TEST(CliCompat, TransformersV5AndLauncherFormsTrain) {
+  Fixture f;
+  const std::string base = "sft --model_name_or_path " + f.model + " --dataset_name " + f.data +
+                           " --max_steps 10 --logging_steps 1 --learning_rate 1e-3 --per_device_train_batch_size 2 --report false";
+  const auto learning_rates = [&](const std::string& dir) {
+    std::vector<double> lr;
+    std::istringstream in(test::read_file(f.dir.file(dir + "/log.jsonl")));
+    for (std::string line; std::getline(in, line);) {
+      const json e = json::parse(line);
+      if (e.contains("learning_rate") && e.contains("loss")) lr.push_back(e["learning_rate"].get<double>());
+    }
+    return lr;
+  };
+  std::string out;
+  ASSERT_EQ(run(base + " --warmup_steps 0.2 --output_dir " + f.dir.file("ratio"), &out), 0) << out;
+  ASSERT_EQ(run(base + " --warmup_steps 2 --output_dir " + f.dir.file("steps"), &out), 0) << out;
+  ASSERT_EQ(run(base + " --output_dir " + f.dir.file("none"), &out), 0) << out;
+  const std::vector<double> ratio = learning_rates("ratio"), steps = learning_rates("steps"), none = learning_rates("none");
+  ASSERT_EQ(ratio.size(), 10u);
+  EXPECT_EQ(ratio, steps) << "warmup_steps 0.2 of 10 steps is 2 warm-up steps (Transformers' get_warmup_steps)";
+  EXPECT_NE(ratio, none);
+  EXPECT_LT(ratio[0], ratio[1]) << "the first steps warm up";
+
+  // logging_first_step: step 1 is logged beside every 5th.
+  ASSERT_EQ(run(base + " --max_steps 5 --logging_steps 5 --logging_first_step --no_remove_unused_columns --no-gradient-checkpointing --output_dir " +
+                    f.dir.file("first"), &out), 0) << out;
+  std::vector<int64_t> logged;
+  std::istringstream in(test::read_file(f.dir.file("first/log.jsonl")));
+  for (std::string line; std::getline(in, line);) {
+    const json e = json::parse(line);
+    if (e.contains("loss")) logged.push_back(e["step"].get<int64_t>());
+  }
+  EXPECT_EQ(logged, (std::vector<int64_t>{1, 5}));
+
+  // TRL's example config shape: env: is set before the run (TRL_LOG_RECOMPILES makes the compiler speak), the
+  // launcher keys are read, and the accelerate config is said to mean data parallel over one rank here.
+  test::write_file(f.dir.file("trl.yaml"), "env:\n  TRL_LOG_RECOMPILES: 1\nnum_processes: 1\naccelerate_config: multi_gpu\nmodel_name_or_path: " + f.model +
+                                               "\ndataset_name: " + f.data + "\nmax_steps: 1\nreport: false\noutput_dir: " + f.dir.file("yaml") + "\n");
+  ASSERT_EQ(run("sft --config " + f.dir.file("trl.yaml"), &out), 0) << out;
+  EXPECT_NE(out.find("[trl] compiling program #1"), std::string::npos) << out;
+  EXPECT_NE(out.find("accelerate_config multi_gpu: plain data parallel over 1 rank"), std::string::npos) << out;
+  ASSERT_EQ(run(base + " --max_steps 1 --num_processes 1 --accelerate_config zero2 --output_dir " + f.dir.file("zero2"), &out), 0) << out;
+  EXPECT_NE(out.find("DeepSpeed ZeRO-2 runs as trl.cpp's sharded data parallel over 1 rank"), std::string::npos) << out;
+}
+
 // The README's command lines (with a temporary folder for models/).
 TEST(CliCompat, ReadmeCommandLinesRun) {
   Fixture f;

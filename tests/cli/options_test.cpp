@@ -71,6 +71,70 @@ TEST(Options, BooleansReadLikeHfArgumentParser) {
   EXPECT_NE(bad.parse({"--packing", "maybe"}).find("--packing: expected true or false"), std::string::npos);
 }
 
+// HfArgumentParser writes --no_<flag> for booleans that default to true; here every boolean has it, in both spellings.
+// It counts as given (a YAML value does not override it) and is not listed by --help.
+TEST(Options, EveryBooleanHasItsNegation) {
+  struct Case {
+    std::vector<std::string> args;
+    bool bf16, packing;
+    std::optional<bool> loss;
+  };
+  const std::vector<Case> cases = {
+      {{"--no_bf16"}, false, false, std::nullopt},
+      {{"--no-bf16", "--packing"}, false, true, std::nullopt},
+      {{"--no_packing", "--no_completion_only_loss"}, true, false, false},
+      {{"--no-completion-only-loss"}, true, false, false},
+  };
+  for (const Case& c : cases) {
+    Harness h;
+    bool bf16 = true, packing = false;
+    std::optional<bool> loss;
+    h.opts.add("bf16", bf16, "bf16");
+    h.opts.add("packing", packing, "packing");
+    h.opts.add("completion_only_loss", loss, "loss");
+    ASSERT_EQ(h.parse(c.args), "") << c.args[0];
+    EXPECT_EQ(bf16, c.bf16) << c.args[0];
+    EXPECT_EQ(packing, c.packing) << c.args[0];
+    EXPECT_EQ(loss, c.loss) << c.args[0];
+  }
+  Harness h;
+  bool bf16 = true;
+  h.opts.add("bf16", bf16, "bf16");
+  ASSERT_EQ(h.parse({"--no_bf16"}), "");
+  EXPECT_TRUE(h.opts.given("bf16"));
+  test::TempDir dir;
+  test::write_file(dir.file("c.yaml"), "bf16: true\n");
+  h.opts.apply_yaml(dir.file("c.yaml"));
+  EXPECT_FALSE(bf16) << "the command line's --no_bf16 wins over the YAML value";
+  EXPECT_EQ(h.app.get_subcommand("cmd")->help().find("no_bf16"), std::string::npos);
+  Harness both;
+  bool b = true;
+  both.opts.add("bf16", b, "bf16");
+  EXPECT_NE(both.parse({"--bf16", "--no_bf16"}), "") << "a flag and its negation together are refused";
+}
+
+// TRL's launcher keys in a YAML config (env, num_processes, accelerate_config, ...) are read by the launcher
+// (launch_test.cpp), so the options pass over them; an old option name points to the new one, as a usage error.
+TEST(Options, YamlPassesLauncherKeysAndNamesRenamedOptions) {
+  test::TempDir dir;
+  test::write_file(dir.file("c.yaml"), "env:\n  X: 1\nnum_processes: 2\naccelerate_config: zero2\nmixed_precision: bf16\nmax_steps: 3\n");
+  Harness h;
+  int64_t steps = 0;
+  h.opts.add("max_steps", steps, "s");
+  ASSERT_EQ(h.parse({}), "");
+  h.opts.apply_yaml(dir.file("c.yaml"));
+  EXPECT_EQ(steps, 3);
+  test::write_file(dir.file("old.yaml"), "max_steps: 3\nmax_seq_length: 512\n");
+  try {
+    h.opts.apply_yaml(dir.file("old.yaml"));
+    ADD_FAILURE() << "max_seq_length was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("old.yaml:2: unknown option 'max_seq_length'; use --max_length"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(renamed_option_hint("max-seq-length").rfind("--max_length", 0), 0u);
+  EXPECT_EQ(renamed_option_hint("max_length"), "");
+}
+
 TEST(Options, OptionalValuesTakeNone) {
   Harness h;
   std::optional<int64_t> limit = 5;

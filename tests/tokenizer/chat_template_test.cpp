@@ -144,6 +144,12 @@ TEST(Jinja, TemplatesCannotExhaustTheProcess) {
       {"{{ 'a,b'.split(1) }}", "expected a str, got int"},
       {"{{ " + std::string(5000, '[') + " }}", "expressions or blocks nested deeper than 100"},
       {"{{ " + std::string(5000, '-') + "1 }}", "expressions or blocks nested deeper than 100"},
+      // Found by fuzzing (the campaign of 2026-12-07): an empty subscript left a null index node, and '**' on
+      // integers overflowed (and counted its exponent one by one: 1 ** 10**18 ran for ages).
+      {"{{ m[] }}", "empty subscript '[]'"},
+      {"{{ [1, 2][0 1] }}", "expected ':' or ']' in a subscript"},
+      {"{{ 2 ** 106 }}", "integer overflow in '**'"},
+      {"{{ (-3) ** 41 }}", "integer overflow in '**'"},
       {[] {
          std::string t;
          for (int i = 0; i < 300; ++i) t += "{% if 1 %}";
@@ -158,6 +164,9 @@ TEST(Jinja, TemplatesCannotExhaustTheProcess) {
   }
   auto r = [](const std::string& src) { return jinja::Template(src).render(jinja::Value(jinja::Dict{})).text; };
   EXPECT_EQ(r("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
+  EXPECT_EQ(r("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 3 ** 0 }} {{ 1 ** 1000000000000000000 }} {{ (-1) ** 999999999999999999 }} {{ 0 ** 7 }}"),
+            "4611686018427387904 -9223372036854775808 1 1 -1 0");  // Python's values, at once
+  EXPECT_EQ(r("{{ [1, 2, 3][1:] }} {{ [1, 2, 3][::2] }} {{ 'abc'[1] }}"), "[2, 3] [1, 3] b");
   EXPECT_EQ(r("{{ [1, 2].99999999999999999999 }}"), "");  // an index beyond 64 bits is undefined, as any missing item
 }
 

@@ -34,11 +34,14 @@ struct TrainingArguments {
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";  // linear | cosine | constant | constant_with_warmup
   double warmup_ratio = 0;
-  int64_t warmup_steps = 0;
+  // Transformers v5: a whole number of steps (>= 1; a fraction is dropped, as int() does), or a value in (0, 1) as
+  // a ratio of the total steps (ceil); 0 defers to warmup_ratio.
+  double warmup_steps = 0;
   double weight_decay = 0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
   int64_t logging_steps = 10;
+  bool logging_first_step = false;  // log the first step too (Transformers' option)
   int64_t save_steps = 500;
   std::optional<int64_t> save_total_limit;
   std::string eval_strategy = "no";  // no | steps | epoch
