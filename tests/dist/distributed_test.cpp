@@ -230,9 +230,16 @@ TEST_F(Distributed, RanksOverTcpOnlyAsOnTwoHostsAndThroughNprocPerNode) {
   run(fmt::format("{} --mca btl tcp,self {} sft {} --per_device_train_batch_size 2 --output_dir {}", kMpirun, kTrl, common("sft.jsonl"),
                   dir_.file("tcp")));
   expect_same_run("one", "tcp");
-  run(fmt::format("{} {} sft --nproc_per_node 2 {} --per_device_train_batch_size 2 --output_dir {}", kEnv, kTrl, common("sft.jsonl"),
-                  dir_.file("launched")));
+  // Through the launcher, with TRL's accelerate preset: ZeRO-2 is the sharded data parallel over the 2 ranks.
+  std::string out;
+  const std::string cmd = fmt::format("{} {} sft --nproc_per_node 2 --accelerate_config zero2 {} --per_device_train_batch_size 2 --output_dir {} 2>&1",
+                                      kEnv, kTrl, common("sft.jsonl"), dir_.file("launched"));
+  ASSERT_EQ(test::run_command(cmd, &out), 0) << cmd << "\n" << out;
   expect_same_run("one", "launched");
+  EXPECT_NE(out.find("FSDP shard 1 of 2"), std::string::npos) << out;
+  ASSERT_NE(out.find("DeepSpeed ZeRO-2 runs as trl.cpp's sharded data parallel over 2 ranks"), std::string::npos) << out;
+  EXPECT_EQ(out.find("DeepSpeed ZeRO-2 runs as trl.cpp's sharded data parallel over 2 ranks"),
+            out.rfind("DeepSpeed ZeRO-2 runs as trl.cpp's sharded data parallel over 2 ranks")) << "said once, by the launcher: " << out;
 }
 
 TEST_F(Distributed, AFailingRankEndsTheJobWithItsError) {
