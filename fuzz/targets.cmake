@@ -12,3 +12,4 @@ foreach(name parquet safetensors config tokenizer jinja dataset yaml checkpoint)
   target_link_options(${name}_fuzz PRIVATE -fsanitize=fuzzer)
   target_link_libraries(${name}_fuzz PRIVATE trl_lib)
 endforeach()
+target_link_libraries(dataset_fuzz PRIVATE PkgConfig::ZLIB)  # it gzips rows into .jsonl.gz files

@@ -51,7 +51,7 @@ void register_dpo(CLI::App& app) {
     check_dpo_config(cfg);  // before loading anything
     TrainRun run = load_train_run(a->t, cfg);
     const std::optional<CausalLM> ref = load_ref_model(a->ref_model, a->t, cfg);
-    std::fprintf(stderr, "[trl] dpo: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
+    std::fprintf(stderr, "[trl] dpo: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
     DPOTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval), ref ? &*ref : nullptr);
     print_train_output(trainer.train());
   });

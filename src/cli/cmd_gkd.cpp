@@ -94,7 +94,7 @@ void register_gkd(CLI::App& app) {
     TrainRun run = load_train_run(a->t, cfg);
     const CausalLM teacher = load_teacher("gkd", a->teacher, a->t, cfg);
     std::fprintf(stderr, "[trl] gkd: %s from teacher %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
-                 a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
+                 a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
     GKDTrainer trainer(run.model, teacher, run.tokenizer, std::move(run.train), cfg, std::move(run.eval));
     print_train_output(trainer.train());
   });
@@ -153,7 +153,7 @@ void register_distill(CLI::App& app) {
     TrainRun run = load_train_run(a->t, cfg);
     const CausalLM teacher = load_teacher("distill", a->teacher, a->t, cfg);
     std::fprintf(stderr, "[trl] distill: %s from teacher %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
-                 a->t.dataset.c_str(), run.train.size(), cfg.output_dir.c_str());
+                 a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
     DistillationTrainer trainer(run.model, teacher, run.tokenizer, std::move(run.train), cfg);
     print_train_output(trainer.train());
   });

@@ -97,7 +97,7 @@ void run_online(const char* command, const OnlineArgs<Config>& a, const Config& 
   TrainRun run = load_train_run(a.t, cfg);
   std::optional<CausalLM> ref;
   if (cfg.beta != 0) ref = load_ref_model(a.ref_model, a.t, cfg);
-  std::fprintf(stderr, "[trl] %s: %s on %s (%zu prompts), output %s\n", command, a.t.model.c_str(), a.t.dataset.c_str(), run.train.size(),
+  std::fprintf(stderr, "[trl] %s: %s on %s (%zu prompts), output %s\n", command, a.t.model.c_str(), a.t.dataset_label().c_str(), run.train.size(),
                cfg.output_dir.c_str());
   Trainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
   const TrainOutput out = trainer.train();

@@ -44,7 +44,7 @@ void register_reward(CLI::App& app) {
     std::optional<Dataset> eval;
     if (cfg.eval_strategy != "no") eval = load_dataset(a->t.dataset, a->t.test_split, a->t.compat.dataset_config);
     std::fprintf(stderr, "[trl] reward: %s (%s) on %s (%zu rows), output %s\n", a->t.model.c_str(), model.new_head ? "a new score head" : "its score head",
-                 a->t.dataset.c_str(), train.size(), cfg.output_dir.c_str());
+                 a->t.dataset_label().c_str(), train.size(), cfg.output_dir.c_str());
     RewardTrainer trainer(model, tok, std::move(train), cfg, std::move(eval));
     print_train_output(trainer.train());
   });

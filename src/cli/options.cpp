@@ -181,6 +181,11 @@ Opt& Opt::json_object() {
   return *this;
 }
 
+Opt& Opt::json_list() {
+  s_->json_list = true;
+  return *this;
+}
+
 // ---- Options ----
 
 CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description) {
@@ -434,7 +439,7 @@ void Options::apply_yaml(const std::string& path) {
     }
     std::vector<std::string> values;
     if (kv.second.IsScalar()) values.push_back(kv.second.as<std::string>());
-    else if (kv.second.IsMap() && s->json) {  // chat_template_kwargs: {...}
+    else if ((kv.second.IsMap() && s->json) || (kv.second.IsSequence() && s->json_list)) {  // chat_template_kwargs: {...}, datasets: [...]
       try {
         values.push_back(yaml_to_json(kv.second).dump());
       } catch (const nlohmann::json::exception&) {  // found by fuzzing

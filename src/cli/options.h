@@ -51,6 +51,7 @@ struct OptionSpec {
   bool optional = false;  // std::optional target: "None" resets it
   bool list = false;      // std::vector target: every value is kept
   bool json = false;      // text holding a JSON object (Opt::json_object): a YAML mapping is given as its JSON text
+  bool json_list = false;  // text holding a JSON list (Opt::json_list): a YAML list (of mappings) is given as its JSON text
   // The typed setters (one is set, by kind); read() parses and checks the text first.
   std::function<void(bool)> set_bool;
   std::function<void(int64_t)> set_int;
@@ -88,6 +89,7 @@ class Opt {
   Opt& default_text(const std::string& text);  // what --help names as the default, when it is not the value itself
   Opt& excludes(const Opt& other);
   Opt& json_object();  // the text is a JSON object; in a YAML config the value may be a mapping
+  Opt& json_list();    // the text is a JSON list; in a YAML config the value may be a list of mappings
   CLI::Option* option() const { return o_; }
   const OptionSpec& spec() const { return *s_; }
 

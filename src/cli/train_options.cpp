@@ -3,10 +3,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "trl/core/error.h"
+#include "trl/data/mixture.h"
 #include "trl/dist/communicator.h"
 
 namespace trl::cli {
@@ -14,9 +18,7 @@ namespace trl::cli {
 namespace {
 
 void add_compat_options(Options& o, CompatArgs& x) {
-  o.add("report_to", x.report_to, "Accepted for TRL compatibility: logs go to output_dir/log.jsonl and the HTML report");
   o.add("run_name", x.run_name, "Accepted for TRL compatibility (shown in the report)");
-  o.add("logging_dir", x.logging_dir, "Accepted for TRL compatibility (logs are written to output_dir)");
   o.add("push_to_hub", x.push_to_hub, "Not available (no network): the model stays in output_dir");
   o.add("hub_model_id", x.hub_model_id, "Accepted for TRL compatibility (nothing is pushed)");
   o.add("overwrite_output_dir", x.overwrite_output_dir, "Accepted for TRL compatibility");
@@ -71,14 +73,34 @@ std::optional<LoraConfig> peft_config(const PeftArgs& p) {
   return c;
 }
 
-void check_compat(const CompatArgs& x) {
+DatasetMixture mixture_of(const TrainCommandArgs& a) {
+  const nlohmann::json j = nlohmann::json::parse(a.datasets, nullptr, false);
+  if (j.is_discarded()) usage_fail("--datasets: not JSON: give a list such as [{{\"path\": \"trl-lib/Capybara\"}}] (a YAML list in --config)");
+  try {
+    DatasetMixture m = parse_dataset_mixture(j, "--datasets");
+    m.streaming = a.streaming;
+    m.test_split_size = a.test_split_size;
+    return m;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+void check_compat(const CompatArgs& x, const TrainingArguments& c) {
   for (const auto& [given, flag] : {std::pair{x.load_in_4bit, "--load_in_4bit"}, std::pair{x.load_in_8bit, "--load_in_8bit"}})
     if (given)
       usage_fail("{}: quantized base weights (QLoRA, bitsandbytes) are not implemented in trl.cpp; train a LoRA adapter on the bf16 model "
                  "instead (--use_peft with --bf16, the default; a 0.6B model's LoRA run fits in a few GiB, docs/LORA.md), and drop {}", flag, flag);
   if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
-  for (const auto& r : x.report_to) {
-    if (r != "none" && r != "all") std::fprintf(stderr, "[trl] note: --report_to %s: no such integration here; logs go to output_dir/log.jsonl and training_report.html\n", r.c_str());
+  for (const auto& r : c.report_to) {
+    if (r == "none" || r == "all" || r == "tensorboard") continue;
+    if (r == "trackio" || r == "wandb" || r == "mlflow" || r == "comet_ml" || r == "clearml" || r == "neptune" || r == "swanlab")
+      std::fprintf(stderr, "[trl] note: --report_to %s: not available here (no network, no Python); the metrics are in output_dir/log.jsonl and "
+                           "training_report.html, and in TensorBoard's files with --report_to tensorboard\n", r.c_str());
+    else
+      usage_fail("--report_to {}: no such integration (trl.cpp writes tensorboard; none, all; Transformers' others are noted as unavailable)", r);
   }
 }
 
@@ -87,7 +109,13 @@ void check_compat(const CompatArgs& x) {
 void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a) {
   o.add("config", a.config, "A YAML file of options (keys as the flags; flags on the command line win)");
   o.add("model_name_or_path", a.model, "Model folder or Hugging Face id (local cache only; required)");
-  o.add("dataset_name", a.dataset, "A Hugging Face dataset id (local cache only), a folder, or a .parquet/.jsonl/.json file (required; docs/DATASETS.md)");
+  o.add("dataset_name", a.dataset, "A Hugging Face dataset id (local cache only), a folder, or a .parquet/.jsonl/.json file (or datasets:; docs/DATASETS.md)");
+  o.add("datasets", a.datasets,
+        "A dataset mixture, TRL's `datasets:` list in a YAML config (each: path, name, data_dir, data_files, split, columns, fraction; "
+        "docs/DATASETS.md); used instead of dataset_name")
+      .json_list();
+  o.add("streaming", a.streaming, "With datasets: accepted (a mixture's rows are read into memory)");
+  o.add("test_split_size", a.test_split_size, "With datasets: split the mixture into train and test (a fraction, or a number of rows)").above(0);
   o.add("dataset_train_split", a.train_split, "Training split");
   o.add("dataset_test_split", a.test_split, "Evaluation split (used when eval_strategy is not no)");
   o.add("device", a.device, "auto | cpu | cuda: the backend training runs on (one that is not here is an error)");
@@ -125,6 +153,8 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("dataloader_drop_last", c.dataloader_drop_last, "Drop the last incomplete batch");
   o.add("resume_from_checkpoint", c.resume_from_checkpoint, "A checkpoint folder, or \"last\" (the newest in output_dir)").default_text("None");
   o.add("report", c.report, "Write training_report.html");
+  o.add("report_to", c.report_to, "tensorboard (or all): TensorBoard event files in logging_dir; none. Metrics always go to log.jsonl");
+  o.add("logging_dir", c.logging_dir, "TensorBoard's folder").default_text("output_dir/runs/<date>_<host>");
   o.add("tp_size", c.distributed.tp_size, "Tensor-parallel ranks per model replica (docs/DISTRIBUTED.md)").min(1);
   o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the f32 masters, gradient sums and AdamW moments between them (docs/DISTRIBUTED.md)").min(1);
   add_compat_options(o, a.compat);
@@ -133,14 +163,23 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
 
 void finish_training_options(const char* command, TrainingArguments& c, const TrainCommandArgs& a) {
   if (a.model.empty()) usage_fail("trl {}: --model_name_or_path is required (on the command line or in --config)", command);
-  if (a.dataset.empty()) usage_fail("trl {}: --dataset_name is required (on the command line or in --config)", command);
-  check_compat(a.compat);
+  if (a.dataset.empty() && a.datasets.empty())
+    usage_fail("trl {}: --dataset_name is required (on the command line or in --config; or a datasets: mixture in --config)", command);
+  if (!a.datasets.empty()) {
+    (void)mixture_of(a);  // a mixture that does not parse is a usage error, before anything loads
+    if (!a.dataset.empty() && dist::world().rank() == 0)
+      std::fprintf(stderr, "[trl] note: both datasets: and --dataset_name given: the mixture is used and --dataset_name %s ignored (as in TRL)\n",
+                   a.dataset.c_str());
+  } else if (a.test_split_size) {
+    usage_fail("trl {}: --test_split_size splits a datasets: mixture; with --dataset_name, use the dataset's test split (--dataset_test_split)", command);
+  }
+  check_compat(a.compat, c);
   c.save_total_limit = a.save_total_limit;
   c.eval_steps = a.eval_steps;
   if (a.compat.save_strategy == "no") c.save_steps = std::numeric_limits<int64_t>::max();
   if (is_none(c.resume_from_checkpoint) || c.resume_from_checkpoint == "false" || c.resume_from_checkpoint == "False") c.resume_from_checkpoint.clear();
   c.model_name_or_path = a.model;
-  c.dataset_name = a.dataset;
+  c.dataset_name = a.dataset_label();
   c.peft_config = peft_config(a.peft);
 }
 
@@ -149,9 +188,30 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   lo.revision = a.revision;
   if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
   lo.device = a.device;
+  if (!a.datasets.empty()) {
+    std::map<std::string, Dataset> splits = load_dataset_mixture(mixture_of(a), c.seed, a.revision);
+    const auto split = [&](const std::string& name) {
+      const auto it = splits.find(name);
+      if (it == splits.end())
+        fail("datasets: the mixture has the split{} {}, not \"{}\"{}", splits.size() > 1 ? "s" : "", splits.size() > 1 ? "train and test" : "train", name,
+             splits.size() > 1 ? "" : " (test_split_size makes a test split)");
+      return std::move(it->second);
+    };
+    std::optional<Dataset> eval;
+    if (c.eval_strategy != "no") eval = split(a.test_split);
+    Dataset train = split(a.train_split);
+    return TrainRun{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), std::move(train), std::move(eval)};
+  }
   TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
   if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
   return run;
+}
+
+std::string TrainCommandArgs::dataset_label() const {
+  if (datasets.empty()) return dataset;
+  std::vector<std::string> paths;
+  for (const auto& d : parse_dataset_mixture(nlohmann::json::parse(datasets), "datasets").datasets) paths.push_back(d.path);
+  return fmt::format("a mixture of {}", fmt::join(paths, " + "));
 }
 
 std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const TrainCommandArgs& a, const TrainingArguments& c) {

@@ -17,8 +17,7 @@
 namespace trl::cli {
 
 struct CompatArgs {
-  std::vector<std::string> report_to;
-  std::string run_name, logging_dir, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
+  std::string run_name, hub_model_id, attn_implementation, dataset_config, save_strategy = "steps", logging_strategy = "steps";
   bool push_to_hub = false, dataset_streaming = false, overwrite_output_dir = false, do_train = false, do_eval = false, trust_remote_code = false;
   bool save_only_model = false, remove_unused_columns = true;
   // TRL's ModelConfig quantization options: refused (no QLoRA here) with what to use instead.
@@ -40,8 +39,14 @@ struct TrainCommandArgs {
   std::string config, model, dataset, train_split = "train", test_split = "test", dtype = "auto", revision = "main";
   std::string device = "auto";  // the backend training runs on (the model's LoadOptions::device)
   std::optional<int64_t> save_total_limit, eval_steps;
+  // TRL's dataset mixture (DatasetMixtureConfig): `datasets:` as JSON text, `streaming`, `test_split_size`.
+  std::string datasets;
+  bool streaming = false;
+  std::optional<double> test_split_size;
   CompatArgs compat;
   PeftArgs peft;
+  // What the run trains on, for the status line: --dataset_name, or the mixture's paths.
+  std::string dataset_label() const;
 };
 
 // Registers --config, the model and dataset options, every TrainingArguments option and the compatibility ones.

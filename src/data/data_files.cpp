@@ -27,16 +27,22 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-bool is_data_file(const stdfs::path& p) {
-  const std::string ext = p.extension().string(), name = p.filename().string();
-  if (name.empty() || name[0] == '.') return false;
-  if (name == "dataset_info.json" || name == "dataset_dict.json" || name == "state.json" || name == "config.json") return false;
-  return ext == ".parquet" || ext == ".jsonl" || ext == ".json";
+bool is_data_file(const stdfs::path& p) { return !data_file_kind(p.string()).empty(); }
+
+// Files that are neither data nor the metadata a dataset folder holds: named when a folder has no data file, so that
+// a dataset of .csv or .jsonl.zst files is not reported as empty.
+bool is_skipped_data(const stdfs::path& p) {
+  const std::string name = p.filename().string(), ext = p.extension().string();
+  if (name.empty() || name[0] == '.' || is_data_file(p)) return false;
+  for (const char* meta : {".md", ".py", ".txt", ".lock", ".yaml", ".yml", ".json", ".cff"})
+    if (ext == meta) return false;
+  return name.rfind("LICENSE", 0) != 0;
 }
 
 // Data files under `root`, relative, sorted; hidden folders (.git, .cache) skipped. Paths stay the names in the
-// folder: in the hub cache every snapshot file is a symlink into blobs/, so nothing here resolves links.
-std::vector<std::string> data_files(const stdfs::path& root) {
+// folder: in the hub cache every snapshot file is a symlink into blobs/, so nothing here resolves links. Files of
+// other formats go to `skipped`.
+std::vector<std::string> data_files(const stdfs::path& root, std::vector<std::string>& skipped) {
   std::vector<std::string> out;
   std::error_code ec;
   auto it = stdfs::recursive_directory_iterator(root, ec);
@@ -55,6 +61,7 @@ std::vector<std::string> data_files(const stdfs::path& root) {
            it->path().lexically_relative(root).generic_string(), stdfs::read_symlink(it->path(), rl).string());
     }
     if (it->is_regular_file(st) && is_data_file(it->path())) out.push_back(it->path().lexically_relative(root).generic_string());
+    else if (it->is_regular_file(st) && is_skipped_data(it->path())) skipped.push_back(it->path().lexically_relative(root).generic_string());
   }
   if (ec) fail("dataset {}: cannot list the folder: {}", root.string(), ec.message());
   std::sort(out.begin(), out.end());
@@ -305,27 +312,77 @@ std::string resolve_hub_dataset(const std::string& name, const std::string& revi
 
 }  // namespace
 
+bool is_gzip_file_name(const std::string& path) { return stdfs::path(path).extension() == ".gz"; }
+
+std::string data_file_kind(const std::string& path) {
+  const stdfs::path p(path);
+  const std::string name = p.filename().string();
+  if (name.empty() || name[0] == '.') return "";
+  if (name == "dataset_info.json" || name == "dataset_dict.json" || name == "state.json" || name == "config.json") return "";
+  const bool gz = is_gzip_file_name(path);
+  const std::string ext = (gz ? p.stem() : p).extension().string();
+  if (ext == ".parquet" && !gz) return "parquet";  // Parquet compresses its own pages
+  if (ext == ".jsonl" || ext == ".json") return ext.substr(1);
+  return "";
+}
+
 DatasetLayout resolve_dataset(const std::string& name, const std::string& config, const std::string& revision) {
   std::error_code ec;
   DatasetLayout out;
   if (stdfs::is_regular_file(name, ec)) {
     if (!is_data_file(name) && stdfs::path(name).extension() != ".json")
-      fail("dataset {}: not a .parquet, .jsonl or .json file", name);
+      fail("dataset {}: not a .parquet, .jsonl or .json file (or .jsonl.gz, .json.gz)", name);
     out.root = name;
     out.splits.push_back({"train", {name}});
     return out;
   }
   out.root = stdfs::is_directory(name, ec) ? name : resolve_hub_dataset(name, revision);
   const stdfs::path root(out.root);
-  const std::vector<std::string> files = data_files(root);
+  std::vector<std::string> skipped;
+  const std::vector<std::string> files = data_files(root, skipped);
   if (!splits_from_readme(root, config, files, out)) splits_from_names(root, config, files, out);
   if (out.splits.empty()) {
     if (has_arrow_files(root))
       fail("dataset {}: holds Arrow files ({}.save_to_disk); trl.cpp reads Parquet, JSON lines and JSON: write each split with "
            "to_parquet() or to_json()",
            out.root, stdfs::exists(root / "dataset_dict.json", ec) ? "DatasetDict" : "Dataset");
-    fail("dataset {}: no .parquet, .jsonl or .json files", out.root);
+    if (!skipped.empty())
+      fail("dataset {}: no .parquet, .jsonl or .json files (or .jsonl.gz, .json.gz); it holds {}{}, which trl.cpp does not read: convert them "
+           "to JSON lines or Parquet (datasets' to_json() or to_parquet())",
+           out.root, fmt::join(skipped.begin(), skipped.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(skipped.size(), 5)), ", "),
+           skipped.size() > 5 ? fmt::format(" and {} more", skipped.size() - 5) : "");
+    fail("dataset {}: no .parquet, .jsonl or .json files (or .jsonl.gz, .json.gz)", out.root);
   }
+  return out;
+}
+
+DatasetLayout resolve_dataset_files(const std::string& name, const std::string& data_dir, const DataFiles& by_split, const std::string& revision) {
+  std::error_code ec;
+  if (stdfs::is_regular_file(name, ec)) fail("dataset {}: data_dir and data_files choose files inside a folder or a Hub dataset, not a file", name);
+  DatasetLayout out;
+  const stdfs::path top = stdfs::is_directory(name, ec) ? stdfs::path(name) : stdfs::path(resolve_hub_dataset(name, revision));
+  const stdfs::path root = data_dir.empty() ? top : top / data_dir;
+  if (!stdfs::is_directory(root, ec)) fail("dataset {}: data_dir {}: no such folder in {}", name, data_dir, top.string());
+  out.root = root.string();
+  std::vector<std::string> skipped;
+  const std::vector<std::string> files = data_files(root, skipped);
+  if (by_split.empty()) {
+    splits_from_names(root, "", files, out);
+  } else {
+    for (const auto& [split, patterns] : by_split) {
+      DatasetSplit s{split, {}};
+      for (const auto& f : files)
+        for (const auto& p : patterns)
+          if (glob_match(p, f)) {
+            s.files.push_back((root / f).string());
+            break;
+          }
+      if (s.files.empty())
+        fail("dataset {}: data_files {} match no .parquet, .jsonl or .json file in {}", name, fmt::join(patterns, ", "), root.string());
+      out.splits.push_back(std::move(s));
+    }
+  }
+  if (out.splits.empty()) fail("dataset {}: no .parquet, .jsonl or .json files (or .jsonl.gz, .json.gz) in {}", name, root.string());
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <sstream>
@@ -693,6 +694,31 @@ void Trainer::State::log(ojson e) {
     fail("logging step {} failed: {}; {}", global_step, err.what(), resume_advice(is_disk_full_message(err.what())));
   }
   if (cfg.progress && !isatty(2)) std::fprintf(stderr, "%s", line.c_str());
+  log_to_tensorboard(log_history.back());
+}
+
+// report_to tensorboard (or all): every log entry's numbers as scalars, and the arguments as text first, into
+// logging_dir (Transformers' default: output_dir/runs/<Mon DD_HH-MM-SS>_<host>).
+void Trainer::State::log_to_tensorboard(const ojson& e) {
+  const bool wanted = std::any_of(cfg.report_to.begin(), cfg.report_to.end(), [](const std::string& r) { return r == "tensorboard" || r == "all"; });
+  if (!wanted || !is_main()) return;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (!tensorboard) {
+    std::string dir = cfg.logging_dir;
+    if (dir.empty()) {
+      char host[256] = {0}, when[64] = {0};
+      if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
+      const std::time_t t = std::time(nullptr);
+      std::tm local{};
+      localtime_r(&t, &local);
+      std::strftime(when, sizeof(when), "%b%d_%H-%M-%S", &local);
+      dir = out_path(fmt::format("runs/{}_{}", when, host));
+    }
+    tensorboard = std::make_unique<TensorBoardWriter>(dir, now);
+    tensorboard->add_text("args", training_arguments_json(cfg).dump(2), 0, now);
+    std::fprintf(stderr, "[trl] TensorBoard: %s (tensorboard --logdir %s)\n", tensorboard->path().c_str(), dir.c_str());
+  }
+  tensorboard->add_log_entry(e, now);
 }
 
 void Trainer::State::append_completions(const std::string& lines) {

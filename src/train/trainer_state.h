@@ -23,6 +23,7 @@
 #include "train/optim/adamw.h"
 #include "train/report.h"
 #include "train/saved_state.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 namespace trl {
@@ -75,6 +76,7 @@ struct Trainer::State {
   TrainingMethod* method = nullptr;
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<nlohmann::ordered_json> log_history;
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // report_to tensorboard: opened on rank 0 at the first log entry
   std::string model_name;  // for the report
   dist::Communicator& comm;  // every rank of the job
   // Tensor parallel (tp_size > 1): the ranks [g·tp, (g+1)·tp) each hold a slice of the model
@@ -174,6 +176,7 @@ struct Trainer::State {
   void start_log();  // records the step the run starts from
   void take_over_run_files();
   void log(nlohmann::ordered_json entry);
+  void log_to_tensorboard(const nlohmann::ordered_json& entry);
   void append_completions(const std::string& lines);
   int64_t log_start_step = 0;
   bool run_files_taken = false;

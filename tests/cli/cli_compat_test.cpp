@@ -257,6 +257,47 @@ TEST(CliCompat, TransformersV5AndLauncherFormsTrain) {
   EXPECT_NE(out.find("DeepSpeed ZeRO-2 runs as trl.cpp's sharded data parallel over 1 rank"), std::string::npos) << out;
 }
 
+// TRL's dataset mixtures in a YAML config (`datasets:`, `test_split_size`), as TRL's docs write them: both entries are
+// read, the mixture split into train and test, and evaluation runs on the test rows.
+TEST(CliCompat, DatasetMixturesFromTrlYaml) {
+  Fixture f;
+  test::write_file(f.dir.file("mix.yaml"), "model_name_or_path: " + f.model + "\ndatasets:\n  - path: " + f.data + "\n    columns: [messages]\n  - path: " +
+                                               f.folder + "\n    split: test\ntest_split_size: 0.25\neval_strategy: steps\neval_steps: 1\n"
+                                               "max_steps: 2\nlogging_steps: 1\nreport: false\noutput_dir: " + f.dir.file("mix") + "\n");
+  std::string out;
+  ASSERT_EQ(run("sft --config " + f.dir.file("mix.yaml"), &out), 0) << out;
+  EXPECT_NE(out.find("on a mixture of " + f.data + " + " + f.folder + " (6 rows)"), std::string::npos) << "8 rows, ceil(0.25 * 8) = 2 for test: " << out;
+  EXPECT_NE(test::read_file(f.dir.file("mix/log.jsonl")).find("\"eval_loss\""), std::string::npos);
+  test::write_file(f.dir.file("bad.yaml"), "model_name_or_path: " + f.model + "\ndatasets:\n  - name: x\n");
+  EXPECT_EQ(run("sft --config " + f.dir.file("bad.yaml"), &out), 2) << out;
+  EXPECT_NE(out.find("--datasets: datasets[0]: 'path' is required"), std::string::npos) << out;
+}
+
+// report_to tensorboard writes TensorBoard's event files (their format: tests/train/tensorboard_test.cpp), one scalar
+// per logged number; integrations that need a network are noted, unknown ones refused.
+TEST(CliCompat, ReportToTensorBoardWritesEventFiles) {
+  Fixture f;
+  const std::string base = "sft --model_name_or_path " + f.model + " --dataset_name " + f.data + " --max_steps 3 --logging_steps 1 --report false";
+  std::string out;
+  ASSERT_EQ(run(base + " --report_to tensorboard --logging_dir " + f.dir.file("tb") + " --output_dir " + f.dir.file("o"), &out), 0) << out;
+  EXPECT_NE(out.find("[trl] TensorBoard: " + f.dir.file("tb") + "/events.out.tfevents."), std::string::npos) << out;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(f.dir.file("tb"))) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  const std::string events = test::read_file(files[0]);
+  EXPECT_EQ(count(events, "train/loss"), 3u) << "one scalar per logged step";
+  EXPECT_EQ(count(events, "train/learning_rate"), 3u);
+  EXPECT_EQ(count(events, "args/text_summary"), 1u);
+  // Without logging_dir: Transformers' default, output_dir/runs/<date>_<host>.
+  ASSERT_EQ(run(base + " --report_to all --output_dir " + f.dir.file("o2"), &out), 0) << out;
+  EXPECT_NE(out.find("[trl] TensorBoard: " + f.dir.file("o2/runs/")), std::string::npos) << out;
+  ASSERT_EQ(run(base + " --report_to wandb --output_dir " + f.dir.file("o3"), &out), 0) << out;
+  EXPECT_NE(out.find("--report_to wandb: not available here"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(f.dir.file("o3/runs")));
+  EXPECT_EQ(run(base + " --report_to tensorbored --output_dir " + f.dir.file("o4"), &out), 2) << out;
+  EXPECT_NE(out.find("--report_to tensorbored: no such integration"), std::string::npos) << out;
+}
+
 // The README's command lines (with a temporary folder for models/).
 TEST(CliCompat, ReadmeCommandLinesRun) {
   Fixture f;

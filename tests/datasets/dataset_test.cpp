@@ -217,6 +217,45 @@ TEST(Datasets, BrokenParquetInASplitNamesTheFile) {
   EXPECT_NE(test::error_of([&] { load_dataset(arrow.path(), "train"); }).find("save_to_disk"), std::string::npos);
 }
 
+// Gzip-compressed JSON lines and JSON arrays (train.jsonl.gz, as several Hub datasets store them) are read as
+// `datasets` reads them, compressed by the gzip program itself; damaged or mislabelled ones are named, and a folder
+// of formats trl.cpp does not read names its files instead of calling itself empty.
+TEST(Datasets, GzipJsonFilesAreReadAndOtherFormatsNamed) {
+  test::TempDir dir;
+  test::write_file(dir.file("train.jsonl"), "{\"text\": \"a\"}\n\n{\"text\": \"b\"}\n");
+  test::write_file(dir.file("test.json"), "[{\"text\": \"c\"}, {\"text\": \"d\"}, {\"text\": \"e\"}]");
+  std::string out;
+  ASSERT_EQ(test::run_command("gzip " + dir.file("train.jsonl") + " " + dir.file("test.json") + " 2>&1", &out), 0) << out;
+  const Dataset train = load_dataset(dir.path(), "train");
+  ASSERT_EQ(train.size(), 2u);
+  EXPECT_EQ(train.row(1)["text"], "b");
+  EXPECT_EQ(train.location(1), dir.file("train.jsonl.gz") + ":3");  // the line in the decompressed text
+  const Dataset test = load_dataset(dir.path(), "test");
+  ASSERT_EQ(test.size(), 3u);
+  EXPECT_EQ(test.row(2)["text"], "e");
+  EXPECT_EQ(load_dataset(dir.file("train.jsonl.gz")).size(), 2u);  // a file given by name
+
+  test::TempDir bad;
+  std::string bytes = test::read_file(dir.file("test.json.gz"));
+  test::write_file(bad.file("cut.jsonl.gz"), bytes.substr(0, bytes.size() / 2));
+  std::string e = test::error_of([&] { load_dataset(bad.file("cut.jsonl.gz")); });
+  EXPECT_NE(e.find("cut.jsonl.gz: the gzip data is damaged after"), std::string::npos) << e;
+  test::write_file(bad.file("plain.jsonl.gz"), "{\"text\": \"a\"}\n");
+  e = test::error_of([&] { load_dataset(bad.file("plain.jsonl.gz")); });
+  EXPECT_NE(e.find("plain.jsonl.gz: not gzip-compressed, though its name ends in .gz"), std::string::npos) << e;
+  bytes[bytes.size() - 12] ^= 0x55;  // a flipped byte in the compressed data or its checksum
+  test::write_file(bad.file("flip.jsonl.gz"), bytes);
+  e = test::error_of([&] { load_dataset(bad.file("flip.jsonl.gz")); });
+  EXPECT_NE(e.find("flip.jsonl.gz: the gzip data is damaged"), std::string::npos) << e;
+
+  test::TempDir other;
+  test::write_file(other.file("README.md"), "# a dataset\n");
+  test::write_file(other.file("data.csv"), "text\na\n");
+  test::write_file(other.file("train.jsonl.zst"), "x");
+  e = test::error_of([&] { load_dataset(other.path(), "train"); });
+  EXPECT_NE(e.find("it holds data.csv, train.jsonl.zst, which trl.cpp does not read"), std::string::npos) << e;
+}
+
 TEST(Datasets, DatasetInfoPrintsSplitsColumnsAndFirstRows) {
   HubCache hub;
   std::string out;

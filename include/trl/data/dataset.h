@@ -52,6 +52,14 @@ struct Dataset {
 // A malformed line, a broken Parquet file or a missing split is an error naming the file and what it looked for.
 Dataset load_dataset(const std::string& name, const std::string& split = "train", const std::string& config = "", const std::string& revision = "main");
 
+// datasets.load_dataset(name, data_dir=..., data_files=...): the split's files among those of the dataset `name` (a
+// folder, or a Hub id in the local cache) under `data_dir` ("" = the whole dataset), chosen by `data_files`: glob
+// patterns relative to that folder, per split (a list of patterns given without split names is the "train" split,
+// as `datasets` makes it); with no patterns, the split rules of load_dataset apply inside data_dir.
+using DataFiles = std::vector<std::pair<std::string, std::vector<std::string>>>;
+Dataset load_dataset_files(const std::string& name, const std::string& split, const std::string& data_dir, const DataFiles& data_files,
+                           const std::string& revision = "main");
+
 // Whether the dataset has the split (a single file has only "train").
 bool has_split(const std::string& name, const std::string& split, const std::string& config = "", const std::string& revision = "main");
 
@@ -65,5 +73,7 @@ struct DatasetLayout {
   std::vector<DatasetSplit> splits;
 };
 DatasetLayout resolve_dataset(const std::string& name, const std::string& config = "", const std::string& revision = "main");
+// The layout of load_dataset_files.
+DatasetLayout resolve_dataset_files(const std::string& name, const std::string& data_dir, const DataFiles& data_files, const std::string& revision = "main");
 
 }  // namespace trl

@@ -62,6 +62,10 @@ struct TrainingArguments {
   bool dataloader_drop_last = false;
   std::string resume_from_checkpoint;  // a checkpoint folder, or "last" / "true" for the newest in output_dir
   bool report = true;    // write training_report.html in output_dir
+  // Transformers' report_to: "tensorboard" (or "all") writes TensorBoard event files into logging_dir (default
+  // output_dir/runs/<date>_<host>, Transformers' default); other integrations are not available here.
+  std::vector<std::string> report_to;
+  std::string logging_dir;
   bool progress = true;  // progress bar on a terminal, plain lines otherwise
   // Names shown in the report's run summary (TRL's ModelConfig.model_name_or_path and ScriptArguments.dataset_name;
   // the trainer itself never loads by them). Default: the model's folder and the training rows' file.
@@ -86,6 +90,10 @@ struct TrainOutput {
   ProgramCacheStats programs;
   bool interrupted = false;
 };
+
+// The arguments as JSON (the fields above, by name), as TrainingArguments.to_json_string() shows them: what
+// TensorBoard's "args" text holds.
+nlohmann::ordered_json training_arguments_json(const TrainingArguments& args);
 
 // The learning rate at `step` (0-based) of `total` steps with `warmup` warm-up steps.
 double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup);
