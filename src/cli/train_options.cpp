@@ -29,6 +29,7 @@ void add_compat_options(Options& o, CompatArgs& x) {
   o.add("dataset_config", x.dataset_config, "Dataset configuration: a `configs:` entry of the dataset's README.md, or its <config>/ folder");
   o.add("dataset_streaming", x.dataset_streaming, "Accepted for TRL compatibility (Parquet files are always read a row group at a time)");
   o.add("dataloader_num_workers", x.dataloader_num_workers, "Accepted for TRL compatibility (data loading is in-process)");
+  o.add("dataset_num_proc", x.dataset_num_proc, "Accepted for TRL compatibility (tokenization runs in this process)");
   o.add("save_strategy", x.save_strategy, "steps (every save_steps) | no").choices({"steps", "no"});
   o.add("logging_strategy", x.logging_strategy, "steps (every logging_steps)").choices({"steps"});
   o.add("remove_unused_columns", x.remove_unused_columns, "Accepted for TRL compatibility (the trainers read the columns they need)");
@@ -128,7 +129,11 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("gradient_accumulation_steps", c.gradient_accumulation_steps, "Micro-batches per optimizer step").min(1);
   o.add("num_train_epochs", c.num_train_epochs, "Epochs (when max_steps is not set)").above(0);
   o.add("max_steps", c.max_steps, "Optimizer steps (overrides epochs; -1 = off)").min(-1);
-  o.add("lr_scheduler_type", c.lr_scheduler_type, "Learning-rate schedule").choices({"linear", "cosine", "constant", "constant_with_warmup"});
+  o.add("lr_scheduler_type", c.lr_scheduler_type, "Learning-rate schedule")
+      .choices({"linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup"});
+  o.add("lr_scheduler_kwargs", a.lr_scheduler_kwargs, "The schedule's arguments as JSON: num_cycles (cosine), min_lr or min_lr_rate (cosine_with_min_lr)")
+      .json_object();
+  o.add("optim", c.optim, "Optimizer: the AdamW family (adamw_torch, adamw_torch_fused, ...) is trl.cpp's AdamW; others are refused");
   o.add("warmup_ratio", c.warmup_ratio, "Warm-up as a fraction of the steps").min(0).max(1);
   o.add("warmup_steps", c.warmup_steps, "Warm-up steps, or a value in (0, 1) as a ratio of the total steps (wins over warmup_ratio)").min(0);
   o.add("weight_decay", c.weight_decay, "AdamW weight decay (not on norms and biases)").min(0);
@@ -174,6 +179,11 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
     usage_fail("trl {}: --test_split_size splits a datasets: mixture; with --dataset_name, use the dataset's test split (--dataset_test_split)", command);
   }
   check_compat(a.compat, c);
+  if (!a.lr_scheduler_kwargs.empty() && !is_none(a.lr_scheduler_kwargs)) {
+    c.lr_scheduler_kwargs = nlohmann::ordered_json::parse(a.lr_scheduler_kwargs, nullptr, false);
+    if (!c.lr_scheduler_kwargs.is_object())
+      usage_fail("--lr_scheduler_kwargs: expected a JSON object such as '{{\"min_lr_rate\": 0.1}}', got {}", a.lr_scheduler_kwargs);
+  }
   c.save_total_limit = a.save_total_limit;
   c.eval_steps = a.eval_steps;
   if (a.compat.save_strategy == "no") c.save_steps = std::numeric_limits<int64_t>::max();
@@ -181,6 +191,13 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
   c.model_name_or_path = a.model;
   c.dataset_name = a.dataset_label();
   c.peft_config = peft_config(a.peft);
+  try {  // the options' values together, before anything loads: a usage error
+    check_training_arguments(c, fmt::format("trl {}", command).c_str());
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
 }
 
 TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {

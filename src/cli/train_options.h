@@ -23,7 +23,7 @@ struct CompatArgs {
   // TRL's ModelConfig quantization options: refused (no QLoRA here) with what to use instead.
   bool load_in_4bit = false, load_in_8bit = false, use_bnb_nested_quant = false;
   std::string bnb_4bit_quant_type = "nf4";
-  std::optional<int64_t> dataloader_num_workers;
+  std::optional<int64_t> dataloader_num_workers, dataset_num_proc;
 };
 
 // TRL's ModelConfig LoRA options (docs/LORA.md), with TRL's defaults.
@@ -41,6 +41,7 @@ struct TrainCommandArgs {
   std::optional<int64_t> save_total_limit, eval_steps;
   // TRL's dataset mixture (DatasetMixtureConfig): `datasets:` as JSON text, `streaming`, `test_split_size`.
   std::string datasets;
+  std::string lr_scheduler_kwargs;  // JSON text (a YAML mapping in --config), into TrainingArguments::lr_scheduler_kwargs
   bool streaming = false;
   std::optional<double> test_split_size;
   CompatArgs compat;

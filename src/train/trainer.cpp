@@ -160,6 +160,34 @@ int64_t shape_tokens(const graph::Graph& g) {
 
 }  // namespace
 
+namespace {
+
+// lr_scheduler_kwargs as Transformers' schedules take them: num_cycles for the cosine ones, min_lr or min_lr_rate
+// (one, required) for cosine_with_min_lr; a key another schedule does not take is an error, as its TypeError is.
+void check_scheduler_kwargs(const TrainingArguments& c, const std::function<void(const char*, const std::string&)>& bad) {
+  const auto& kw = c.lr_scheduler_kwargs;
+  if (!kw.is_object()) bad("lr_scheduler_kwargs", fmt::format("must be a JSON object such as {{\"min_lr_rate\": 0.1}}, got {}", kw.dump()));
+  const bool cosine = c.lr_scheduler_type == "cosine" || c.lr_scheduler_type == "cosine_with_min_lr";
+  for (const auto& [k, v] : kw.items()) {
+    const bool known = (cosine && k == "num_cycles") || (c.lr_scheduler_type == "cosine_with_min_lr" && (k == "min_lr" || k == "min_lr_rate"));
+    if (!known) bad("lr_scheduler_kwargs", fmt::format("'{}' is not an argument of the {} schedule", k, c.lr_scheduler_type));
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+      bad("lr_scheduler_kwargs", fmt::format("'{}' must be a number >= 0, got {}", k, v.dump()));
+  }
+  if (c.lr_scheduler_type == "cosine_with_min_lr" && kw.contains("min_lr") == kw.contains("min_lr_rate"))
+    bad("lr_scheduler_kwargs", "cosine_with_min_lr needs one of min_lr and min_lr_rate, such as {\"min_lr_rate\": 0.1}");
+}
+
+}  // namespace
+
+std::pair<double, double> scheduler_rates(const TrainingArguments& c) {
+  const auto& kw = c.lr_scheduler_kwargs;
+  double rate = 0;
+  if (kw.is_object() && kw.contains("min_lr_rate")) rate = kw["min_lr_rate"].get<double>();
+  if (kw.is_object() && kw.contains("min_lr")) rate = c.learning_rate > 0 ? kw["min_lr"].get<double>() / c.learning_rate : 0;
+  return {rate, kw.is_object() && kw.contains("num_cycles") ? kw["num_cycles"].get<double>() : 0.5};
+}
+
 void check_training_arguments(const TrainingArguments& c, const char* config_name) {
   auto bad = [&](const char* name, const std::string& why) { fail("{}: {} {}", config_name, name, why); };
   // torch.optim.AdamW's checks (lr >= 0, 0 <= beta < 1, weight_decay >= 0), plus eps > 0 (it divides the update)
@@ -204,20 +232,28 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
     bad("tp_size", fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
                                "tp_size): start a multiple of {} processes, or change tp_size / fsdp_size",
                                c.distributed.tp_size, c.distributed.fsdp_size, model, W, model));
-  if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "constant" &&
-      c.lr_scheduler_type != "constant_with_warmup")
-    bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, constant or constant_with_warmup", c.lr_scheduler_type));
+  if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "cosine_with_min_lr" &&
+      c.lr_scheduler_type != "constant" && c.lr_scheduler_type != "constant_with_warmup")
+    bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, cosine_with_min_lr, constant or constant_with_warmup", c.lr_scheduler_type));
+  check_scheduler_kwargs(c, bad);
+  static const char* adamw[] = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla", "adamw_torch_npu_fused"};
+  if (std::none_of(std::begin(adamw), std::end(adamw), [&](const char* o) { return c.optim == o; }))
+    bad("optim", fmt::format("'{}' is not available: trl.cpp trains with AdamW (f32 moments, Transformers' adamw_torch); 8-bit, paged and "
+                             "other optimizers are not implemented (drop --optim, or give adamw_torch)", c.optim));
   if (c.train_sampling_strategy != "random" && c.train_sampling_strategy != "sequential")
     bad("train_sampling_strategy", fmt::format("'{}' is not random or sequential", c.train_sampling_strategy));
   if (c.eval_strategy != "no" && c.eval_strategy != "steps" && c.eval_strategy != "epoch")
     bad("eval_strategy", fmt::format("'{}' is not no, steps or epoch", c.eval_strategy));
 }
 
-double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup) {
+double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup, double min_lr_rate, double num_cycles) {
   if (warmup > 0 && step < warmup && type != "constant") return base * static_cast<double>(step) / static_cast<double>(warmup);
   if (type == "constant" || type == "constant_with_warmup") return base;
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup)), done = static_cast<double>(step - warmup);
-  if (type == "cosine") return base * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * done / span)));
+  if (type == "cosine" || type == "cosine_with_min_lr") {  // Transformers' _get_cosine_schedule_with_warmup_lr_lambda
+    const double factor = 0.5 * (1.0 + std::cos(M_PI * num_cycles * 2.0 * done / span));
+    return base * std::max(0.0, factor * (1 - min_lr_rate) + min_lr_rate);
+  }
   return base * std::max(0.0, (static_cast<double>(total) - static_cast<double>(step)) / span);  // linear
 }
 
@@ -864,7 +900,8 @@ StepResult Trainer::State::train_step(const std::vector<size_t>& order, MetricWi
   tokens_seen += tokens;
   r.grad_norm = clip_gradients(r.loss);
   if (pre_optimizer) pre_optimizer(global_step + 1, grads);
-  r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup());
+  const auto [min_lr_rate, num_cycles] = scheduler_rates(cfg);
+  r.lr = scheduled_lr(cfg.lr_scheduler_type, cfg.learning_rate, global_step, total_steps(), warmup(), min_lr_rate, num_cycles);
   opt.step(master, grads, r.lr, *backend, cfg.bf16 ? (fsdp() ? &compute_pieces : &compute) : nullptr);
   grads.clear();  // views into the program's arena must not keep a replaced arena alive
   if (fsdp()) {  // every rank's updated shard into every rank's compute weights

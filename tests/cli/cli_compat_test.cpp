@@ -1,5 +1,6 @@
 // The `trl` binary as a new user meets it: TRL command lines pasted unchanged, the README's command lines, a chat
 // that survives errors and Ctrl-C, and inputs that are wrong in ways that must be named (file, line, field).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <cctype>
@@ -199,6 +200,9 @@ TEST(CliCompat, UsageErrorsExitTwoAndSayWhatToUse) {
       {base + " --num_processes 2 --nproc_per_node 3", "give one process count"},
       {base + " --accelerate_config zero9", "neither a file nor one of TRL's presets (zero1, zero2, zero3, fsdp1, fsdp2, multi_gpu, single_gpu)"},
       {"generate --model " + f.model + " --prompt hi --accelerate_config zero2", "only the training commands"},
+      {base + " --optim paged_adamw_8bit", "trl sft: optim 'paged_adamw_8bit' is not available: trl.cpp trains with AdamW"},
+      {base + " --lr_scheduler_kwargs '{\"min_lr\": 1e-6}'", "trl sft: lr_scheduler_kwargs 'min_lr' is not an argument of the linear schedule"},
+      {base + " --lr_scheduler_kwargs 3", "--lr_scheduler_kwargs: expected a JSON object"},
   };
   for (const Case& c : cases) {
     std::string out;
@@ -234,6 +238,13 @@ TEST(CliCompat, TransformersV5AndLauncherFormsTrain) {
   EXPECT_EQ(ratio, steps) << "warmup_steps 0.2 of 10 steps is 2 warm-up steps (Transformers' get_warmup_steps)";
   EXPECT_NE(ratio, none);
   EXPECT_LT(ratio[0], ratio[1]) << "the first steps warm up";
+
+  // cosine_with_min_lr ends at min_lr_rate × learning_rate; the AdamW names and dataset_num_proc are taken.
+  ASSERT_EQ(run(base + " --lr_scheduler_type cosine_with_min_lr --lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}' --optim adamw_torch_fused "
+                       "--dataset_num_proc 4 --output_dir " + f.dir.file("minlr"), &out), 0) << out;
+  const std::vector<double> minlr = learning_rates("minlr");
+  ASSERT_EQ(minlr.size(), 10u);
+  EXPECT_NEAR(minlr[9], 1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 9 / 10))), 1e-12) << "the last step's rate (step index 9 of 10)";
 
   // logging_first_step: step 1 is logged beside every 5th.
   ASSERT_EQ(run(base + " --max_steps 5 --logging_steps 5 --logging_first_step --no_remove_unused_columns --no-gradient-checkpointing --output_dir " +

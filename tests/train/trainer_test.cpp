@@ -41,6 +41,39 @@ Dataset texts(int n) {
   return d;
 }
 
+// Transformers' schedules at points where their formulas have closed forms: 10 steps, 2 of warm-up, base 1.
+TEST(TrainerSchedule, CosineWithMinLrAndNumCyclesAsTransformers) {
+  EXPECT_DOUBLE_EQ(scheduled_lr("cosine_with_min_lr", 1, 1, 10, 2, 0.1), 0.5);   // warm-up: step / warmup
+  EXPECT_DOUBLE_EQ(scheduled_lr("cosine_with_min_lr", 1, 2, 10, 2, 0.1), 1.0);   // progress 0
+  EXPECT_DOUBLE_EQ(scheduled_lr("cosine_with_min_lr", 1, 6, 10, 2, 0.1), 0.55);  // progress 1/2: (1 + 0.1) / 2
+  EXPECT_DOUBLE_EQ(scheduled_lr("cosine_with_min_lr", 1, 10, 10, 2, 0.1), 0.1);  // the end: min_lr_rate
+  EXPECT_NEAR(scheduled_lr("cosine", 1, 6, 10, 2), 0.5, 1e-15);                    // plain cosine: the same with rate 0
+  EXPECT_NEAR(scheduled_lr("cosine", 1, 6, 10, 2, 0, 1.0), 0.0, 1e-15);            // num_cycles 1: a full wave down at the middle
+  EXPECT_NEAR(scheduled_lr("cosine", 1, 10, 10, 2, 0, 1.0), 1.0, 1e-15);           // ... and up again at the end
+  TrainingArguments a;
+  a.learning_rate = 2e-4;
+  a.lr_scheduler_type = "cosine_with_min_lr";
+  a.lr_scheduler_kwargs = {{"min_lr", 2e-5}};
+  EXPECT_NEAR(scheduler_rates(a).first, 0.1, 1e-15);  // min_lr / learning_rate
+  check_training_arguments(a, "TrainingArguments");
+  for (const auto& [kwargs, want] : std::vector<std::pair<nlohmann::ordered_json, std::string>>{
+           {nlohmann::ordered_json::object(), "needs one of min_lr and min_lr_rate"},
+           {{{"min_lr", 1e-5}, {"min_lr_rate", 0.1}}, "needs one of min_lr and min_lr_rate"},
+           {{{"min_lr_rate", -1}}, "'min_lr_rate' must be a number >= 0"},
+           {{{"warmup_lr_rate", 0.1}}, "'warmup_lr_rate' is not an argument of the cosine_with_min_lr schedule"}}) {
+    a.lr_scheduler_kwargs = kwargs;
+    EXPECT_NE(test::error_of([&] { check_training_arguments(a, "TrainingArguments"); }).find(want), std::string::npos) << kwargs.dump();
+  }
+  a.lr_scheduler_type = "linear";
+  a.lr_scheduler_kwargs = {{"num_cycles", 1}};
+  EXPECT_NE(test::error_of([&] { check_training_arguments(a, "TrainingArguments"); }).find("not an argument of the linear schedule"), std::string::npos);
+  a.lr_scheduler_kwargs = nlohmann::ordered_json::object();
+  a.optim = "paged_adamw_8bit";
+  EXPECT_NE(test::error_of([&] { check_training_arguments(a, "TrainingArguments"); }).find("optim 'paged_adamw_8bit' is not available"), std::string::npos);
+  a.optim = "adamw_torch_fused";
+  check_training_arguments(a, "TrainingArguments");
+}
+
 TEST(TrainerMemory, ARunThatCannotFitIsRefusedWithTheFigures) {
   test::TinyModel t;
   const Tokenizer& tok = test::qwen3_tokenizer();

@@ -32,7 +32,13 @@ struct TrainingArguments {
   int64_t gradient_accumulation_steps = 1;
   double num_train_epochs = 3;
   int64_t max_steps = -1;
-  std::string lr_scheduler_type = "linear";  // linear | cosine | constant | constant_with_warmup
+  std::string lr_scheduler_type = "linear";  // linear | cosine | cosine_with_min_lr | constant | constant_with_warmup
+  // Transformers' lr_scheduler_kwargs: num_cycles (cosine, cosine_with_min_lr; default 0.5), and min_lr or
+  // min_lr_rate (cosine_with_min_lr: one of them).
+  nlohmann::ordered_json lr_scheduler_kwargs = nlohmann::ordered_json::object();
+  // Transformers' optimizer name: the AdamW family (adamw_torch, adamw_torch_fused, ...) is trl.cpp's AdamW; others
+  // are refused by check_training_arguments.
+  std::string optim = "adamw_torch";
   double warmup_ratio = 0;
   // Transformers v5: a whole number of steps (>= 1; a fraction is dropped, as int() does), or a value in (0, 1) as
   // a ratio of the total steps (ceil); 0 defers to warmup_ratio.
@@ -95,7 +101,10 @@ struct TrainOutput {
 // TensorBoard's "args" text holds.
 nlohmann::ordered_json training_arguments_json(const TrainingArguments& args);
 
-// The learning rate at `step` (0-based) of `total` steps with `warmup` warm-up steps.
-double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup);
+// The learning rate at `step` (0-based) of `total` steps with `warmup` warm-up steps, as Transformers' schedules give
+// it; `min_lr_rate` and `num_cycles` are the cosine schedules' (lr_scheduler_kwargs).
+double scheduled_lr(const std::string& type, double base, int64_t step, int64_t total, int64_t warmup, double min_lr_rate = 0, double num_cycles = 0.5);
+// The schedule's min_lr_rate and num_cycles from lr_scheduler_kwargs (checked by check_training_arguments).
+std::pair<double, double> scheduler_rates(const TrainingArguments& args);
 
 }  // namespace trl
