@@ -1,6 +1,8 @@
 #include "core/json_text.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include <utf8proc.h>
 
@@ -90,9 +92,30 @@ T json_field(const Json& object, const std::string& key, const std::string& wher
     if (v.is_boolean()) return v.template get<bool>();
     fail("{}: field '{}' must be true or false, got {} ({})", where, key, shown(v), kind_of(v));
   } else if constexpr (std::is_integral_v<T>) {
-    if (v.is_number_integer() || v.is_number_unsigned()) return v.template get<T>();
-    if (v.is_number_float() && v.template get<double>() == static_cast<double>(static_cast<int64_t>(v.template get<double>())))
-      return static_cast<T>(v.template get<double>());
+    // In T's range, or an error (found by fuzzing: 4.5e24 written as a whole number was cast to int64 unchecked).
+    const auto out_of_range = [&]() -> T {
+      fail("{}: field '{}' = {} is out of range (the limit is {} to {})", where, key, shown(v), std::numeric_limits<T>::min(),
+           std::numeric_limits<T>::max());
+    };
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.template get<uint64_t>();
+      return u <= static_cast<uint64_t>(std::numeric_limits<T>::max()) ? static_cast<T>(u) : out_of_range();
+    }
+    if (v.is_number_integer()) {
+      const int64_t i = v.template get<int64_t>();
+      if constexpr (std::is_signed_v<T>) {
+        return i >= std::numeric_limits<T>::min() && i <= std::numeric_limits<T>::max() ? static_cast<T>(i) : out_of_range();
+      } else {
+        return i >= 0 && static_cast<uint64_t>(i) <= std::numeric_limits<T>::max() ? static_cast<T>(i) : out_of_range();
+      }
+    }
+    if (v.is_number_float()) {
+      const double d = v.template get<double>();
+      if (d != std::trunc(d)) fail("{}: field '{}' must be a whole number, got {} ({})", where, key, shown(v), kind_of(v));
+      // [min, max] of T as doubles: 2^63 itself is out of an int64's range, so the upper bound is exclusive.
+      const double lo = static_cast<double>(std::numeric_limits<T>::min()), hi = static_cast<double>(std::numeric_limits<T>::max());
+      return d >= lo && d < hi + (hi >= 9.2e18 ? 0.0 : 1.0) ? static_cast<T>(d) : out_of_range();
+    }
     fail("{}: field '{}' must be a whole number, got {} ({})", where, key, shown(v), kind_of(v));
   } else if constexpr (std::is_floating_point_v<T>) {
     if (v.is_number()) return v.template get<T>();
@@ -106,6 +129,10 @@ T json_field(const Json& object, const std::string& key, const std::string& wher
 
 template int64_t json_field<int64_t>(const nlohmann::json&, const std::string&, const std::string&);
 template int64_t json_field<int64_t>(const nlohmann::ordered_json&, const std::string&, const std::string&);
+template int32_t json_field<int32_t>(const nlohmann::json&, const std::string&, const std::string&);
+template int32_t json_field<int32_t>(const nlohmann::ordered_json&, const std::string&, const std::string&);
+template uint64_t json_field<uint64_t>(const nlohmann::json&, const std::string&, const std::string&);
+template uint64_t json_field<uint64_t>(const nlohmann::ordered_json&, const std::string&, const std::string&);
 template double json_field<double>(const nlohmann::json&, const std::string&, const std::string&);
 template double json_field<double>(const nlohmann::ordered_json&, const std::string&, const std::string&);
 template bool json_field<bool>(const nlohmann::json&, const std::string&, const std::string&);

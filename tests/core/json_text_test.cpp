@@ -40,6 +40,17 @@ TEST(JsonText, FieldsSayWhatTheyMustBe) {
   EXPECT_NE(test::error_of([&] { (void)json_field<bool>(j, "b", "state.json"); }).find("field 'b' must be true or false, got 1"), std::string::npos);
   EXPECT_NE(test::error_of([&] { (void)json_field<std::string>(j, "s", "state.json"); }).find("must be a string, got [1] (a list)"), std::string::npos);
   EXPECT_NE(test::error_of([&] { (void)json_field<double>(j, "missing", "state.json"); }).find("state.json: field 'missing' is missing"), std::string::npos);
+  // Whole numbers beyond the field's type are errors, never a cast out of range (found by fuzzing: 4.5e24 as int64).
+  const nlohmann::ordered_json big = nlohmann::ordered_json::parse(
+      R"({"f": 4555555555555555555555555, "g": 9223372036854775808.0, "u": 18446744073709551615, "i": 3000000000, "m": -1, "lo": -9223372036854775808.0, "inf": 1e308})");
+  for (const char* key : {"f", "g", "u", "inf"})
+    EXPECT_NE(test::error_of([&] { (void)json_field<int64_t>(big, key, "state.json"); }).find("is out of range (the limit is -9223372036854775808 to 9223372036854775807)"),
+              std::string::npos) << key;
+  EXPECT_EQ(json_field<int64_t>(big, "lo", "state.json"), INT64_MIN);
+  EXPECT_EQ(json_field<int64_t>(big, "i", "state.json"), 3000000000);
+  EXPECT_NE(test::error_of([&] { (void)json_field<int32_t>(big, "i", "config.json"); }).find("field 'i' = 3000000000 is out of range"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { (void)json_field<uint64_t>(big, "m", "config.json"); }).find("field 'm' = -1 is out of range"), std::string::npos);
+  EXPECT_EQ(json_field<uint64_t>(big, "u", "state.json"), UINT64_MAX);
 }
 
 }  // namespace
