@@ -40,9 +40,7 @@ void register_reward(CLI::App& app) {
     if (a->t.dtype != "auto") lo.dtype = (a->t.dtype == "bf16" || a->t.dtype == "bfloat16") ? DType::BF16 : DType::F32;
     lo.device = a->t.device;
     const RewardModel model = load_reward_model(a->t.model, lo, *pad, cfg.seed);
-    Dataset train = load_dataset(a->t.dataset, a->t.train_split, a->t.compat.dataset_config);
-    std::optional<Dataset> eval;
-    if (cfg.eval_strategy != "no") eval = load_dataset(a->t.dataset, a->t.test_split, a->t.compat.dataset_config);
+    auto [train, eval] = load_train_data(a->t, cfg);
     std::fprintf(stderr, "[trl] reward: %s (%s) on %s (%zu rows), output %s\n", a->t.model.c_str(), model.new_head ? "a new score head" : "its score head",
                  a->t.dataset_label().c_str(), train.size(), cfg.output_dir.c_str());
     RewardTrainer trainer(model, tok, std::move(train), cfg, std::move(eval));

@@ -127,6 +127,7 @@ YamlLaunchKeys read_yaml_launch_keys(const std::string& path) {
 LaunchRequest take_launch_options(int argc, char** argv) {
   LaunchRequest r;
   std::optional<std::string> nproc, nproc_flag, accel, config;
+  std::string accel_where = "--accelerate_config";
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     // `--name VALUE` or `--name=VALUE`, with underscores or dashes; nullopt when argv[i] is another word.
@@ -155,12 +156,17 @@ LaunchRequest take_launch_options(int argc, char** argv) {
       accel = *v;
       continue;
     }
+    if (auto v = value_of("--config_file", "an accelerate config file (accelerate launch's option)")) {  // accelerate's own name
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(*v, ec)) usage_fail("--config_file {}: no such file (an accelerate config file)", *v);
+      accel = *v, accel_where = "--config_file";
+      continue;
+    }
     if ((a == "--config") && i + 1 < argc) config = argv[i + 1];
     else if (a.rfind("--config=", 0) == 0) config = a.substr(9);
     if (a == "--fsdp_size" || a == "--fsdp-size" || a.rfind("--fsdp_size=", 0) == 0 || a.rfind("--fsdp-size=", 0) == 0) r.fsdp_size_given = true;
     r.args.push_back(a);
   }
-  std::string accel_where = "--accelerate_config";
   if (config) {
     YamlLaunchKeys k = read_yaml_launch_keys(*config);
     if (!nproc && k.num_processes) nproc = k.num_processes, nproc_flag = "--config " + *config + ": num_processes";

@@ -200,28 +200,34 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
   }
 }
 
+TrainData load_train_data(const TrainCommandArgs& a, const TrainingArguments& c) {
+  if (a.datasets.empty()) {
+    TrainData d{load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
+    if (c.eval_strategy != "no") d.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
+    return d;
+  }
+  std::map<std::string, Dataset> splits = load_dataset_mixture(mixture_of(a), c.seed);
+  const auto split = [&](const std::string& name) {
+    const auto it = splits.find(name);
+    if (it == splits.end())
+      fail("datasets: the mixture has the split{} {}, not \"{}\"{}", splits.size() > 1 ? "s" : "", splits.size() > 1 ? "train and test" : "train", name,
+           splits.size() > 1 ? "" : " (test_split_size makes a test split)");
+    return std::move(it->second);
+  };
+  std::optional<Dataset> eval;
+  if (c.eval_strategy != "no") eval = split(a.test_split);
+  return TrainData{split(a.train_split), std::move(eval)};
+}
+
 TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   LoadOptions lo;
   lo.revision = a.revision;
   if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
   lo.device = a.device;
-  if (!a.datasets.empty()) {
-    std::map<std::string, Dataset> splits = load_dataset_mixture(mixture_of(a), c.seed, a.revision);
-    const auto split = [&](const std::string& name) {
-      const auto it = splits.find(name);
-      if (it == splits.end())
-        fail("datasets: the mixture has the split{} {}, not \"{}\"{}", splits.size() > 1 ? "s" : "", splits.size() > 1 ? "train and test" : "train", name,
-             splits.size() > 1 ? "" : " (test_split_size makes a test split)");
-      return std::move(it->second);
-    };
-    std::optional<Dataset> eval;
-    if (c.eval_strategy != "no") eval = split(a.test_split);
-    Dataset train = split(a.train_split);
-    return TrainRun{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), std::move(train), std::move(eval)};
-  }
-  TrainRun run{CausalLM::from_pretrained(a.model, lo), Tokenizer::from_pretrained(a.model, a.revision), load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
-  if (c.eval_strategy != "no") run.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
-  return run;
+  CausalLM model = CausalLM::from_pretrained(a.model, lo);
+  Tokenizer tokenizer = Tokenizer::from_pretrained(a.model, a.revision);
+  TrainData data = load_train_data(a, c);
+  return TrainRun{std::move(model), std::move(tokenizer), std::move(data.train), std::move(data.eval)};
 }
 
 std::string TrainCommandArgs::dataset_label() const {

@@ -63,6 +63,12 @@ struct TrainRun {
   Dataset train;
   std::optional<Dataset> eval;
 };
+// The train split (and the test split when evaluating): of --dataset_name, or of the datasets: mixture.
+struct TrainData {
+  Dataset train;
+  std::optional<Dataset> eval;
+};
+TrainData load_train_data(const TrainCommandArgs& a, const TrainingArguments& c);
 // Loads the model (dtype, revision), its tokenizer, and the train split (and the test split when evaluating).
 TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c);
 
