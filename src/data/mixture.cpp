@@ -38,8 +38,9 @@ std::vector<std::string> patterns(const json& v, const std::string& where) {
 
 DatasetMixtureEntry parse_entry(const json& e, const std::string& where) {
   if (!e.is_object()) fail("{}: each dataset is a mapping with a path (and name, data_dir, data_files, split, columns, fraction), got {}", where, e.dump());
-  for (const auto& [key, value] : e.items()) {
+  for (auto it = e.begin(); it != e.end(); ++it) {
     static const char* known[] = {"path", "name", "data_dir", "data_files", "split", "columns", "fraction"};
+    const std::string& key = it.key();
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
       fail("{}: unknown field '{}' (TRL's DatasetConfig has path, name, data_dir, data_files, split, columns, fraction)", where, key);
   }
