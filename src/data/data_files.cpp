@@ -123,6 +123,15 @@ bool glob_match(std::string_view pat, std::string_view s) {
   return pat[0] == s[0] && glob_match(pat.substr(1), s.substr(1));
 }
 
+// Split `split`: the files (relative to `root`, in their order) that match any of the glob patterns.
+DatasetSplit matching_files(const stdfs::path& root, const std::vector<std::string>& files, const std::string& split,
+                            const std::vector<std::string>& patterns) {
+  DatasetSplit s{split, {}};
+  for (const auto& f : files)
+    if (std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return glob_match(p, f); })) s.files.push_back((root / f).string());
+  return s;
+}
+
 // datasets' first rule: data/<split>-NNNNN-of-NNNNN* (what push_to_hub writes, any split name): the name, or "".
 std::string sharded_split_name(const std::string& rel) {
   if (rel.rfind("data/", 0) != 0 || rel.find('/', 5) != std::string::npos) return "";
@@ -237,14 +246,7 @@ bool splits_from_readme(const stdfs::path& root, const std::string& config, cons
       for (const auto& kv : df) splits.push_back({kv.first.as<std::string>(), as_patterns(kv.second)});
     }
     for (const auto& [split, patterns] : splits) {
-      DatasetSplit s{split, {}};
-      for (const auto& f : files)
-        for (const auto& p : patterns)
-          if (glob_match(p, f)) {
-            s.files.push_back((root / f).string());
-            break;
-          }
-      out.splits.push_back(std::move(s));
+      out.splits.push_back(matching_files(root, files, split, patterns));
     }
   } catch (const YAML::Exception& e) {  // a value of the wrong kind (a list where text belongs, ...)
     const std::string at = e.mark.is_null() ? std::string() : fmt::format(" (line {})", e.mark.line + 1);
@@ -370,13 +372,7 @@ DatasetLayout resolve_dataset_files(const std::string& name, const std::string& 
     splits_from_names(root, "", files, out);
   } else {
     for (const auto& [split, patterns] : by_split) {
-      DatasetSplit s{split, {}};
-      for (const auto& f : files)
-        for (const auto& p : patterns)
-          if (glob_match(p, f)) {
-            s.files.push_back((root / f).string());
-            break;
-          }
+      DatasetSplit s = matching_files(root, files, split, patterns);
       if (s.files.empty())
         fail("dataset {}: data_files {} match no .parquet, .jsonl or .json file in {}", name, fmt::join(patterns, ", "), root.string());
       out.splits.push_back(std::move(s));
