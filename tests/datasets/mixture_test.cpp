@@ -111,9 +111,9 @@ TEST(DatasetMixture, WrongEntriesAreNamed) {
       {R"([{"path": "a", "data_files": 3}])", "data_files must be a path, a list of paths, or a mapping of split: paths"},
       {R"([{"path": 3}])", "'path' must be text, got 3"},
   };
-  for (const auto& [text, want] : bad) {
-    const std::string e = test::error_of([&] { mixture(text); });
-    EXPECT_NE(e.find(want), std::string::npos) << text << " -> " << e;
+  for (const auto& c : bad) {
+    const std::string e = test::error_of([&] { mixture(c.first); });
+    EXPECT_NE(e.find(c.second), std::string::npos) << c.first << " -> " << e;
   }
   std::string e = test::error_of([&] { load_dataset_mixture(mixture(R"([{"path": ")" + a + R"(", "columns": ["text", "label"]}])"), 0); });
   EXPECT_NE(e.find("column 'label' is not in " + a + ":1 (its columns: extra, id, text)"), std::string::npos) << e;
