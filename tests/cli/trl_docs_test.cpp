@@ -140,8 +140,11 @@ TEST(TrlDocs, DocumentedCommandLinesTrainUnchanged) {
     test::write_file(snap + "/train.jsonl", rows);
     test::write_file(snap + "/test.jsonl", rows);
   }
+  // Under the sanitizers every 10th line (8 runs, not 80: the whole file takes 460 s there, 28 s in Release).
+  const size_t stride = test::kSanitized ? 10 : 1;
   int trained = 0, refused = 0;
-  for (const Line& line : lines) {
+  for (size_t k = 0; k < lines.size(); k += stride) {
+    const Line& line = lines[k];
     SCOPED_TRACE(line.source + ": " + line.text);
     if (!line.file_name.empty()) test::write_file(work + "/" + line.file_name, line.file_text);
     std::string trl_word, command;
@@ -162,8 +165,10 @@ TEST(TrlDocs, DocumentedCommandLinesTrainUnchanged) {
       ++trained;
     }
   }
-  EXPECT_GE(trained, 65);
-  EXPECT_GE(refused, 5);
+  if (stride == 1) {
+    EXPECT_EQ(trained, 73);
+    EXPECT_EQ(refused, 7);
+  }
 }
 
 }  // namespace
