@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -25,10 +26,18 @@ bool is_training_command(const std::string& c) {
   return false;
 }
 
+// At most 4 ranks per core: more is a typo (--num_processes 1000 would start a thousand processes), not a run.
 int process_count(const std::string& value, const std::string& where) {
-  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos || value.size() > 4 || std::stoi(value) < 1)
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
     usage_fail("{} {}: expected a whole number >= 1 (the processes to start on this machine)", where, value);
-  return std::stoi(value);
+  const size_t digits = value.find_first_not_of('0');
+  const long n = digits == std::string::npos || value.size() - digits > 6 ? (digits == std::string::npos ? 0 : 1000000) : std::stol(value);
+  if (n < 1) usage_fail("{} {}: expected a whole number >= 1 (the processes to start on this machine)", where, value);
+  if (n > 4 * cores)
+    usage_fail("{} {}: more than 4 processes per core of this machine's {} core{}: give at most {} (one per core is the usual)", where, value, cores,
+               cores == 1 ? "" : "s", 4 * cores);
+  return static_cast<int>(n);
 }
 
 // What an accelerate config means here: TRL's presets by name, or a file of accelerate's format.
@@ -52,17 +61,35 @@ AccelerateConfig accelerate_config(const std::string& value, const std::string& 
     usage_fail("{} {}: neither a file nor one of TRL's presets (zero1, zero2, zero3, fsdp1, fsdp2, multi_gpu, single_gpu)", where, value);
   }
   AccelerateConfig c;
+  YAML::Node n;
   try {  // a regular file: yaml-cpp throws only its own exceptions on it
-    const YAML::Node n = YAML::LoadFile(value);
-    if (!n.IsMap()) usage_fail("{} {}: not an accelerate config (expected a mapping with distributed_type)", where, value);
-    c.distributed_type = n["distributed_type"] ? n["distributed_type"].as<std::string>() : "NO";
-    if (const YAML::Node ds = n["deepspeed_config"]; ds && ds.IsMap() && ds["zero_stage"]) c.zero_stage = ds["zero_stage"].as<int>();
-    if (const YAML::Node f = n["fsdp_config"]; f && f.IsMap() && f["fsdp_version"]) c.fsdp_version = f["fsdp_version"].as<int>();
-    if (n["num_processes"]) c.num_processes = n["num_processes"].as<int>();
-    if (n["num_machines"]) c.num_machines = n["num_machines"].as<int>();
+    n = YAML::LoadFile(value);
   } catch (const YAML::Exception& e) {
     usage_fail("{} {}: not a readable accelerate config (line {}): {}", where, value, e.mark.line + 1, e.msg);
   }
+  if (!n.IsMap()) usage_fail("{} {}: not an accelerate config (expected a mapping with distributed_type)", where, value);
+  // Each key as its type, or an error naming the key and its line.
+  const auto get = [&](const YAML::Node& node, const char* key, auto fallback) {
+    using T = decltype(fallback);
+    if (!node || !node.IsMap() || !node[key] || node[key].IsNull()) return fallback;
+    try {
+      return node[key].template as<T>();
+    } catch (const YAML::Exception&) {
+      usage_fail("{} {}:{}: {} must be {}", where, value, node[key].Mark().line + 1, key, std::is_same_v<T, int> ? "a whole number" : "a word");
+    }
+  };
+  c.distributed_type = get(n, "distributed_type", std::string("NO"));
+  if (n["deepspeed_config"] && c.distributed_type == "NO")
+    usage_fail("{} {}: has a deepspeed_config but distributed_type NO (accelerate's config writes distributed_type: DEEPSPEED)", where, value);
+  c.zero_stage = get(n["deepspeed_config"], "zero_stage", 2);  // accelerate's default stage
+  c.fsdp_version = get(n["fsdp_config"], "fsdp_version", 1);
+  c.num_processes = get(n, "num_processes", 0);
+  c.num_machines = get(n, "num_machines", 1);
+  if (c.distributed_type == "DEEPSPEED" && (c.zero_stage < 0 || c.zero_stage > 3))
+    usage_fail("{} {}: zero_stage {} is not a DeepSpeed ZeRO stage (0 to 3)", where, value, c.zero_stage);
+  if (c.distributed_type == "FSDP" && c.fsdp_version != 1 && c.fsdp_version != 2)
+    usage_fail("{} {}: fsdp_version {} is not 1 or 2", where, value, c.fsdp_version);
+  if (c.num_machines < 1) usage_fail("{} {}: num_machines {} must be at least 1", where, value, c.num_machines);
   return c;
 }
 
@@ -103,6 +130,8 @@ YamlLaunchKeys read_yaml_launch_keys(const std::string& path) {
         ::setenv(name.c_str(), v.second.as<std::string>().c_str(), 1);
       }
     } else if (key == "num_processes" || key == "nproc_per_node") {
+      if (k.num_processes && *k.num_processes != scalar())
+        usage_fail("--config {}:{}: {} {} and a process count of {} above: give one", path, line, key, scalar(), *k.num_processes);
       k.num_processes = scalar();
       (void)process_count(*k.num_processes, fmt::format("--config {}:{}: {}", path, line, key));
     } else if (key == "accelerate_config") {
@@ -126,7 +155,7 @@ YamlLaunchKeys read_yaml_launch_keys(const std::string& path) {
 
 LaunchRequest take_launch_options(int argc, char** argv) {
   LaunchRequest r;
-  std::optional<std::string> nproc, nproc_flag, accel, config;
+  std::optional<std::string> nproc, nproc_flag, accel, config, config_file;
   std::string accel_where = "--accelerate_config";
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -146,7 +175,8 @@ LaunchRequest take_launch_options(int argc, char** argv) {
     bool counted = false;
     for (const char* flag : {"--nproc_per_node", "--num_processes"}) {  // torchrun's name and TRL's
       if (auto v = value_of(flag, "the number of processes to start on this machine, such as 2")) {
-        if (nproc && *nproc != *v) usage_fail("{} {} and {} {}: give one process count", *nproc_flag, *nproc, flag, *v);
+        // The same flag repeated: the last wins (argparse's rule); the two names with different counts: an error.
+        if (nproc && *nproc != *v && *nproc_flag != flag) usage_fail("{} {} and {} {}: give one process count", *nproc_flag, *nproc, flag, *v);
         nproc = *v, nproc_flag = flag, counted = true;
         break;
       }
@@ -158,14 +188,19 @@ LaunchRequest take_launch_options(int argc, char** argv) {
     }
     if (auto v = value_of("--config_file", "an accelerate config file (accelerate launch's option)")) {  // accelerate's own name
       std::error_code ec;
+      if (std::filesystem::is_directory(*v, ec)) usage_fail("--config_file {}: is a folder; expected an accelerate config file (YAML)", *v);
       if (!std::filesystem::is_regular_file(*v, ec)) usage_fail("--config_file {}: no such file (an accelerate config file)", *v);
-      accel = *v, accel_where = "--config_file";
+      config_file = *v;
       continue;
     }
     if ((a == "--config") && i + 1 < argc) config = argv[i + 1];
     else if (a.rfind("--config=", 0) == 0) config = a.substr(9);
     if (a == "--fsdp_size" || a == "--fsdp-size" || a.rfind("--fsdp_size=", 0) == 0 || a.rfind("--fsdp-size=", 0) == 0) r.fsdp_size_given = true;
     r.args.push_back(a);
+  }
+  if (config_file) {
+    if (accel) usage_fail("--config_file {} and --accelerate_config {}: give one accelerate config", *config_file, *accel);
+    accel = config_file, accel_where = "--config_file";
   }
   if (config) {
     YamlLaunchKeys k = read_yaml_launch_keys(*config);
@@ -183,13 +218,13 @@ LaunchRequest take_launch_options(int argc, char** argv) {
       usage_fail("{} {}: num_machines {}: one machine per launch; for several, start the ranks with mpirun and a hostfile (docs/DISTRIBUTED.md)",
                  accel_where, *accel, c.num_machines);
     const std::string ranks = fmt::format("{} rank{}", r.nproc_per_node, r.nproc_per_node == 1 ? "" : "s");
-    if (c.distributed_type == "DEEPSPEED" || c.distributed_type == "FSDP") {
+    if ((c.distributed_type == "DEEPSPEED" && c.zero_stage > 0) || c.distributed_type == "FSDP") {
       r.sharded = true;
       const std::string kind = c.distributed_type == "DEEPSPEED" ? fmt::format("DeepSpeed ZeRO-{}", c.zero_stage) : fmt::format("FSDP{}", c.fsdp_version == 0 ? "" : std::to_string(c.fsdp_version));
       r.notes.push_back(fmt::format("{} {}: {} runs as trl.cpp's sharded data parallel over {} (--fsdp_size: f32 masters, gradient sums and "
                                     "AdamW moments sharded; docs/DISTRIBUTED.md){}",
                                     accel_where, *accel, kind, ranks, r.fsdp_size_given ? ", with the fsdp_size given" : ""));
-    } else if (c.distributed_type == "MULTI_GPU" || c.distributed_type == "MULTI_CPU" || c.distributed_type == "NO") {
+    } else if (c.distributed_type == "MULTI_GPU" || c.distributed_type == "MULTI_CPU" || c.distributed_type == "NO" || c.distributed_type == "DEEPSPEED") {
       r.notes.push_back(fmt::format("{} {}: plain data parallel over {}", accel_where, *accel, ranks));
     } else {
       usage_fail("{} {}: distributed_type {} has no counterpart here (trl.cpp runs NO, MULTI_GPU/MULTI_CPU as data parallel, DEEPSPEED and "

@@ -93,10 +93,11 @@ int main(int argc, char** argv) {
     args = start_distributed(argc, argv);
     trl::apply_num_threads();  // TRL_NUM_THREADS / TRL_VISIBLE_CORES also bound the loops outside programs
   } catch (const std::exception& e) {
-    const int code = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr ? 2 : 1;
-    if (trl::dist::launched_by_mpi()) fail_job(e.what(), code);
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return code;
+    const bool usage = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr;
+    const std::string message = usage && argc > 1 && argv[1][0] != '-' ? fmt::format("{} (see trl {} --help)", e.what(), argv[1]) : std::string(e.what());
+    if (trl::dist::launched_by_mpi()) fail_job(message, usage ? 2 : 1);
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    return usage ? 2 : 1;
   }
   const bool job = trl::dist::launched_by_mpi() && trl::dist::world().size() > 1;
   std::vector<char*> arg_ptrs;
@@ -166,10 +167,11 @@ int main(int argc, char** argv) {
     trl::dist::finalize();
     return rc == 0 ? 0 : 2;  // --help is 0; every usage error is 2, as argparse exits
   } catch (const std::exception& e) {
-    const int code = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr ? 2 : 1;  // usage errors exit 2, as argparse's do
-    if (job) fail_job(e.what(), code);
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return code;
+    const bool usage = dynamic_cast<const trl::cli::UsageError*>(&e) != nullptr;  // usage errors exit 2, as argparse's do
+    const std::string message = usage ? fmt::format("{} (see trl {} --help)", e.what(), argv[1]) : std::string(e.what());
+    if (job) fail_job(message, usage ? 2 : 1);
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    return usage ? 2 : 1;
   }
   trl::dist::finalize();
   return 0;

@@ -234,13 +234,19 @@ Opt Options::add_spec(OptionSpec spec, const std::string& names, const std::stri
     // HfArgumentParser's negation, for every boolean here: --no_bf16 sets bf16 false. Hidden from --help.
     std::string no_names;
     for (const std::string& u : s->aliases) no_names += (no_names.empty() ? "" : ",") + ("--no_" + u + ",--no-" + dashed(u));
-    s->negation = cmd_->add_flag_callback(
+    // An option of 0 or 1 values, so that a value given to it (--no_bf16=false, --no_bf16 true) is refused in these
+    // words rather than CLI11's (argparse refuses it too).
+    s->negation = cmd_->add_option(
         no_names,
-        [s, keep] {
+        [s, keep](const CLI::results_t& results) {
+          if (!results.empty() && !(results.size() == 1 && results[0].empty()))
+            invalid(fmt::format("--no_{0} takes no value (it sets --{0} false), got '{1}'", s->name, results[0]));
           if (s->option->count() > 0) invalid(fmt::format("--{0} and --no_{0} are both given: give one", s->name));
           s->set_bool(false);
+          return true;
         },
         "Sets --" + s->name + " false");
+    s->negation->expected(0, 1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     s->negation->group("");
   }
   refresh_help(*s);
@@ -429,8 +435,7 @@ void Options::apply_yaml(const std::string& path) {
     OptionSpec* s = find(key);
     if (s == nullptr || s->name == "config") {
       const std::string hint = renamed_option_hint(key);
-      usage_fail("--config {}:{}: unknown option '{}'{} (see trl {} --help)", path, line, key, hint.empty() ? "" : "; use " + hint,
-                 cmd_->get_name());
+      usage_fail("--config {}:{}: unknown option '{}'{}", path, line, key, hint.empty() ? "" : "; use " + hint);
     }
     if (given(s->name)) continue;  // the command line wins
     if (kv.second.IsNull()) {              // null: None for optional values, else the default
@@ -453,6 +458,7 @@ void Options::apply_yaml(const std::string& path) {
         values.push_back(x.as<std::string>());
       }
     }
+    else if (s->json_list) usage_fail("--config {}:{}: '{}' must be a list (of mappings), not a {}", path, line, key, kv.second.IsMap() ? "mapping" : "single value");
     else usage_fail("--config {}:{}: '{}' must be a single value{}, not a {}", path, line, key, s->list ? " or a list" : "",
               kv.second.IsMap() ? "mapping" : "list");
     try {

@@ -81,6 +81,7 @@ DatasetMixture mixture_of(const TrainCommandArgs& a) {
     DatasetMixture m = parse_dataset_mixture(j, "--datasets");
     m.streaming = a.streaming;
     m.test_split_size = a.test_split_size;
+    if (m.streaming && m.datasets.front().fraction) usage_fail("--datasets: a dataset fraction is not supported with streaming: true (as in TRL)");
     return m;
   } catch (const UsageError&) {
     throw;
@@ -95,7 +96,7 @@ void check_compat(const CompatArgs& x, const TrainingArguments& c) {
       usage_fail("{}: quantized base weights (QLoRA, bitsandbytes) are not implemented in trl.cpp; train a LoRA adapter on the bf16 model "
                  "instead (--use_peft with --bf16, the default; a 0.6B model's LoRA run fits in a few GiB, docs/LORA.md), and drop {}", flag, flag);
   if (x.push_to_hub) std::fprintf(stderr, "[trl] note: --push_to_hub ignored: no network here; the model is saved in --output_dir\n");
-  for (const auto& r : c.report_to) {
+  for (const auto& r : c.report_to) {  // split at commas already (finish_training_options)
     if (r == "none" || r == "all" || r == "tensorboard") continue;
     if (r == "trackio" || r == "wandb" || r == "mlflow" || r == "comet_ml" || r == "clearml" || r == "neptune" || r == "swanlab")
       std::fprintf(stderr, "[trl] note: --report_to %s: not available here (no network, no Python); the metrics are in output_dir/log.jsonl and "
@@ -178,6 +179,14 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
   } else if (a.test_split_size) {
     usage_fail("trl {}: --test_split_size splits a datasets: mixture; with --dataset_name, use the dataset's test split (--dataset_test_split)", command);
   }
+  std::vector<std::string> report_to;  // "tensorboard,wandb" as Transformers splits it
+  for (const std::string& v : c.report_to)
+    for (size_t at = 0; at <= v.size();) {
+      const size_t comma = std::min(v.find(',', at), v.size());
+      if (comma > at) report_to.push_back(v.substr(at, comma - at));
+      at = comma + 1;
+    }
+  c.report_to = report_to;
   check_compat(a.compat, c);
   if (!a.lr_scheduler_kwargs.empty() && !is_none(a.lr_scheduler_kwargs)) {
     c.lr_scheduler_kwargs = nlohmann::ordered_json::parse(a.lr_scheduler_kwargs, nullptr, false);
@@ -224,9 +233,9 @@ TrainRun load_train_run(const TrainCommandArgs& a, const TrainingArguments& c) {
   lo.revision = a.revision;
   if (a.dtype != "auto") lo.dtype = (a.dtype == "bf16" || a.dtype == "bfloat16") ? DType::BF16 : DType::F32;
   lo.device = a.device;
+  TrainData data = load_train_data(a, c);  // first: a dataset or mixture that is wrong fails before the model loads
   CausalLM model = CausalLM::from_pretrained(a.model, lo);
   Tokenizer tokenizer = Tokenizer::from_pretrained(a.model, a.revision);
-  TrainData data = load_train_data(a, c);
   return TrainRun{std::move(model), std::move(tokenizer), std::move(data.train), std::move(data.eval)};
 }
 

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 
 #include <unistd.h>
 #include <zlib.h>
@@ -69,9 +68,11 @@ std::string read_gzip_text(const std::string& file) {
       fail("{}: decompresses to more than {} GiB, half this machine's memory: split it into smaller files or convert it to Parquet", file, cap >> 30);
     int code = Z_OK;
     const char* why = gzerror(f.get(), &code);
-    if (n < 0 || (code != Z_OK && code != Z_STREAM_END))
-      fail("{}: the gzip data is damaged after {} decompressed bytes ({}): download or compress the file again", file, text.size(),
-           why != nullptr && *why != '\0' ? why : "read error");
+    if (n < 0 || (code != Z_OK && code != Z_STREAM_END)) {
+      std::string reason = why != nullptr && *why != '\0' ? why : "read error";
+      if (reason.rfind(file + ": ", 0) == 0) reason = reason.substr(file.size() + 2);  // zlib puts the path first; it is named once
+      fail("{}: the gzip data is damaged after {} decompressed bytes ({}): download or compress the file again", file, text.size(), reason);
+    }
     if (n == 0) return text;
   }
 }
@@ -81,9 +82,12 @@ void read_gzip(const std::string& file, const std::string& kind, Dataset& out) {
   const std::string text = read_gzip_text(file);
   const size_t first = text.find_first_not_of(" \t\r\n\xEF\xBB\xBF");
   if (kind == "json" && first != std::string::npos && text[first] == '[') return read_json_text(text, file, out);
-  std::istringstream in(text);
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) add_json_line(line, file, n, out);
+  int64_t n = 1;
+  for (size_t at = 0; at < text.size(); ++n) {  // line by line, without a second copy of the text
+    const size_t end = std::min(text.find('\n', at), text.size());
+    add_json_line(text.substr(at, end - at), file, n, out);
+    at = end + 1;
+  }
 }
 
 // A .json file is a JSON array of objects, or JSON lines (what `datasets.Dataset.to_json` writes by default): the

@@ -68,6 +68,10 @@ DatasetMixtureEntry parse_entry(const json& e, const std::string& where) {
         cols.push_back(x.get<std::string>());
       }
     else fail("{}: columns must be a list of column names, got {}", where, c.dump());
+    if (cols.empty()) fail("{}: columns is empty: name the columns to keep, or leave columns out to keep them all", where);
+    for (size_t i = 0; i < cols.size(); ++i)
+      if (std::find(cols.begin(), cols.begin() + static_cast<std::ptrdiff_t>(i), cols[i]) != cols.begin() + static_cast<std::ptrdiff_t>(i))
+        fail("{}: column '{}' is listed twice in columns", where, cols[i]);
     d.columns = cols;
   }
   if (e.contains("fraction") && !e["fraction"].is_null()) {
@@ -122,9 +126,9 @@ DatasetMixture parse_dataset_mixture(const json& datasets, const std::string& wh
   if (with_fraction != 0 && with_fraction != m.datasets.size())
     fail("{}: fraction must be set for either all datasets in the mixture or none of them ({} of {} have one)", where, with_fraction, m.datasets.size());
   if (with_fraction != 0) {
-    double sum = 0;
-    for (const auto& d : m.datasets) sum += *d.fraction;
-    if (!(sum > 0)) fail("{}: the fractions sum to 0; at least one dataset needs a share above 0", where);
+    double largest = 0;
+    for (const auto& d : m.datasets) largest = std::max(largest, *d.fraction);
+    if (!(largest > 0)) fail("{}: the fractions sum to 0; at least one dataset needs a share above 0", where);
   }
   return m;
 }
@@ -141,16 +145,20 @@ std::map<std::string, Dataset> load_dataset_mixture(const DatasetMixture& m, uin
     }
   }
   // TRL's shares: weights normalised; total = the largest mixture in which no dataset gives more rows than it has.
+  // The fractions are scaled by the largest first, so that huge ones (1e308) cannot overflow their sum.
   std::vector<size_t> keep(loaded.size());
   for (size_t i = 0; i < loaded.size(); ++i) keep[i] = loaded[i].size();
   if (m.datasets.front().fraction) {
-    double sum = 0, total = std::numeric_limits<double>::infinity();
-    for (const auto& d : m.datasets) sum += *d.fraction;
+    double largest = 0, sum = 0, total = std::numeric_limits<double>::infinity();
+    for (const auto& d : m.datasets) largest = std::max(largest, *d.fraction);
+    std::vector<double> w;
+    for (const auto& d : m.datasets) w.push_back(*d.fraction / largest), sum += w.back();
     for (size_t i = 0; i < loaded.size(); ++i) {
-      const double w = *m.datasets[i].fraction / sum;
-      if (w > 0) total = std::min(total, static_cast<double>(loaded[i].size()) / w);
+      w[i] /= sum;
+      if (w[i] > 0) total = std::min(total, static_cast<double>(loaded[i].size()) / w[i]);
     }
-    for (size_t i = 0; i < loaded.size(); ++i) keep[i] = static_cast<size_t>(std::nearbyint(*m.datasets[i].fraction / sum * total));  // Python's round: half to even
+    for (size_t i = 0; i < loaded.size(); ++i)
+      keep[i] = std::min(loaded[i].size(), static_cast<size_t>(std::nearbyint(w[i] * total)));  // Python's round: half to even
   }
   Dataset all;
   for (size_t i = 0; i < loaded.size(); ++i)
@@ -165,9 +173,11 @@ std::map<std::string, Dataset> load_dataset_mixture(const DatasetMixture& m, uin
   const size_t n = all.size();
   size_t n_test = 0;
   if (t > 0 && t < 1) n_test = static_cast<size_t>(std::ceil(t * static_cast<double>(n)));
-  else if (t >= 1 && t == std::floor(t) && t < static_cast<double>(n)) n_test = static_cast<size_t>(t);
+  else if (t >= 1 && t == std::floor(t)) n_test = t < static_cast<double>(n) ? static_cast<size_t>(t) : n;
+  if (t >= 1 && t != std::floor(t)) fail("datasets: test_split_size {} is neither a fraction in (0, 1) nor a whole number of rows", t);
   if (n_test == 0 || n_test >= n)
-    fail("datasets: test_split_size {} leaves no rows for train or test: give a fraction in (0, 1) or a whole number below the {} rows", t, n);
+    fail("datasets: test_split_size {} makes a test split of {} of the mixture's {} rows, leaving {} for train: both need at least one", t,
+         std::min(n_test, n), n, n - std::min(n_test, n));
   // A seeded Fisher-Yates shuffle (datasets' train_test_split shuffles with a random seed unless given one).
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});

@@ -175,7 +175,7 @@ void check_scheduler_kwargs(const TrainingArguments& c, const std::function<void
       bad("lr_scheduler_kwargs", fmt::format("'{}' must be a number >= 0, got {}", k, v.dump()));
   }
   if (c.lr_scheduler_type == "cosine_with_min_lr" && kw.contains("min_lr") == kw.contains("min_lr_rate"))
-    bad("lr_scheduler_kwargs", "cosine_with_min_lr needs one of min_lr and min_lr_rate, such as {\"min_lr_rate\": 0.1}");
+    bad("lr_scheduler_kwargs", "cosine_with_min_lr takes exactly one of min_lr and min_lr_rate, such as {\"min_lr_rate\": 0.1}");
 }
 
 }  // namespace
@@ -689,7 +689,21 @@ void Trainer::State::resume(const std::string& spec) {
   if (is_main()) std::fprintf(stderr, "[trl] resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(global_step));
 }
 
-void Trainer::State::start_log() { log_start_step = global_step; }
+void Trainer::State::start_log() {
+  log_start_step = global_step;
+  // A logging_dir that cannot be a folder fails now, before the first step, not at the first entry.
+  if (!wants_tensorboard() || !is_main() || cfg.logging_dir.empty()) return;
+  std::error_code ec;
+  stdfs::path p = stdfs::absolute(cfg.logging_dir, ec);
+  while (!p.empty() && !stdfs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+  if (!stdfs::is_directory(p, ec) || ::access(p.c_str(), W_OK) != 0)
+    fail("--logging_dir {}: {} is {}: TensorBoard's event files cannot go there; give a folder you can write", cfg.logging_dir, p.string(),
+         stdfs::is_directory(p, ec) ? "a folder this process cannot write" : "not a folder");
+}
+
+bool Trainer::State::wants_tensorboard() const {
+  return std::any_of(cfg.report_to.begin(), cfg.report_to.end(), [](const std::string& r) { return r == "tensorboard" || r == "all"; });
+}
 
 void Trainer::State::take_over_run_files() {
   if (run_files_taken) return;
@@ -721,6 +735,7 @@ void Trainer::State::log(ojson e) {
   e["epoch"] = static_cast<double>(global_step) / static_cast<double>(steps_per_epoch());
   e["step"] = global_step;
   const std::string line = e.dump() + "\n";
+  open_tensorboard();     // before the run takes output_dir over: a folder that cannot be made leaves the earlier run's files
   take_over_run_files();  // before the entry joins log_history: the rewrite holds the entries before it
   log_history.push_back(std::move(e));  // every rank keeps the history (TrainOutput), only rank 0 writes it
   if (!is_main()) return;
@@ -735,11 +750,10 @@ void Trainer::State::log(ojson e) {
 
 // report_to tensorboard (or all): every log entry's numbers as scalars, and the arguments as text first, into
 // logging_dir (Transformers' default: output_dir/runs/<Mon DD_HH-MM-SS>_<host>).
-void Trainer::State::log_to_tensorboard(const ojson& e) {
-  const bool wanted = std::any_of(cfg.report_to.begin(), cfg.report_to.end(), [](const std::string& r) { return r == "tensorboard" || r == "all"; });
-  if (!wanted || !is_main()) return;
+void Trainer::State::open_tensorboard() {
+  if (tensorboard || !wants_tensorboard() || !is_main()) return;
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (!tensorboard) {
+  {
     std::string dir = cfg.logging_dir;
     if (dir.empty()) {
       char host[256] = {0}, when[64] = {0};
@@ -754,7 +768,11 @@ void Trainer::State::log_to_tensorboard(const ojson& e) {
     tensorboard->add_text("args", training_arguments_json(cfg).dump(2), 0, now);
     std::fprintf(stderr, "[trl] TensorBoard: %s (tensorboard --logdir %s)\n", tensorboard->path().c_str(), dir.c_str());
   }
-  tensorboard->add_log_entry(e, now);
+}
+
+void Trainer::State::log_to_tensorboard(const ojson& e) {
+  if (!tensorboard) return;
+  tensorboard->add_log_entry(e, std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 void Trainer::State::append_completions(const std::string& lines) {

@@ -176,6 +176,8 @@ struct Trainer::State {
   void start_log();  // records the step the run starts from
   void take_over_run_files();
   void log(nlohmann::ordered_json entry);
+  bool wants_tensorboard() const;  // report_to tensorboard or all
+  void open_tensorboard();         // rank 0, at the first entry
   void log_to_tensorboard(const nlohmann::ordered_json& entry);
   void append_completions(const std::string& lines);
   int64_t log_start_step = 0;

@@ -305,6 +305,15 @@ TEST(CliCompat, ReportToTensorBoardWritesEventFiles) {
   ASSERT_EQ(run(base + " --report_to wandb --output_dir " + f.dir.file("o3"), &out), 0) << out;
   EXPECT_NE(out.find("--report_to wandb: not available here"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(f.dir.file("o3/runs")));
+  // A logging_dir that cannot be a folder fails before the first step: the earlier run in output_dir keeps its files.
+  const std::string log_before = test::read_file(f.dir.file("o/log.jsonl"));
+  test::write_file(f.dir.file("a_file"), "x");
+  EXPECT_EQ(run(base + " --report_to tensorboard --logging_dir " + f.dir.file("a_file/tb") + " --output_dir " + f.dir.file("o"), &out), 1) << out;
+  EXPECT_NE(out.find("--logging_dir " + f.dir.file("a_file/tb") + ": " + f.dir.file("a_file") + " is not a folder"), std::string::npos) << out;
+  EXPECT_EQ(test::read_file(f.dir.file("o/log.jsonl")), log_before);
+  EXPECT_TRUE(std::filesystem::exists(f.dir.file("o/trainer_state.json")));
+  ASSERT_EQ(run(base + " --report_to tensorboard,wandb --output_dir " + f.dir.file("o5"), &out), 0) << out;  // a list with commas
+  EXPECT_NE(out.find("[trl] TensorBoard: "), std::string::npos) << out;
   EXPECT_EQ(run(base + " --report_to tensorbored --output_dir " + f.dir.file("o4"), &out), 2) << out;
   EXPECT_NE(out.find("--report_to tensorbored: no such integration"), std::string::npos) << out;
 }

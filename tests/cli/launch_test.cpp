@@ -51,6 +51,11 @@ TEST(Launch, NumProcessesIsNprocPerNode) {
   EXPECT_NE(usage_error_of({"sft", "--num_processes", "2", "--nproc_per_node", "4"}).find("--num_processes 2 and --nproc_per_node 4: give one process count"),
             std::string::npos);
   EXPECT_NE(usage_error_of({"sft", "--num_processes", "x"}).find("--num_processes x: expected a whole number >= 1"), std::string::npos);
+  EXPECT_EQ(take({"sft", "--num_processes", "1", "--num_processes", "2"}).nproc_per_node, 2);  // repeated: the last wins
+  EXPECT_EQ(take({"sft", "--num_processes", "002"}).nproc_per_node, 2);
+  EXPECT_NE(usage_error_of({"sft", "--num_processes", "1000"}).find("--num_processes 1000: more than 4 processes per core"), std::string::npos);
+  EXPECT_NE(usage_error_of({"sft", "--num_processes", "99999999999999999999"}).find("more than 4 processes per core"), std::string::npos);
+  EXPECT_NE(usage_error_of({"sft", "--num_processes", "0000"}).find("expected a whole number >= 1"), std::string::npos);
   EXPECT_NE(usage_error_of({"sft", "--num_processes"}).find("--num_processes needs a value"), std::string::npos);
 }
 
@@ -87,6 +92,15 @@ TEST(Launch, AccelerateConfigFilesAreRead) {
   EXPECT_NE(usage_error_of({"sft", "--accelerate_config", dir.file("xla.yaml")}).find("distributed_type XLA has no counterpart here"), std::string::npos);
   test::write_file(dir.file("two.yaml"), "distributed_type: MULTI_GPU\nnum_machines: 2\n");
   EXPECT_NE(usage_error_of({"sft", "--accelerate_config", dir.file("two.yaml")}).find("num_machines 2: one machine per launch"), std::string::npos);
+  test::write_file(dir.file("stage.yaml"), "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 7\n");
+  EXPECT_NE(usage_error_of({"sft", "--accelerate_config", dir.file("stage.yaml")}).find("zero_stage 7 is not a DeepSpeed ZeRO stage (0 to 3)"), std::string::npos);
+  test::write_file(dir.file("kind.yaml"), "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: [2]\n");
+  EXPECT_NE(usage_error_of({"sft", "--accelerate_config", dir.file("kind.yaml")}).find("kind.yaml:3: zero_stage must be a whole number"), std::string::npos);
+  test::write_file(dir.file("zero0.yaml"), "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 0\n");
+  EXPECT_FALSE(take({"sft", "--accelerate_config", dir.file("zero0.yaml"), "--num_processes", "2"}).sharded);  // ZeRO-0: plain data parallel
+  EXPECT_NE(usage_error_of({"sft", "--config_file", dir.file("zero0.yaml"), "--accelerate_config", "zero3"}).find("give one accelerate config"),
+            std::string::npos);
+  EXPECT_NE(usage_error_of({"sft", "--config_file", dir.path()}).find("is a folder"), std::string::npos);
   test::write_file(dir.file("bad.yaml"), "distributed_type: [\n");
   EXPECT_NE(usage_error_of({"sft", "--accelerate_config", dir.file("bad.yaml")}).find("not a readable accelerate config"), std::string::npos);
 }

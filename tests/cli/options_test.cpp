@@ -111,6 +111,12 @@ TEST(Options, EveryBooleanHasItsNegation) {
   bool b = true;
   both.opts.add("bf16", b, "bf16");
   EXPECT_NE(both.parse({"--bf16", "--no_bf16"}), "") << "a flag and its negation together are refused";
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--no_bf16=false"}, {"--no_bf16", "true"}}) {
+    Harness v;
+    bool x = true;
+    v.opts.add("bf16", x, "bf16");
+    EXPECT_NE(v.parse(args).find("--no_bf16 takes no value (it sets --bf16 false)"), std::string::npos) << args[0];
+  }
 }
 
 // TRL's launcher keys in a YAML config (env, num_processes, accelerate_config, ...) are read by the launcher

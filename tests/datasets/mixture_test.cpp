@@ -54,6 +54,11 @@ TEST(DatasetMixture, SharesFollowTrlsGetDataset) {
                                              R"(", "fraction": 0.5}])"),
                                      0);
   EXPECT_EQ(texts(halves.at("train")), (std::vector<std::string>{"a-0", "a-1", "a-2", "a-3", "b-0", "b-1", "b-2", "b-3"}));
+  // Shares too large to add up are scaled first: 1e308 and 1e308 are halves.
+  auto huge = load_dataset_mixture(mixture(R"([{"path": ")" + dir.file("a.jsonl") + R"(", "fraction": 1e308}, {"path": ")" + dir.file("b.jsonl") +
+                                           R"(", "fraction": 1e308}])"),
+                                   0);
+  EXPECT_EQ(huge.at("train").size(), 8u);
   // A share of 0 takes nothing from that dataset and does not bound the others.
   auto zero = load_dataset_mixture(mixture(R"([{"path": ")" + dir.file("a.jsonl") + R"(", "fraction": 1}, {"path": ")" + dir.file("b.jsonl") +
                                            R"(", "fraction": 0}])"),
@@ -92,7 +97,10 @@ TEST(DatasetMixture, ColumnsDataDirDataFilesAndTheTestSplit) {
   split.test_split_size = 4;
   EXPECT_EQ(load_dataset_mixture(split, 0).at("test").size(), 4u);
   split.test_split_size = 9;
-  EXPECT_NE(test::error_of([&] { load_dataset_mixture(split, 0); }).find("test_split_size 9 leaves no rows"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { load_dataset_mixture(split, 0); }).find("test_split_size 9 makes a test split of 9 of the mixture's 9 rows, leaving 0"),
+            std::string::npos);
+  split.test_split_size = 1.5;
+  EXPECT_NE(test::error_of([&] { load_dataset_mixture(split, 0); }).find("neither a fraction in (0, 1) nor a whole number"), std::string::npos);
 }
 
 TEST(DatasetMixture, WrongEntriesAreNamed) {
@@ -110,6 +118,8 @@ TEST(DatasetMixture, WrongEntriesAreNamed) {
       {R"([{"path": "a", "columns": [1]}])", "columns must be column names"},
       {R"([{"path": "a", "data_files": 3}])", "data_files must be a path, a list of paths, or a mapping of split: paths"},
       {R"([{"path": 3}])", "'path' must be text, got 3"},
+      {R"([{"path": "a", "columns": ["x", "x"]}])", "column 'x' is listed twice"},
+      {R"([{"path": "a", "columns": []}])", "columns is empty"},
   };
   for (const auto& c : bad) {
     const std::string e = test::error_of([&] { mixture(c.first); });

@@ -57,8 +57,8 @@ TEST(TrainerSchedule, CosineWithMinLrAndNumCyclesAsTransformers) {
   EXPECT_NEAR(scheduler_rates(a).first, 0.1, 1e-15);  // min_lr / learning_rate
   check_training_arguments(a, "TrainingArguments");
   for (const auto& [kwargs, want] : std::vector<std::pair<nlohmann::ordered_json, std::string>>{
-           {nlohmann::ordered_json::object(), "needs one of min_lr and min_lr_rate"},
-           {{{"min_lr", 1e-5}, {"min_lr_rate", 0.1}}, "needs one of min_lr and min_lr_rate"},
+           {nlohmann::ordered_json::object(), "takes exactly one of min_lr and min_lr_rate"},
+           {{{"min_lr", 1e-5}, {"min_lr_rate", 0.1}}, "takes exactly one of min_lr and min_lr_rate"},
            {{{"min_lr_rate", -1}}, "'min_lr_rate' must be a number >= 0"},
            {{{"warmup_lr_rate", 0.1}}, "'warmup_lr_rate' is not an argument of the cosine_with_min_lr schedule"}}) {
     a.lr_scheduler_kwargs = kwargs;
