@@ -5,6 +5,7 @@
 
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "core/json_text.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
@@ -91,12 +92,11 @@ void register_gkd(CLI::App& app) {
     finish_training_options("gkd", cfg, a->t);
     cfg.teacher_model_name_or_path = a->teacher.path;
     check_gkd_config(cfg);  // before loading anything
-    TrainRun run = load_train_run(a->t, cfg);
-    const CausalLM teacher = load_teacher("gkd", a->teacher, a->t, cfg);
+    auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_teacher("gkd", a->teacher, a->t, cfg)});
     std::fprintf(stderr, "[trl] gkd: %s from teacher %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
-                 a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
-    GKDTrainer trainer(run.model, teacher, run.tokenizer, std::move(run.train), cfg, std::move(run.eval));
-    print_train_output(trainer.train());
+                 a->t.dataset_label().c_str(), run->run.train.size(), cfg.output_dir.c_str());
+    deliver(prepared<GKDTrainer>("gkd", run, cfg.output_dir, run->run.model, *run->ref, run->run.tokenizer, std::move(run->run.train), cfg,
+                                 std::move(run->run.eval)));
   });
 }
 
@@ -150,12 +150,10 @@ void register_distill(CLI::App& app) {
     }
     if (a->use_vllm) std::fprintf(stderr, "[trl] distill: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n");
     check_distillation_config(cfg);
-    TrainRun run = load_train_run(a->t, cfg);
-    const CausalLM teacher = load_teacher("distill", a->teacher, a->t, cfg);
+    auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_teacher("distill", a->teacher, a->t, cfg)});
     std::fprintf(stderr, "[trl] distill: %s from teacher %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
-                 a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
-    DistillationTrainer trainer(run.model, teacher, run.tokenizer, std::move(run.train), cfg);
-    print_train_output(trainer.train());
+                 a->t.dataset_label().c_str(), run->run.train.size(), cfg.output_dir.c_str());
+    deliver(prepared<DistillationTrainer>("distill", run, cfg.output_dir, run->run.model, *run->ref, run->run.tokenizer, std::move(run->run.train), cfg));
   });
 }
 

@@ -6,6 +6,7 @@
 
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "core/json_text.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
@@ -87,21 +88,34 @@ std::vector<NamedRewardFunction> make_rewards(const OnlineArgs<Config>& a, const
   std::vector<std::string> specs = a.reward_funcs;
   if (!a.reward_model.empty() && a.reward_model != "None") specs.insert(specs.begin(), a.reward_model);
   std::vector<NamedRewardFunction> out;
-  for (const std::string& s : specs) out.push_back(reward_from_spec(s, RewardFunctionOptions{c.reward_timeout_seconds}, c.bf16, c.chat_template_kwargs));
+  for (const std::string& s : specs) {
+    if (s.rfind("python:", 0) == 0) {  // a Python callable the Python package passed (embed.h)
+      const EmbeddedCall* call = embedded_call();
+      const std::string index = s.substr(7);
+      const bool digits = !index.empty() && index.size() < 6 && index.find_first_not_of("0123456789") == std::string::npos;
+      if (call == nullptr || !digits || std::stoul(index) >= call->python_rewards.size())
+        usage_fail("--reward_funcs {}: python: names a reward function passed from Python (the trl_cpp package), which this run has not got",
+                   s);
+      out.push_back(call->python_rewards[std::stoul(index)]);
+      continue;
+    }
+    out.push_back(reward_from_spec(s, RewardFunctionOptions{c.reward_timeout_seconds}, c.bf16, c.chat_template_kwargs));
+  }
   return out;
 }
 
 // Loads the run (model, tokenizer, prompts; the reference when beta > 0), trains and prints the summary line.
 template <class Trainer, class Config>
 void run_online(const char* command, const OnlineArgs<Config>& a, const Config& cfg, std::vector<NamedRewardFunction> rewards) {
-  TrainRun run = load_train_run(a.t, cfg);
-  std::optional<CausalLM> ref;
-  if (cfg.beta != 0) ref = load_ref_model(a.ref_model, a.t, cfg);
-  std::fprintf(stderr, "[trl] %s: %s on %s (%zu prompts), output %s\n", command, a.t.model.c_str(), a.t.dataset_label().c_str(), run.train.size(),
+  auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a.t, cfg), std::nullopt});
+  if (cfg.beta != 0) run->ref = load_ref_model(a.ref_model, a.t, cfg);
+  std::fprintf(stderr, "[trl] %s: %s on %s (%zu prompts), output %s\n", command, a.t.model.c_str(), a.t.dataset_label().c_str(), run->run.train.size(),
                cfg.output_dir.c_str());
-  Trainer trainer(run.model, run.tokenizer, std::move(rewards), std::move(run.train), cfg, ref ? &*ref : nullptr);
-  const TrainOutput out = trainer.train();
-  print_train_output(out, &trainer.generation_program_stats());
+  std::unique_ptr<PreparedTrainer> p = prepared<Trainer>(command, run, cfg.output_dir, run->run.model, run->run.tokenizer, std::move(rewards),
+                                                         std::move(run->run.train), cfg, run->ref ? &*run->ref : nullptr);
+  const auto* trainer = static_cast<const Trainer*>(p->trainer.get());
+  p->generation_stats = [trainer] { return &trainer->generation_program_stats(); };
+  deliver(std::move(p));
 }
 
 }  // namespace

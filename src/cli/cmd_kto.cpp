@@ -4,6 +4,7 @@
 
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
 #include "trl/train/kto_trainer.h"
@@ -38,11 +39,11 @@ void register_kto(CLI::App& app) {
     KTOConfig cfg = a->c;
     finish_training_options("kto", cfg, a->t);
     check_kto_config(cfg);  // before loading anything
-    TrainRun run = load_train_run(a->t, cfg);
-    const std::optional<CausalLM> ref = load_ref_model(a->ref_model, a->t, cfg);
-    std::fprintf(stderr, "[trl] kto: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
-    KTOTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval), ref ? &*ref : nullptr);
-    print_train_output(trainer.train());
+    auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_ref_model(a->ref_model, a->t, cfg)});
+    std::fprintf(stderr, "[trl] kto: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run->run.train.size(),
+                 cfg.output_dir.c_str());
+    deliver(prepared<KTOTrainer>("kto", run, cfg.output_dir, run->run.model, run->run.tokenizer, std::move(run->run.train), cfg, std::move(run->run.eval),
+                                 run->ref ? &*run->ref : nullptr));
   });
 }
 

@@ -4,6 +4,7 @@
 
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
 #include "trl/models/reward_model.h"
@@ -32,19 +33,23 @@ void register_reward(CLI::App& app) {
     cfg.center_rewards_coefficient = a->center;
     finish_training_options("reward", cfg, a->t);
     check_reward_config(cfg);  // before loading anything
-    const Tokenizer tok = Tokenizer::from_pretrained(a->t.model, a->t.revision);
+    struct Held {
+      Tokenizer tok;
+      std::optional<RewardModel> model;
+    };
+    auto held = std::make_shared<Held>(Held{Tokenizer::from_pretrained(a->t.model, a->t.revision), std::nullopt});
+    const Tokenizer& tok = held->tok;
     const auto pad = tok.pad_token_id();
     if (!pad) fail("trl reward: the tokenizer of {} has neither a pad_token nor an eos_token (the reward is read at the last non-pad token)", a->t.model);
     LoadOptions lo;
     lo.revision = a->t.revision;
     if (a->t.dtype != "auto") lo.dtype = (a->t.dtype == "bf16" || a->t.dtype == "bfloat16") ? DType::BF16 : DType::F32;
     lo.device = a->t.device;
-    const RewardModel model = load_reward_model(a->t.model, lo, *pad, cfg.seed);
+    const RewardModel& model = held->model.emplace(load_reward_model(a->t.model, lo, *pad, cfg.seed));
     auto [train, eval] = load_train_data(a->t, cfg);
     std::fprintf(stderr, "[trl] reward: %s (%s) on %s (%zu rows), output %s\n", a->t.model.c_str(), model.new_head ? "a new score head" : "its score head",
                  a->t.dataset_label().c_str(), train.size(), cfg.output_dir.c_str());
-    RewardTrainer trainer(model, tok, std::move(train), cfg, std::move(eval));
-    print_train_output(trainer.train());
+    deliver(prepared<RewardTrainer>("reward", held, cfg.output_dir, model, tok, std::move(train), cfg, std::move(eval)));
   });
 }
 

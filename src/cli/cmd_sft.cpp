@@ -4,6 +4,7 @@
 
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "cli/train_options.h"
 #include "trl/core/error.h"
 #include "trl/train/sft_trainer.h"
@@ -39,10 +40,9 @@ void register_sft(CLI::App& app) {
     SFTConfig cfg = a->c;
     finish_training_options("sft", cfg, a->t);
     check_sft_config(cfg);  // before loading anything: a bad option fails at once (eos_token is checked with the tokenizer)
-    TrainRun run = load_train_run(a->t, cfg);
-    std::fprintf(stderr, "[trl] sft: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run.train.size(), cfg.output_dir.c_str());
-    SFTTrainer trainer(run.model, run.tokenizer, std::move(run.train), cfg, std::move(run.eval));
-    print_train_output(trainer.train());
+    auto run = std::make_shared<TrainRun>(load_train_run(a->t, cfg));
+    std::fprintf(stderr, "[trl] sft: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run->train.size(), cfg.output_dir.c_str());
+    deliver(prepared<SFTTrainer>("sft", run, cfg.output_dir, run->model, run->tokenizer, std::move(run->train), cfg, std::move(run->eval)));
   });
 }
 

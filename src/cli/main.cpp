@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli_util.h"
+#include "cli/embed.h"
 #include "cli/launch.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
@@ -18,43 +19,6 @@
 #include "version.h"
 
 namespace {
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// "unknown option --learning_rat (did you mean --learning_rate?)" instead of CLI11's list of leftover words.
-std::string unknown_options_message(const CLI::App& cmd, const std::string& fallback) {
-  std::string out;
-  for (std::string arg : cmd.remaining()) {
-    if (arg.rfind("--", 0) != 0) continue;
-    arg = arg.substr(0, arg.find('='));
-    if (const std::string hint = trl::cli::renamed_option_hint(arg.substr(2)); !hint.empty()) {
-      out += (out.empty() ? "" : "; ") + ("unknown option " + arg + ": use " + hint);
-      continue;
-    }
-    std::string best;
-    size_t best_d = 4;  // suggest only close names
-    for (const CLI::Option* o : cmd.get_options())
-      for (const std::string& n : o->get_lnames()) {
-        const size_t d = edit_distance(arg.substr(2), n);
-        if (d < best_d) best_d = d, best = "--" + n;
-      }
-    out += (out.empty() ? "" : "; ") + ("unknown option " + arg) + (best.empty() ? "" : " (did you mean " + best + "?)");
-  }
-  return out.empty() ? fallback : out;
-}
 
 // Under mpirun: the rank's error, then the whole job ends (the other ranks may be waiting in a collective).
 [[noreturn]] void fail_job(const std::string& message, int code) {
@@ -105,43 +69,8 @@ int main(int argc, char** argv) {
   argc = static_cast<int>(arg_ptrs.size());
   arg_ptrs.push_back(nullptr);
   argv = arg_ptrs.data();
-  CLI::App app{"trl.cpp: train and serve Qwen3-class language models natively (TRL and Transformers concepts, no Python)", "trl"};
-  app.set_version_flag("--version", std::string("trl.cpp ") + TRL_VERSION);
-  app.require_subcommand(1);
-  app.fallthrough(false);
-  // Parse errors read like every other error: "error: --max_new_tokens must be at least 1, got 0".
-  const auto failure = [](const CLI::App* cmd, const CLI::Error& e) {
-    std::string where = "trl";
-    const CLI::App* last = cmd;
-    for (const CLI::App* sub = cmd; sub != nullptr;) {
-      const auto parsed = sub->get_subcommands();
-      sub = parsed.empty() ? nullptr : parsed.front();
-      if (sub != nullptr) where += " " + sub->get_name(), last = sub;
-    }
-    std::string what = e.what();
-    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) what = unknown_options_message(*last, what);
-    return "error: " + what + " (see " + where + " --help)\n";
-  };
-  app.failure_message(failure);
-  trl::cli::register_env(app);
-  trl::cli::register_init_model(app);
-  trl::cli::register_score(app);
-  trl::cli::register_demo(app);
-  trl::cli::register_demo_grpo(app);
-  trl::cli::register_tokenize(app);
-  trl::cli::register_dataset_info(app);
-  trl::cli::register_sft(app);
-  trl::cli::register_dpo(app);
-  trl::cli::register_kto(app);
-  trl::cli::register_gkd(app);
-  trl::cli::register_distill(app);
-  trl::cli::register_grpo(app);
-  trl::cli::register_rloo(app);
-  trl::cli::register_reward(app);
-  trl::cli::register_generate(app);
-  trl::cli::register_merge_adapter(app);
-  trl::cli::register_compile(app);
-  trl::cli::register_bench(app);
+  const std::unique_ptr<CLI::App> owned = trl::cli::make_app();
+  CLI::App& app = *owned;
   std::string names;
   bool known = false;
   for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
@@ -158,10 +87,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (job && e.get_exit_code() != 0) {
-      std::string message = failure(&app, e);
-      if (message.rfind("error: ", 0) == 0) message = message.substr(7);
-      while (!message.empty() && message.back() == '\n') message.pop_back();
-      fail_job(message, 2);
+      fail_job(trl::cli::parse_error_message(app, e), 2);
     }
     const int rc = app.exit(e);
     trl::dist::finalize();

@@ -197,7 +197,14 @@ void add_positional(CLI::App* cmd, const std::string& name, std::string& target,
   cmd->add_option(name, target, help)->required();
 }
 
-Options::Options(CLI::App* cmd) : cmd_(cmd), specs_(std::make_shared<std::deque<OptionSpec>>()) {}
+std::vector<CommandOptions>*& option_collector() {
+  static thread_local std::vector<CommandOptions>* collector = nullptr;
+  return collector;
+}
+
+Options::Options(CLI::App* cmd) : cmd_(cmd), specs_(std::make_shared<std::deque<OptionSpec>>()) {
+  if (option_collector() != nullptr) option_collector()->push_back({cmd->get_name(), specs_});
+}
 
 Opt Options::add_spec(OptionSpec spec, const std::string& names, const std::string& help) {
   std::string cli_names;

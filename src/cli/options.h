@@ -136,6 +136,14 @@ class Options {
   std::shared_ptr<std::deque<OptionSpec>> specs_;  // shared with the CLI11 callbacks, which outlive this object
 };
 
+// The option tables of the commands made while a collector is set: the Python package reads them to make its
+// Config classes (each option's name, kind and default), so that a Python keyword and a command-line flag are one.
+struct CommandOptions {
+  std::string command;  // "sft", "grpo", ...
+  std::shared_ptr<const std::deque<OptionSpec>> specs;
+};
+std::vector<CommandOptions>*& option_collector();
+
 // The CLI11 calls a command's file makes, defined in options.cpp: only options.cpp and main.cpp include CLI11's
 // header, which costs 12 s of compile time in every file that does (CLI11 2.1 is header-only).
 CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description);

@@ -1,4 +1,5 @@
 #include "cli/train_options.h"
+#include "cli/embed.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -212,7 +213,8 @@ void finish_training_options(const char* command, TrainingArguments& c, const Tr
 TrainData load_train_data(const TrainCommandArgs& a, const TrainingArguments& c) {
   if (a.datasets.empty()) {
     TrainData d{load_dataset(a.dataset, a.train_split, a.compat.dataset_config), std::nullopt};
-    if (c.eval_strategy != "no") d.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
+    if (c.eval_strategy != "no" || (embedded_call() != nullptr && embedded_call()->load_eval_split))
+      d.eval = load_dataset(a.dataset, a.test_split, a.compat.dataset_config);
     return d;
   }
   std::map<std::string, Dataset> splits = load_dataset_mixture(mixture_of(a), c.seed);
@@ -224,7 +226,7 @@ TrainData load_train_data(const TrainCommandArgs& a, const TrainingArguments& c)
     return std::move(it->second);
   };
   std::optional<Dataset> eval;
-  if (c.eval_strategy != "no") eval = split(a.test_split);
+  if (c.eval_strategy != "no" || (embedded_call() != nullptr && embedded_call()->load_eval_split)) eval = split(a.test_split);
   return TrainData{split(a.train_split), std::move(eval)};
 }
 
@@ -252,6 +254,11 @@ std::optional<CausalLM> load_ref_model(const std::string& name_or_path, const Tr
   lo.revision = a.revision;
   lo.dtype = c.bf16 ? DType::BF16 : DType::F32;  // the compute dtype: a frozen model needs no f32 masters
   return CausalLM::from_pretrained(name_or_path, lo);
+}
+
+EmbeddedCall*& embedded_call() {
+  static thread_local EmbeddedCall* call = nullptr;
+  return call;
 }
 
 void print_train_output(const TrainOutput& out, const ProgramCacheStats* generation) {

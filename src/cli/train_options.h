@@ -63,6 +63,11 @@ struct TrainRun {
   Dataset train;
   std::optional<Dataset> eval;
 };
+// A run and the frozen model beside it (DPO's and KTO's reference; GRPO's and RLOO's when beta > 0).
+struct RunWithReference {
+  TrainRun run;
+  std::optional<CausalLM> ref;
+};
 // The train split (and the test split when evaluating): of --dataset_name, or of the datasets: mixture.
 struct TrainData {
   Dataset train;

@@ -307,9 +307,9 @@ std::string resolve_hub_dataset(const std::string& name, const std::string& revi
       looked.push_back(snap.string());
     }
   }
-  fail("dataset '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local file or folder, or fetch the dataset into the Hugging Face "
+  throw NotFoundError(fmt::format("dataset '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local file or folder, or fetch the dataset into the Hugging Face "
        "cache first (for example `huggingface-cli download --repo-type dataset {}`), or set HF_HUB_CACHE / HF_HOME.",
-       name, fmt::join(looked, "\n  "), name);
+       name, fmt::join(looked, "\n  "), name));
 }
 
 }  // namespace

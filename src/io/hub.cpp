@@ -102,9 +102,9 @@ std::string resolve_model_dir(const std::string& name_or_path, const std::string
       looked.push_back(snap.string());
     }
   }
-  fail("model '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local folder, or fetch the model into the Hugging Face "
+  throw NotFoundError(fmt::format("model '{}' not found. Looked in:\n  {}\ntrl.cpp never downloads: pass a local folder, or fetch the model into the Hugging Face "
        "cache first (for example `huggingface-cli download {}`), or set HF_HUB_CACHE / HF_HOME.",
-       name_or_path, fmt::join(looked, "\n  "), name_or_path);
+       name_or_path, fmt::join(looked, "\n  "), name_or_path));
 }
 
 }  // namespace trl

@@ -739,6 +739,7 @@ void Trainer::State::log(ojson e) {
   take_over_run_files();  // before the entry joins log_history: the rewrite holds the entries before it
   log_history.push_back(std::move(e));  // every rank keeps the history (TrainOutput), only rank 0 writes it
   if (!is_main()) return;
+  if (on_log) on_log(log_history.back());
   try {
     append_text_file(out_path("log.jsonl"), line);
   } catch (const Error& err) {
@@ -949,6 +950,7 @@ TrainOutput Trainer::train() {
     method_->before_training(ctx);
   }
   s.check_memory(!c.resume_from_checkpoint.empty());
+  s.on_log = on_log;
   s.start_log();
   const int64_t total = s.total_steps(), spe = s.steps_per_epoch();
   TrainOutput result;
@@ -1033,6 +1035,7 @@ BaseTrainer::~BaseTrainer() = default;
 
 TrainOutput BaseTrainer::train() {
   trainer_->on_step = on_step;
+  trainer_->on_log = on_log;
   trainer_->on_pre_optimizer_step = on_pre_optimizer_step;
   return trainer_->train();
 }

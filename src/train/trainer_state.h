@@ -76,6 +76,7 @@ struct Trainer::State {
   TrainingMethod* method = nullptr;
   int64_t global_step = 0, tokens_seen = 0;
   std::vector<nlohmann::ordered_json> log_history;
+  std::function<void(const nlohmann::ordered_json&)> on_log;  // Trainer::on_log, called with each entry log() keeps
   std::unique_ptr<TensorBoardWriter> tensorboard;  // report_to tensorboard: opened on rank 0 at the first log entry
   std::string model_name;  // for the report
   dist::Communicator& comm;  // every rank of the job

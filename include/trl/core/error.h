@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A model, dataset or file that a name does not resolve to (the Python package raises FileNotFoundError for it).
+class NotFoundError : public Error {
+ public:
+  explicit NotFoundError(const std::string& message) : Error(message) {}
+};
+
 // throw trl::Error with a fmt-style message: fail("{}: tensor '{}' is missing", path, name)
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {

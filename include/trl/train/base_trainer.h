@@ -47,6 +47,9 @@ class BaseTrainer {
   const ProgramCacheStats& program_stats() const;
   // Called after every optimizer step with the log entry of that step (tests, progress displays).
   std::function<void(const nlohmann::ordered_json&)> on_step;
+  // Called with every entry that joins log_history (training logs and evaluations, with their epoch and step), on
+  // the rank that writes log.jsonl, after it was written: Transformers' TrainerCallback.on_log.
+  std::function<void(const nlohmann::ordered_json&)> on_log;
   // Called at every optimizer step (1, 2, ...) after clipping and before AdamW, with the step's f32 gradient of each
   // trained parameter by name, as Transformers' TrainerCallback.on_pre_optimizer_step (the views are valid only
   // during the call; under FSDP this rank's pieces).
