@@ -27,6 +27,10 @@ packages=(
   libclang-rt-14-dev    # libFuzzer and the sanitizer runtimes for clang
   libomp-dev            # clang's OpenMP runtime, for that build
   python3               # the exec: reward test runs a Python reward script, as TRL users write theirs (tests only)
+  python3-dev           # the Python package trl_cpp (python/, docs/PYTHON.md): Python's headers for its extension
+  pybind11-dev          # pybind11: the extension's bindings
+  python3-venv          # `pip install .` of the package into a virtual environment (test.sh proves it)
+  python3-pytest        # the Python package's tests (tests/python)
 )
 if [ "${1:-}" = "--dev" ]; then
   packages+=(python3-torch python3-numpy python3-jinja2 nodejs npm)
