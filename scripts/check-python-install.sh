@@ -1,31 +1,29 @@
 #!/usr/bin/env bash
-# Proves the Python package installs as the README says: `pip install .` into a new virtual environment (its build
-# tool, scikit-build-core, from PyPI), then one of the seeds' snippets runs with the installed package (not the
-# build tree) against a tiny model in a Hub-cache layout.
-#   bash scripts/check-python-install.sh [BUILD_DIR]
-# With BUILD_DIR (test.sh passes its Release build), pip builds in that folder, so only the extension is compiled
-# again; the folder's own Python (for its tests) is put back afterwards. Without it, pip builds in build/pip-* as a
-# user's `pip install .` does.
+# Proves the Python package installs into a new virtual environment and runs one of the seeds' snippets from there
+# (not from the build tree), against a tiny model in a Hub-cache layout. Two ways, as docs/PYTHON.md gives them:
+#   bash scripts/check-python-install.sh BUILD_DIR         the CMake build's package (component "python") installed
+#                                                         into the venv's site-packages: no network (test.sh, CI)
+#   bash scripts/check-python-install.sh BUILD_DIR --pip   `pip install .`: scikit-build-core from PyPI builds in
+#                                                         BUILD_DIR (only the extension is compiled again); the
+#                                                         folder's own Python (for its tests) is put back afterwards
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-}
+build=$(cd "${1:?usage: check-python-install.sh BUILD_DIR [--pip]}" && pwd)
+mode=${2:-cmake}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
-pip_args=()
-if [ -n "$build" ]; then
-  build=$(cd "$build" && pwd)
+if [ "$mode" = --pip ]; then
   before=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  pip_args=(--config-settings "build-dir=$build")  # Debian's pip 23.0 has no -C
-fi
-CMAKE_GENERATOR=Ninja "$work/venv/bin/pip" install --quiet --disable-pip-version-check "${pip_args[@]}" "$root"
-if [ -n "$build" ]; then  # the build's tests keep the Python they were configured with
-  cmake -S "$root" -B "$build" -DPython_EXECUTABLE="${before:-/usr/bin/python3}" >/dev/null
+  # Debian's pip 23.0 has no -C.
+  CMAKE_GENERATOR=Ninja "$work/venv/bin/pip" install --quiet --disable-pip-version-check --config-settings "build-dir=$build" "$root"
+  cmake -S "$root" -B "$build" -DPython_EXECUTABLE="${before:-/usr/bin/python3}" >/dev/null  # the build's tests keep their Python
   cmake --build "$build" --target trl_python >/dev/null
+else
+  site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
+  cmake --install "$build" --component python --prefix "$site" >/dev/null
 fi
-trl=$(command -v trl || true)
-[ -n "$build" ] && trl="$build/trl"
-[ -x "$trl" ] || trl="$root/build/trl"
+trl="$build/trl"
 commit=0000000000000000000000000000000000000001
 snap="$work/hub/models--Qwen--Qwen3-0.6B/snapshots/$commit"
 mkdir -p "$snap" "$work/hub/models--Qwen--Qwen3-0.6B/refs"

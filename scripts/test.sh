@@ -28,7 +28,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRL_WERROR=ON >/dev/nu
 cmake --build build
 step "Release tests"
 ctest --test-dir build --output-on-failure -j "$jobs"
-step "the Python package: pip install . into a new virtual environment (reusing this build), one seed snippet"
+step "the Python package installed into a new virtual environment, one seed snippet run from there"
 bash scripts/check-python-install.sh build
 step "the installed library: headers on their own, find_package(trl) and pkg-config consumers"
 bash scripts/check-install.sh build
