@@ -4,12 +4,14 @@
 //     parses a command line in-process and returns the command's trainer (src/cli/embed.h);
 //   - the tokenizer, chat templates and generate() of a loaded model;
 //   - the datasets (load_dataset's rows) and the host's description (`trl env`);
-//   - engine errors as Python exceptions: usage errors ValueError, missing files FileNotFoundError, others
+//   - engine errors as Python exceptions: usage and config errors ValueError, missing files FileNotFoundError, others
 //     trl_cpp.EngineError (a RuntimeError). A Python exception raised in a callback or reward function passes
 //     through the engine unchanged, traceback included.
 // The GIL is released while the engine works; callbacks and reward functions take it back for their call.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <signal.h>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -148,6 +150,15 @@ py::list command_options(const std::string& command) {
 
 // ---- Trainers -----------------------------------------------------------------------------------------------------
 
+// A Python object the engine holds (a callback, a reward function): its last holder may let go of it on a thread
+// without the GIL (the engine's copies of a std::function), so the deleter takes the GIL.
+std::shared_ptr<py::object> hold(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 // Ctrl-C while the engine trains: the trainer's own handler (src/train/trainer.cpp) saves a checkpoint and stops.
 // The result says interrupted; the package raises KeyboardInterrupt.
 class TrainerHandle {
@@ -192,10 +203,20 @@ class TrainerHandle {
     p_->trainer->save_model(dir);
   }
 
-  // on_log(entry: dict), on_step(entry: dict): called from the loop with the GIL held.
-  void set_callbacks(py::object on_log, py::object on_step) {
+  // on_log(entry: dict), on_step(entry: dict), should_stop() -> bool: called from the loop with the GIL held; None
+  // clears one (the package clears them after each train(), so that no cycle through the engine keeps a trainer).
+  void set_callbacks(py::object on_log, py::object on_step, py::object should_stop) {
     p_->trainer->on_log = wrap(std::move(on_log));
     p_->trainer->on_step = wrap(std::move(on_step));
+    if (should_stop.is_none()) {
+      p_->trainer->stop_requested = nullptr;
+    } else {
+      auto held = hold(std::move(should_stop));
+      p_->trainer->stop_requested = [held] {
+        py::gil_scoped_acquire gil;
+        return py::bool_((*held)()).cast<bool>();
+      };
+    }
   }
 
   const std::string& command() const { return p_->command; }
@@ -204,7 +225,7 @@ class TrainerHandle {
  private:
   static std::function<void(const ojson&)> wrap(py::object fn) {
     if (fn.is_none()) return nullptr;
-    auto held = std::make_shared<py::object>(std::move(fn));
+    auto held = hold(std::move(fn));
     return [held](const ojson& e) {
       py::gil_scoped_acquire gil;
       (*held)(to_py(e));
@@ -216,10 +237,7 @@ class TrainerHandle {
 // A Python callable as a reward function: called with the batch as TRL calls one (prompts, completions,
 // completion_ids and each extra column, by keyword); a number or None per completion.
 NamedRewardFunction python_reward(const std::string& name, py::object fn) {
-  auto held = std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* o) {
-    py::gil_scoped_acquire gil;  // the last holder may be a trainer destroyed without the GIL
-    delete o;
-  });
+  auto held = hold(std::move(fn));
   NamedRewardFunction r;
   r.name = name;
   r.fn = [held, name](const RewardInputs& in) {
@@ -246,11 +264,13 @@ NamedRewardFunction python_reward(const std::string& name, py::object fn) {
     for (auto v : result.cast<py::sequence>()) {
       if (v.is_none()) {
         out.emplace_back(std::nullopt);
-      } else if (py::isinstance<py::bool_>(v) || !(py::hasattr(v, "__float__"))) {
+      } else if (py::isinstance<py::str>(v) || !py::hasattr(v, "__float__")) {
         throw py::type_error("reward function '" + name + "' returned " + py::repr(v).cast<std::string>() + " for completion " + std::to_string(i) +
                              " of batch " + std::to_string(in.batch) + ": a reward is a number or None");
       } else {
-        out.emplace_back(py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>());
+        // A bool counts as 1 or 0 and NaN as None ("no reward"), as TRL reads them through a float tensor.
+        const double x = py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>();
+        out.emplace_back(std::isnan(x) ? std::nullopt : std::optional<double>(x));
       }
       ++i;
     }
@@ -264,6 +284,9 @@ NamedRewardFunction python_reward(const std::string& name, py::object fn) {
 // the test split is loaded even when eval_strategy is no (the script passed an eval_dataset to call evaluate() on).
 std::unique_ptr<TrainerHandle> prepare(const std::vector<std::string>& args, const std::vector<std::pair<std::string, py::object>>& rewards,
                                        bool load_eval_split) {
+  static const char* const kTraining[] = {"sft", "dpo", "kto", "reward", "grpo", "rloo", "gkd", "distill"};
+  if (args.empty() || std::find(std::begin(kTraining), std::end(kTraining), args[0]) == std::end(kTraining))
+    throw cli::UsageError("'" + (args.empty() ? std::string() : args[0]) + "' is not a training command (sft, dpo, kto, reward, grpo, rloo, gkd, distill)");
   cli::EmbeddedCall call;
   call.load_eval_split = load_eval_split;
   for (const auto& [name, fn] : rewards) call.python_rewards.push_back(python_reward(name, fn));
@@ -286,7 +309,7 @@ std::unique_ptr<TrainerHandle> prepare(const std::vector<std::string>& args, con
     }
     cli::embedded_call() = nullptr;
   }
-  if (!call.prepared) throw cli::UsageError("'" + (args.empty() ? std::string() : args[0]) + "' is not a training command");
+  if (!call.prepared) throw trl::Error("'" + args[0] + "' made no trainer");
   return std::make_unique<TrainerHandle>(std::move(call.prepared));
 }
 
@@ -337,59 +360,95 @@ PyModel model_from_pretrained(const std::string& name, const std::string& dtype,
   return PyModel{m, g, name};
 }
 
-// generate(): prompts as rows of ids (already without padding), GenerationConfig fields by name.
-std::vector<std::vector<int32_t>> generate(PyModel& m, const std::vector<std::vector<int32_t>>& prompts, py::dict options, py::object tokenizer) {
+// generate()'s options by name, each read as the kind Transformers gives it; a value of another kind is a TypeError
+// that names the option.
+struct GenerateOption {
+  const char* name;
+  enum Kind { Bool, Int, Number, Text, Ids, Texts } kind;
+  std::function<void(GenerationConfig&, const ojson&)> set;
+};
+
+const std::vector<GenerateOption>& generate_options() {
+  using G = GenerationConfig;
+  static const std::vector<GenerateOption> table = {
+      {"max_new_tokens", GenerateOption::Int, [](G& c, const ojson& v) { c.max_new_tokens = v.get<int64_t>(); }},
+      {"max_length", GenerateOption::Int, [](G& c, const ojson& v) { c.max_length = v.get<int64_t>(); }},
+      {"do_sample", GenerateOption::Bool, [](G& c, const ojson& v) { c.do_sample = v.get<bool>(); }},
+      {"temperature", GenerateOption::Number, [](G& c, const ojson& v) { c.temperature = v.get<float>(); }},
+      {"top_k", GenerateOption::Int, [](G& c, const ojson& v) { c.top_k = v.get<int64_t>(); }},
+      {"top_p", GenerateOption::Number, [](G& c, const ojson& v) { c.top_p = v.get<float>(); }},
+      {"min_p", GenerateOption::Number, [](G& c, const ojson& v) { c.min_p = v.get<float>(); }},
+      {"repetition_penalty", GenerateOption::Number, [](G& c, const ojson& v) { c.repetition_penalty = v.get<float>(); }},
+      {"seed", GenerateOption::Int, [](G& c, const ojson& v) {
+         if (v.get<int64_t>() < 0) throw py::value_error("generate(): seed must be at least 0");
+         c.seed = v.get<uint64_t>();
+       }},
+      {"num_return_sequences", GenerateOption::Int, [](G& c, const ojson& v) { c.num_return_sequences = v.get<int64_t>(); }},
+      {"pad_token_id", GenerateOption::Int, [](G& c, const ojson& v) { c.pad_token_id = static_cast<int32_t>(v.get<int64_t>()); }},
+      {"eos_token_id", GenerateOption::Ids, [](G& c, const ojson& v) { c.eos_token_id = cli::token_ids_from_json(v, "generate(): eos_token_id"); }},
+      {"stop_strings", GenerateOption::Texts, [](G& c, const ojson& v) {
+         for (const ojson& x : v) c.stop_strings.push_back(x.get<std::string>());
+       }},
+      {"cache_implementation", GenerateOption::Text, [](G& c, const ojson& v) { c.cache_implementation = v.get<std::string>(); }},
+      {"disable_compile", GenerateOption::Bool, [](G& c, const ojson& v) { c.disable_compile = v.get<bool>(); }},
+      {"pad_to_multiple_of", GenerateOption::Int, [](G& c, const ojson& v) { c.pad_to_multiple_of = v.get<int64_t>(); }},
+  };
+  return table;
+}
+
+GenerationConfig generation_config(const ojson& options) {
   GenerationConfig c;
-  const ojson o = from_py(options, "generate()");
-  const auto num = [&](const char* key) -> std::optional<double> {
-    if (!o.contains(key) || o[key].is_null()) return std::nullopt;
-    if (!o[key].is_number()) throw py::type_error(std::string("generate(): ") + key + " must be a number, got " + o[key].dump());
-    return o[key].get<double>();
-  };
-  const auto whole = [&](const char* key) -> std::optional<int64_t> {
-    if (!o.contains(key) || o[key].is_null()) return std::nullopt;
-    if (!o[key].is_number_integer()) throw py::type_error(std::string("generate(): ") + key + " must be an int, got " + o[key].dump());
-    return o[key].get<int64_t>();
-  };
-  if (auto v = whole("max_new_tokens")) c.max_new_tokens = *v;
-  if (auto v = whole("max_length")) c.max_length = *v;
-  if (o.contains("do_sample") && !o["do_sample"].is_null()) c.do_sample = o["do_sample"].get<bool>();
-  if (auto v = num("temperature")) c.temperature = static_cast<float>(*v);
-  if (auto v = whole("top_k")) c.top_k = *v;
-  if (auto v = num("top_p")) c.top_p = static_cast<float>(*v);
-  if (auto v = num("min_p")) c.min_p = static_cast<float>(*v);
-  if (auto v = num("repetition_penalty")) c.repetition_penalty = static_cast<float>(*v);
-  if (auto v = whole("seed")) {
-    if (*v < 0) throw py::value_error("generate(): seed must be at least 0");
-    c.seed = static_cast<uint64_t>(*v);
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    const auto& table = generate_options();
+    const auto opt = std::find_if(table.begin(), table.end(), [&](const GenerateOption& o) { return it.key() == o.name; });
+    if (opt == table.end()) throw py::type_error("generate() got an unexpected keyword argument '" + it.key() + "'");
+    ojson v = it.value();
+    if (v.is_null()) continue;  // None: the model's generation_config.json, else Transformers' default
+    if ((opt->kind == GenerateOption::Ids || opt->kind == GenerateOption::Texts) && !v.is_array()) v = ojson::array({v});  // one or a list
+    bool ok = false;
+    switch (opt->kind) {
+      case GenerateOption::Bool: ok = v.is_boolean(); break;
+      case GenerateOption::Int: ok = v.is_number_integer(); break;
+      case GenerateOption::Number: ok = v.is_number(); break;
+      case GenerateOption::Text: ok = v.is_string(); break;
+      case GenerateOption::Ids: ok = std::all_of(v.begin(), v.end(), [](const ojson& x) { return x.is_number_integer(); }); break;
+      case GenerateOption::Texts: ok = std::all_of(v.begin(), v.end(), [](const ojson& x) { return x.is_string(); }); break;
+    }
+    static const char* const kWhat[] = {"True or False", "an int", "a number", "a str", "an int or a list of ints", "a str or a list of str"};
+    if (!ok) throw py::type_error(std::string("generate(): ") + opt->name + " must be " + kWhat[opt->kind] + ", got " + it.value().dump());
+    opt->set(c, v);
   }
-  if (auto v = whole("num_return_sequences")) c.num_return_sequences = *v;
-  if (auto v = whole("pad_token_id")) c.pad_token_id = static_cast<int32_t>(*v);
-  if (o.contains("eos_token_id") && !o["eos_token_id"].is_null()) {
-    const ojson& e = o["eos_token_id"];
-    c.eos_token_id = cli::token_ids_from_json(e.is_array() ? e : ojson::array({e}), "generate(): eos_token_id");
-  }
-  if (o.contains("stop_strings") && !o["stop_strings"].is_null()) {
-    const ojson& s = o["stop_strings"];
-    for (const ojson& x : s.is_array() ? s : ojson::array({s})) c.stop_strings.push_back(x.get<std::string>());
-  }
-  if (o.contains("cache_implementation") && o["cache_implementation"].is_string()) c.cache_implementation = o["cache_implementation"].get<std::string>();
-  if (o.contains("disable_compile") && o["disable_compile"].is_boolean()) c.disable_compile = o["disable_compile"].get<bool>();
-  if (auto v = whole("pad_to_multiple_of")) c.pad_to_multiple_of = *v;
+  return c;
+}
+
+// Ctrl-C during generate(): a flag the decode loop reads between tokens (no GIL needed), the interpreter's handler
+// put back afterwards with its flags.
+std::atomic<bool> g_generate_interrupted{false};
+extern "C" void on_generate_sigint(int) { g_generate_interrupted = true; }
+
+// generate(): prompts as rows of ids (already without padding), GenerationConfig fields by name; the new tokens.
+std::vector<std::vector<int32_t>> generate(PyModel& m, const std::vector<std::vector<int32_t>>& prompts, py::dict options, py::object tokenizer) {
+  GenerationConfig c = generation_config(from_py(options, "generate()"));
   const Tokenizer* tok = tokenizer.is_none() ? nullptr : tokenizer.cast<PyTokenizer&>().tok.get();
-  // Ctrl-C stops every row (Transformers would raise out of the loop): asked once a token, with the GIL.
-  std::atomic<bool> stopped{false};
-  c.interrupted = [&stopped] {
-    py::gil_scoped_acquire gil;
-    if (PyErr_CheckSignals() != 0) stopped = true;
-    return stopped.load();
-  };
+  c.interrupted = [] { return g_generate_interrupted.load(); };
   GenerationOutput out;
   {
+    g_generate_interrupted = false;
+    struct sigaction now {}, old {};
+    now.sa_handler = on_generate_sigint;
+    sigemptyset(&now.sa_mask);
+    sigaction(SIGINT, &now, &old);
+    struct Restore {
+      struct sigaction* old;
+      ~Restore() { sigaction(SIGINT, old, nullptr); }
+    } restore{&old};
     py::gil_scoped_release release;
     out = m.generator->generate(prompts, c, tok);
   }
-  if (stopped) throw py::error_already_set();
+  if (g_generate_interrupted) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
   return out.generated;
 }
 
@@ -421,10 +480,14 @@ PYBIND11_MODULE(_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const cli::UsageError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const trl::ConfigError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const trl::NotFoundError& e) {
       PyErr_SetString(PyExc_FileNotFoundError, e.what());
     } catch (const trl::Error& e) {
       engine_error(e.what());
+    } catch (const nlohmann::json::exception& e) {  // a value of the wrong kind that no check caught: never the library's words alone
+      PyErr_SetString(PyExc_TypeError, (std::string("a value of the wrong type reached the engine: ") + e.what()).c_str());
     }
   });
 
@@ -433,7 +496,7 @@ PYBIND11_MODULE(_core, m) {
       .def("train", &TrainerHandle::train)
       .def("evaluate", &TrainerHandle::evaluate)
       .def("save_model", &TrainerHandle::save_model, py::arg("output_dir"))
-      .def("set_callbacks", &TrainerHandle::set_callbacks, py::arg("on_log"), py::arg("on_step"))
+      .def("set_callbacks", &TrainerHandle::set_callbacks, py::arg("on_log"), py::arg("on_step"), py::arg("should_stop"))
       .def_property_readonly("command", &TrainerHandle::command)
       .def_property_readonly("output_dir", &TrainerHandle::output_dir);
   m.def("prepare", &prepare, py::arg("args"), py::arg("rewards") = std::vector<std::pair<std::string, py::object>>{},
@@ -471,5 +534,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("device", [](const PyModel& p) { return p.model->device(); })
       .def_property_readonly("source", [](const PyModel& p) { return p.source; });
 
+  m.def("has_split", [](const std::string& name, const std::string& split, const std::string& config, const std::string& revision) {
+    py::gil_scoped_release release;
+    return trl::has_split(name, split, config, revision);
+  }, py::arg("name"), py::arg("split"), py::arg("config") = "", py::arg("revision") = "main");
   m.def("dataset_rows", &dataset_rows, py::arg("name"), py::arg("split") = "train", py::arg("config") = "", py::arg("revision") = "main");
 }

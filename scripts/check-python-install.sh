@@ -4,8 +4,9 @@
 #   bash scripts/check-python-install.sh BUILD_DIR         the CMake build's package (component "python") installed
 #                                                         into the venv's site-packages: no network (test.sh, CI)
 #   bash scripts/check-python-install.sh BUILD_DIR --pip   `pip install .`: scikit-build-core from PyPI builds in
-#                                                         BUILD_DIR (only the extension is compiled again); the
-#                                                         folder's own Python (for its tests) is put back afterwards
+#                                                         BUILD_DIR (only the extension is compiled again); what its
+#                                                         configuration changed there (its Python, pyproject.toml's
+#                                                         TRL_BUILD_TESTS/BENCH OFF) is put back afterwards
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: check-python-install.sh BUILD_DIR [--pip]}" && pwd)
@@ -14,10 +15,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 if [ "$mode" = --pip ]; then
-  before=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
+  # What pip's configuration changes in the folder (pyproject.toml's defines, its Python), put back afterwards.
+  cached() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+  before=$(cached Python_EXECUTABLE) tests=$(cached TRL_BUILD_TESTS) bench=$(cached TRL_BUILD_BENCH)
   # Debian's pip 23.0 has no -C.
   CMAKE_GENERATOR=Ninja "$work/venv/bin/pip" install --quiet --disable-pip-version-check --config-settings "build-dir=$build" "$root"
-  cmake -S "$root" -B "$build" -DPython_EXECUTABLE="${before:-/usr/bin/python3}" >/dev/null  # the build's tests keep their Python
+  cmake -S "$root" -B "$build" -U 'SKBUILD*' -DPython_EXECUTABLE="${before:-/usr/bin/python3}" -DTRL_BUILD_TESTS="${tests:-ON}" \
+    -DTRL_BUILD_BENCH="${bench:-ON}" >/dev/null
   cmake --build "$build" --target trl_python >/dev/null
 else
   site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')

@@ -10,7 +10,10 @@ Models and datasets are read from local folders and the local Hugging Face cache
 docs/PYTHON.md shows each seed snippet beside its trl_cpp form and says what differs from TRL.
 """
 
-from ._core import EngineError, __version__
+from ._core import EngineError
+from ._core import __version__ as build  # "0.1.0 (commit)": the engine's version and the commit it was built from
+
+__version__ = build.split(" ")[0]
 from ._config import (DPOConfig, GKDConfig, GRPOConfig, KTOConfig, RewardConfig, RLOOConfig, SFTConfig, TrainingArguments)
 from ._data import Dataset, load_dataset
 from ._models import (AutoModelForCausalLM, AutoTokenizer, BatchEncoding, GenerationConfig, PreTrainedModel, PreTrainedTokenizer)
@@ -22,5 +25,5 @@ __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "BatchEncoding", "DPOConfig", "DPOTrainer", "Dataset", "EngineError", "GKDConfig", "GKDTrainer",
     "GRPOConfig", "GRPOTrainer", "GenerationConfig", "KTOConfig", "KTOTrainer", "LoraConfig", "PreTrainedModel", "PreTrainedTokenizer",
     "RLOOConfig", "RLOOTrainer", "RewardConfig", "RewardTrainer", "SFTConfig", "SFTTrainer", "TrainOutput", "TrainerCallback", "TrainerControl",
-    "TrainerState", "TrainingArguments", "load_dataset", "__version__",
+    "TrainerState", "TrainingArguments", "build", "load_dataset", "__version__",
 ]

@@ -23,6 +23,15 @@ _TRAINER_ARGUMENTS = {
     "reward_model_name_or_path": "pass the reward model to the trainer: GRPOTrainer(reward_funcs='folder')",
     "ref_model_name_or_path": "pass the reference to the trainer: DPOTrainer(model, ref_model=...)",
     "config": "a YAML file is the command line's way; in Python give the fields as keywords",
+    "teacher_model_name_or_path": "pass the teacher to the trainer: GKDTrainer(model, teacher_model=...)",
+    "dataset_train_split": "pass the split itself: train_dataset=load_dataset(name, split=...)",
+    "dataset_test_split": "pass the split itself: eval_dataset=load_dataset(name, split=...)",
+    "dataset_config": "pass the configuration to load_dataset(name, config_name)",
+    "datasets": "a dataset mixture is the command line's way; in Python pass the rows (train_dataset=...)",
+    "dtype": "give it in model_init_kwargs={'dtype': ...} (TRL's ModelConfig field)",
+    "torch_dtype": "give it in model_init_kwargs={'dtype': ...} (TRL's ModelConfig field)",
+    "device": "give it in model_init_kwargs={'device_map': ...}",
+    "model_revision": "give it in model_init_kwargs={'revision': ...}",
 }
 
 # Fields TRL's configs have that the engine reads from the trainer's arguments (handled in _trainers.py).
@@ -47,30 +56,33 @@ def _table(command: str) -> tuple[dict[str, dict], dict[str, str]]:
     return _tables[command]
 
 
+def _parse(spec: dict, t: str) -> Any:
+    if t == "None":
+        return None
+    if spec["kind"] == "bool":
+        return t == "true"
+    if spec["kind"] == "int":
+        return int(t)
+    if spec["kind"] == "float":
+        return float(t)
+    return t
+
+
 def _default(spec: dict) -> Any:
-    """An option's default as a Python value, from the text the command line's --help shows."""
-    text = spec["value"]
+    """An option's default as a Python value, from what the command line's --help shows: the value itself, or the
+    text that stands for it ("None (gradient_accumulation_steps)" is None, "group" is "group")."""
+    text, shown = spec["value"], spec["shown"]
+    if shown:
+        word = shown.split(" ", 1)[0].rstrip(",")
+        if word == "None" or word.startswith("{") or word.startswith("["):
+            return None  # TRL's None (a dict or list field left unset)
+        if " " not in shown and text in ("", "none"):
+            return _parse(spec, shown)
     if spec["list"]:
-        if text in ("", "none"):
-            return []
-        items = text.split(",")
-    else:
-        items = [text]
-    out = []
-    for t in items:
-        if spec["optional"] and t == "None":
-            out.append(None)
-        elif spec["kind"] == "bool":
-            out.append(t == "true")
-        elif spec["kind"] == "int":
-            out.append(int(t))
-        elif spec["kind"] == "float":
-            out.append(float(t))
-        elif t == "None" and not spec["list"]:
-            out.append(None)
-        else:
-            out.append(t)
-    return out if spec["list"] else out[0]
+        return None if text in ("", "none") else [_parse(spec, t) for t in text.split(",")]
+    if spec["kind"] == "str" and text == "" and spec["json"]:
+        return None
+    return _parse(spec, text)
 
 
 def _flag_values(name: str, spec: dict, value: Any) -> list[str] | None:
@@ -89,16 +101,22 @@ def _flag_values(name: str, spec: dict, value: Any) -> list[str] | None:
 
 
 def _word(name: str, spec: dict, v: Any) -> str:
+    import enum
+    import numbers
+
+    if isinstance(v, enum.Enum):  # SchedulerType.COSINE, IntervalStrategy.STEPS
+        v = v.value
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, float):
-        if not math.isfinite(v):
+    if isinstance(v, str):
+        return v
+    if isinstance(v, numbers.Integral):  # int, NumPy integers
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        x = float(v)
+        if not math.isfinite(x):
             raise ValueError(f"{name}={v!r}: must be a finite number")
-        return repr(v)
-    if isinstance(v, (int, str)):
-        return str(v)
-    if hasattr(v, "value") and isinstance(getattr(v, "value"), str):  # an enum such as SchedulerType.COSINE
-        return v.value
+        return repr(x)
     raise TypeError(f"{name}={v!r}: expected {spec['kind']}, got {type(v).__name__}")
 
 
@@ -166,11 +184,14 @@ class _Config:
         """The fields set by keyword or assignment."""
         return dict(self._given)
 
+    def _args_fields(self) -> dict[str, Any]:
+        return self._given
+
     def to_args(self) -> list[str]:
         """The command-line words of the fields given (the engine's defaults are TRL's for the rest)."""
         specs, _ = _table(self._command)
         args = ["--output_dir", str(getattr(self, "output_dir"))]
-        for name, value in self._given.items():
+        for name, value in self._args_fields().items():
             if name == "output_dir":
                 continue
             words = _flag_values(name, specs[name], value)
@@ -218,13 +239,8 @@ class TrainingArguments(_Config):
     def given(self) -> dict[str, Any]:
         return {**self._transformers_defaults, **self._given}
 
-    def to_args(self) -> list[str]:
-        given = self._given
-        object.__setattr__(self, "_given", self.given())
-        try:
-            return super().to_args()
-        finally:
-            object.__setattr__(self, "_given", given)
+    def _args_fields(self) -> dict[str, Any]:
+        return self.given()
 
     def _name(self, key: str) -> str:
         name = super()._name(key)

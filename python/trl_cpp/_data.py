@@ -71,18 +71,48 @@ class Dataset(Sequence):
         random.Random(seed).shuffle(rows)
         return Dataset(rows)
 
-    def map(self, function, remove_columns: Sequence[str] | None = None, **_: Any) -> "Dataset":
-        out = []
-        for r in self._rows:
-            new = dict(r)
-            new.update(function(r) or {})
-            for c in remove_columns or ():
-                new.pop(c, None)
-            out.append(new)
+    def map(self, function, with_indices: bool = False, batched: bool = False, batch_size: int | None = 1000, remove_columns: Sequence[str] | str | None = None,
+            fn_kwargs: dict | None = None, **kwargs: Any) -> "Dataset":
+        """datasets' map: `function(row)` (or, batched, `function(columns)` on dicts of lists) returns new or updated
+        columns; remove_columns are dropped before they are merged, as in datasets."""
+        for ignored in ("num_proc", "desc", "load_from_cache_file", "keep_in_memory", "cache_file_name"):
+            kwargs.pop(ignored, None)
+        if kwargs:
+            raise TypeError(f"Dataset.map() got an unexpected keyword argument '{next(iter(kwargs))}'")
+        drop = [remove_columns] if isinstance(remove_columns, str) else list(remove_columns or [])
+        extra = dict(fn_kwargs or {})
+        out: list[dict] = []
+        if not batched:
+            for i, r in enumerate(self._rows):
+                new = function(r, i, **extra) if with_indices else function(r, **extra)
+                row = {k: v for k, v in r.items() if k not in drop}
+                row.update(new or {})
+                out.append(row)
+            return Dataset(out)
+        step = batch_size if batch_size and batch_size > 0 else max(1, len(self._rows))
+        for start in range(0, len(self._rows), step):
+            rows = self._rows[start:start + step]
+            columns = {k: [r.get(k) for r in rows] for k in self.column_names}
+            new = function(columns, list(range(start, start + len(rows))), **extra) if with_indices else function(columns, **extra)
+            new = new or {}
+            lengths = {len(v) for v in new.values()}
+            if len(lengths) > 1:
+                raise ValueError(f"Dataset.map(batched=True): the function returned columns of different lengths {sorted(lengths)}")
+            n = lengths.pop() if lengths else len(rows)
+            if n != len(rows) and not set(columns) <= set(drop) | set(new):
+                raise ValueError(f"Dataset.map(batched=True): {n} rows returned for {len(rows)}: remove the old columns (remove_columns=...)")
+            for i in range(n):
+                row = {k: v[i] for k, v in columns.items() if k not in drop} if n == len(rows) else {}
+                row.update({k: v[i] for k, v in new.items()})
+                out.append(row)
         return Dataset(out)
 
-    def filter(self, function, **_: Any) -> "Dataset":
-        return Dataset([r for r in self._rows if function(r)])
+    def filter(self, function, with_indices: bool = False, **kwargs: Any) -> "Dataset":
+        for ignored in ("num_proc", "desc", "load_from_cache_file"):
+            kwargs.pop(ignored, None)
+        if kwargs:
+            raise TypeError(f"Dataset.filter() got an unexpected keyword argument '{next(iter(kwargs))}'")
+        return Dataset([r for i, r in enumerate(self._rows) if (function(r, i) if with_indices else function(r))])
 
     def __repr__(self) -> str:
         return f"Dataset({{features: {self.column_names}, num_rows: {len(self)}}})"
@@ -100,13 +130,8 @@ def load_dataset(path: str, name: str | None = None, data_dir: str | None = None
     if kwargs:
         raise TypeError(f"load_dataset() got an unexpected keyword argument '{next(iter(kwargs))}'")
     rev = revision or "main"
-    if split is None:
-        splits = {}
-        for s in ("train", "test", "validation"):
-            try:
-                splits[s] = load_dataset(path, name, split=s, revision=rev)
-            except (ValueError, RuntimeError):
-                continue
+    if split is None:  # every split there is, by name (datasets' DatasetDict; here a dict)
+        splits = {s: load_dataset(path, name, split=s, revision=rev) for s in ("train", "validation", "test") if _core.has_split(path, s, name or "", rev)}
         if not splits:
             load_dataset(path, name, split="train", revision=rev)  # raises with the engine's message
         return splits

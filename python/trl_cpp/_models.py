@@ -57,16 +57,64 @@ class PreTrainedTokenizer:
         self._t = core
         self.name_or_path = name_or_path
         self.padding_side = "right"
+        self._pad_token: str | None = None  # set by the script (tokenizer.pad_token = tokenizer.eos_token)
+        self._chat_template: str | None = None
 
-    # special tokens
+    # special tokens (pad_token and chat_template may be set, as scripts do; a trainer reads the model folder's files)
     eos_token = property(lambda self: self._t.eos_token)
-    pad_token = property(lambda self: self._t.pad_token or self._t.eos_token)
     bos_token = property(lambda self: self._t.bos_token or None)
     eos_token_id = property(lambda self: self._t.eos_token_id)
-    pad_token_id = property(lambda self: self._t.pad_token_id)
     bos_token_id = property(lambda self: self._t.bos_token_id)
-    chat_template = property(lambda self: self._t.chat_template or None)
     vocab_size = property(lambda self: self._t.vocab_size)
+
+    @property
+    def pad_token(self) -> str:
+        return self._pad_token if self._pad_token is not None else (self._t.pad_token or self._t.eos_token)
+
+    @pad_token.setter
+    def pad_token(self, token: str) -> None:
+        if self._t.token_to_id(token) is None:
+            raise ValueError(f"pad_token {token!r} is not a token of this tokenizer")
+        self._pad_token = token
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._t.token_to_id(self._pad_token) if self._pad_token is not None else self._t.pad_token_id
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template if self._chat_template is not None else (self._t.chat_template or None)
+
+    @chat_template.setter
+    def chat_template(self, template: str) -> None:
+        self._chat_template = template
+
+    @property
+    def changed(self) -> bool:
+        """Whether the script set pad_token or chat_template (the trainers read the model folder's files instead)."""
+        return self._pad_token is not None or self._chat_template is not None
+
+    def _pad(self, ids: list[list[int]], padding: Any, max_length: int | None, side: str) -> tuple[list[list[int]], list[list[int]]]:
+        pad_to = None
+        if padding in (True, "longest"):
+            pad_to = max((len(r) for r in ids), default=0)
+        elif padding == "max_length":
+            if max_length is None:
+                raise ValueError("padding='max_length' needs max_length")
+            pad_to = max_length
+        elif padding not in (False, "do_not_pad", None):
+            raise ValueError(f"padding={padding!r}: expected True, 'longest', 'max_length' or False")
+        masks = [[1] * len(r) for r in ids]
+        if pad_to is None:
+            return ids, masks
+        pid = self.pad_token_id
+        out_ids, out_masks = [], []
+        for r, m in zip(ids, masks):
+            fill = [pid] * max(0, pad_to - len(r))
+            zeros = [0] * len(fill)
+            out_ids.append(r + fill if side == "right" else fill + r)
+            out_masks.append(m + zeros if side == "right" else zeros + m)
+        return out_ids, out_masks
 
     def __len__(self) -> int:
         return self._t.vocab_size
@@ -82,24 +130,7 @@ class PreTrainedTokenizer:
         ids = [self._t.encode(t, add_special_tokens) for t in texts]
         if truncation not in (None, False, "do_not_truncate") and max_length is not None:
             ids = [r[:max_length] for r in ids]
-        side = padding_side or self.padding_side
-        pad_to = None
-        if padding in (True, "longest"):
-            pad_to = max((len(r) for r in ids), default=0)
-        elif padding == "max_length":
-            if max_length is None:
-                raise ValueError("padding='max_length' needs max_length")
-            pad_to = max_length
-        elif padding not in (False, "do_not_pad", None):
-            raise ValueError(f"padding={padding!r}: expected True, 'longest', 'max_length' or False")
-        masks = [[1] * len(r) for r in ids]
-        if pad_to is not None:
-            pid = self.pad_token_id
-            for i, r in enumerate(ids):
-                fill = pad_to - len(r)
-                if fill > 0:
-                    ids[i] = r + [pid] * fill if side == "right" else [pid] * fill + r
-                    masks[i] = masks[i] + [0] * fill if side == "right" else [0] * fill + masks[i]
+        ids, masks = self._pad(ids, padding, max_length, padding_side or self.padding_side)
         if return_tensors is not None:
             if len({len(r) for r in ids}) > 1:
                 raise ValueError("rows of different lengths cannot be one tensor: pass padding=True")
@@ -138,21 +169,29 @@ class PreTrainedTokenizer:
                             return_tensors: str | None = None, return_dict: bool = True, **kwargs: Any):
         """Transformers v5's apply_chat_template: with tokenize (the default) a BatchEncoding (return_dict=True) or
         the ids; with tokenize=False the text. Other keywords (enable_thinking=False, ...) are template variables."""
-        for ignored in ("padding", "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask", "sanitize_control_tokens"):
+        padding = kwargs.pop("padding", False)
+        truncation = kwargs.pop("truncation", False)
+        max_length = kwargs.pop("max_length", None)
+        for ignored in ("tokenizer_kwargs", "return_assistant_tokens_mask", "sanitize_control_tokens"):
             kwargs.pop(ignored, None)
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt are not compatible")
         batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
         convs = conversation if batched else [conversation]
-        texts = [self._t.render_chat(c, add_generation_prompt, continue_final_message, tools, documents, chat_template, kwargs) for c in convs]
+        template = chat_template if chat_template is not None else self._chat_template
+        texts = [self._t.render_chat(c, add_generation_prompt, bool(continue_final_message), tools, documents, template, kwargs) for c in convs]
         if not tokenize:
             return texts if batched else texts[0]
         ids = [self._t.encode(t, False) for t in texts]
+        if truncation and max_length is not None:
+            ids = [r[:max_length] for r in ids]
+        ids, masks = self._pad(ids, padding, max_length, self.padding_side)
         if return_tensors is not None:
-            enc = BatchEncoding({"input_ids": _tensor(ids, return_tensors), "attention_mask": _tensor([[1] * len(r) for r in ids], return_tensors)})
+            if len({len(r) for r in ids}) > 1:
+                raise ValueError("conversations of different lengths cannot be one tensor: pass padding=True")
+            enc = BatchEncoding({"input_ids": _tensor(ids, return_tensors), "attention_mask": _tensor(masks, return_tensors)})
         else:
-            enc = BatchEncoding({"input_ids": ids if batched else ids[0],
-                                 "attention_mask": [[1] * len(r) for r in ids] if batched else [1] * len(ids[0])})
+            enc = BatchEncoding({"input_ids": ids if batched else ids[0], "attention_mask": masks if batched else masks[0]})
         return enc if return_dict else enc["input_ids"]
 
     def __repr__(self) -> str:

@@ -12,10 +12,12 @@ import asyncio
 import functools
 import inspect
 import os
-import signal
+import re
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, NamedTuple
 
 from . import _core
@@ -42,8 +44,8 @@ class TrainerState:
 
 
 class TrainerControl:
-    """Transformers' TrainerControl: a callback sets should_training_stop to end the run after the current step
-    (a checkpoint of that step is saved, as when the run is interrupted)."""
+    """Transformers' TrainerControl: a callback sets should_training_stop (in on_step_end, on_log or on_evaluate) to
+    end the run after the current step, as at its last step (the final model and trainer_state.json are saved)."""
 
     def __init__(self) -> None:
         self.should_training_stop = False
@@ -121,6 +123,19 @@ def _model_words(model: Any, model_init_kwargs: dict | None) -> list[str]:
     return words
 
 
+def _python_words(message: str) -> str:
+    """The engine's command-line wording in Python's: '--max_length must be ...' -> 'max_length must be ...'."""
+    message = re.sub(r" \(see trl [a-z-]+ --help\)$", "", message)
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9_]*)", r"\1", message)
+
+
+def _prepare(words: list[str], rewards: list, load_eval: bool) -> Any:
+    try:
+        return _core.prepare(words, rewards, load_eval)
+    except ValueError as e:
+        raise ValueError(_python_words(str(e))) from None
+
+
 def _refuse(**unsupported: Any) -> None:
     for name, value in unsupported.items():
         if value is not None and value != (None, None):
@@ -158,8 +173,7 @@ class _Trainer:
         self._words = words
         self._rewards = rewards or []
         self._has_eval = eval_dataset is not None
-        self._handle = _core.prepare(words, self._rewards, self._has_eval)
-        self._stop_requested = False
+        self._handle = _prepare(words, self._rewards, self._has_eval)
         self._call("on_init_end")
 
     # -- callbacks ---------------------------------------------------------------------------------------------------
@@ -177,21 +191,21 @@ class _Trainer:
                 self.control = result
 
     def _on_step(self, entry: dict) -> None:
-        self.state.global_step += 1
+        self.state.global_step = int(entry["step"])
+        self.state.max_steps = int(entry["max_steps"])
+        self.state.epoch = float(entry["epoch"])
         self.state.num_input_tokens_seen = int(entry.get("num_tokens", self.state.num_input_tokens_seen))
         self._call("on_step_end")
-        if self.control.should_training_stop and not self._stop_requested:
-            # The engine's Ctrl-C path: it ends the run after this step and saves its checkpoint.
-            self._stop_requested = True
-            signal.raise_signal(signal.SIGINT)
 
     def _on_log(self, entry: dict) -> None:
-        self.state.epoch = float(entry.get("epoch", self.state.epoch))
-        self.state.global_step = int(entry.get("step", self.state.global_step))
         self.state.log_history.append(entry)
-        self._call("on_log", logs=entry)
+        logs = {k: v for k, v in entry.items() if k != "step"}  # Transformers passes the logs; log_history adds the step
+        self._call("on_log", logs=logs)
         if any(k.startswith("eval_") for k in entry):
-            self._call("on_evaluate", metrics=entry)
+            self._call("on_evaluate", metrics=logs)
+
+    def _should_stop(self) -> bool:
+        return bool(self.control.should_training_stop)
 
     # -- the Trainer API ---------------------------------------------------------------------------------------------
 
@@ -204,22 +218,27 @@ class _Trainer:
             raise TypeError(f"train() got an unexpected keyword argument '{next(iter(kwargs))}'")
         if resume_from_checkpoint not in (None, False):
             value = "true" if resume_from_checkpoint is True else os.fspath(resume_from_checkpoint)
-            self._handle = _core.prepare(self._words + ["--resume_from_checkpoint", value], self._rewards, self._has_eval)
+            self._handle = _prepare(self._words + ["--resume_from_checkpoint", value], self._rewards, self._has_eval)
         self.state = TrainerState()
         self.control = TrainerControl()
-        self._stop_requested = False
-        self._handle.set_callbacks(self._on_log, self._on_step)
+        # The engine holds the callbacks only while it trains: a cycle through it would keep the trainer alive.
+        me = weakref.ref(self)
+        self._handle.set_callbacks(lambda e: me()._on_log(e), lambda e: me()._on_step(e), lambda: me()._should_stop())
         self._call("on_train_begin")
         start = time.monotonic()
-        out = self._handle.train()
+        try:
+            out = self._handle.train()
+        finally:
+            self._handle.set_callbacks(None, None, None)
         runtime = time.monotonic() - start
         self.state.log_history = list(out["log_history"])
         self.state.global_step = out["global_step"]
-        if out["interrupted"] and not self._stop_requested:
+        if out["interrupted"]:
             raise KeyboardInterrupt(f"training interrupted at step {out['global_step']}; a checkpoint was saved in {self.args.output_dir}")
         metrics = {"train_runtime": round(runtime, 4), "train_steps_per_second": round(out["global_step"] / runtime, 3) if runtime > 0 else 0.0,
                    "train_loss": out["training_loss"], "epoch": self.state.epoch}
         self.state.log_history.append({**metrics, "step": self.state.global_step})
+        self._call("on_log", logs=metrics)
         self._call("on_train_end")
         return TrainOutput(out["global_step"], out["training_loss"], metrics)
 
@@ -345,6 +364,9 @@ def _check_processing_class(processing_class: Any, model: Any) -> None:
         return
     if not isinstance(processing_class, PreTrainedTokenizer):
         raise TypeError(f"processing_class: expected a tokenizer from AutoTokenizer.from_pretrained, got {type(processing_class).__name__}")
+    if processing_class.changed:
+        raise ValueError("processing_class: its pad_token or chat_template was changed in the script; trl_cpp trains with the tokenizer files of "
+                         "the model's folder: set them there (tokenizer_config.json) instead")
     if isinstance(model, (str, os.PathLike)) and os.fspath(model) != processing_class.name_or_path:
         raise ValueError(f"processing_class: the tokenizer of {processing_class.name_or_path!r} with the model {os.fspath(model)!r}: trl_cpp trains "
                          "with the model's own tokenizer (save the tokenizer into the model's folder)")
@@ -369,19 +391,44 @@ def _reward_words(reward_funcs: Any, trainer: "_Trainer") -> tuple[list[str], li
 
 
 def _reward_adapter(f: Callable, trainer: "_Trainer") -> Callable:
-    """Calls `f` as TRL does: by keyword, with trainer_state, log_extra and log_metric beside the batch."""
-    is_async = inspect.iscoroutinefunction(f)
+    """Calls `f` as TRL does: by keyword, with trainer_state, log_extra and log_metric beside the batch; an async
+    function runs to its end on an event loop of its own (in a thread when the caller's loop is running, as in a
+    notebook)."""
+    is_async = inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(getattr(f, "__call__", None))
+    owner = weakref.ref(trainer)  # the engine holds this function: no cycle back to the trainer
 
     def call(**batch: Any):
-        batch["trainer_state"] = trainer.state
+        t = owner()
+        batch["trainer_state"] = t.state if t is not None else TrainerState()
         batch["log_extra"] = lambda column, values: None
         batch["log_metric"] = lambda name, value: None
         out = f(**batch)
         if is_async:
-            out = asyncio.run(out)
+            out = _run_coroutine(out)
         return list(out) if not isinstance(out, (list, str)) and hasattr(out, "__iter__") else out
 
     return call
+
+
+def _run_coroutine(coroutine: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = asyncio.run(coroutine)
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 class GRPOTrainer(_Trainer):

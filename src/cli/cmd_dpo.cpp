@@ -49,7 +49,7 @@ void register_dpo(CLI::App& app) {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     DPOConfig cfg = a->c;
     finish_training_options("dpo", cfg, a->t);
-    check_dpo_config(cfg);  // before loading anything
+    check_config([&] { check_dpo_config(cfg); });  // before loading anything
     auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_ref_model(a->ref_model, a->t, cfg)});
     std::fprintf(stderr, "[trl] dpo: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run->run.train.size(),
                  cfg.output_dir.c_str());

@@ -91,7 +91,7 @@ void register_gkd(CLI::App& app) {
     GKDConfig cfg = a->c;
     finish_training_options("gkd", cfg, a->t);
     cfg.teacher_model_name_or_path = a->teacher.path;
-    check_gkd_config(cfg);  // before loading anything
+    check_config([&] { check_gkd_config(cfg); });  // before loading anything
     auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_teacher("gkd", a->teacher, a->t, cfg)});
     std::fprintf(stderr, "[trl] gkd: %s from teacher %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
                  a->t.dataset_label().c_str(), run->run.train.size(), cfg.output_dir.c_str());
@@ -149,7 +149,7 @@ void register_distill(CLI::App& app) {
         usage_fail("--chat_template_kwargs must be a JSON object of template variables, such as '{{\"enable_thinking\": false}}', got {}", a->chat_template_kwargs);
     }
     if (a->use_vllm) std::fprintf(stderr, "[trl] distill: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n");
-    check_distillation_config(cfg);
+    check_config([&] { check_distillation_config(cfg); });
     auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_teacher("distill", a->teacher, a->t, cfg)});
     std::fprintf(stderr, "[trl] distill: %s from teacher %s on %s (%zu prompts), output %s\n", a->t.model.c_str(), a->teacher.path.c_str(),
                  a->t.dataset_label().c_str(), run->run.train.size(), cfg.output_dir.c_str());

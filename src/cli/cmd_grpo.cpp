@@ -20,7 +20,7 @@ template <class Config>
 struct OnlineArgs {
   Config c;
   TrainCommandArgs t;
-  std::string ref_model, reward_model, chat_template_kwargs, scale_rewards;
+  std::string ref_model, reward_model, chat_template_kwargs, generation_kwargs, scale_rewards;
   std::vector<std::string> reward_funcs;
   std::vector<double> reward_clip_range;
   // Accepted for pasted TRL command lines; they change nothing here.
@@ -62,6 +62,10 @@ void add_online_options(Options& o, OnlineArgs<Config>& a) {
   o.add("chat_template_kwargs", a.chat_template_kwargs, "JSON object of chat template variables, e.g. '{\"enable_thinking\": false}'")
       .default_text("{}")
       .json_object();
+  o.add("generation_kwargs", a.generation_kwargs,
+        "JSON object of generation settings over the ones above (do_sample, temperature, top_p, top_k, min_p, repetition_penalty)")
+      .default_text("None")
+      .json_object();
   o.add("log_completions", c.log_completions, "Print a sample of each round and write output_dir/completions.jsonl");
   o.add("num_completions_to_print", c.num_completions_to_print, "Rows printed per round with log_completions").min(0).default_text("4");
   o.add("reward_timeout_seconds", c.reward_timeout_seconds, "exec: rewards: the longest wait for one batch's answer").above(0);
@@ -76,6 +80,8 @@ void finish_online(const char* command, OnlineArgs<Config>& a, Config& cfg) {
   if (!a.chat_template_kwargs.empty()) {
     cfg.chat_template_kwargs = parse_json<nlohmann::ordered_json>(a.chat_template_kwargs, "--chat_template_kwargs '" + a.chat_template_kwargs + "'");
   }
+  if (!a.generation_kwargs.empty() && a.generation_kwargs != "None")
+    cfg.generation_kwargs = parse_json<nlohmann::ordered_json>(a.generation_kwargs, "--generation_kwargs '" + a.generation_kwargs + "'");
   if (a.reward_funcs.empty() && a.reward_model.empty())
     usage_fail("trl {}: --reward_funcs (or --reward_model_name_or_path) is required, e.g. --reward_funcs length:200", command);
   if (a.use_vllm) std::fprintf(stderr, "[trl] %s: use_vllm is ignored: completions come from trl.cpp's static-cache generator\n", command);
@@ -142,7 +148,7 @@ void register_grpo(CLI::App& app) {
       cfg.scale_rewards = s == "true" || s == "True" ? "group" : s == "false" || s == "False" ? "none" : s;
     }
     std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
-    check_grpo_config(cfg, static_cast<int64_t>(rewards.size()));  // before loading anything
+    check_config([&] { check_grpo_config(cfg, static_cast<int64_t>(rewards.size())); });  // before loading anything
     run_online<GRPOTrainer>("grpo", *a, cfg, std::move(rewards));
   });
 }
@@ -165,7 +171,7 @@ void register_rloo(CLI::App& app) {
       cfg.reward_clip_range = std::make_pair(a->reward_clip_range[0], a->reward_clip_range[1]);
     }
     std::vector<NamedRewardFunction> rewards = make_rewards(*a, cfg);
-    check_rloo_config(cfg, static_cast<int64_t>(rewards.size()));
+    check_config([&] { check_rloo_config(cfg, static_cast<int64_t>(rewards.size())); });
     run_online<RLOOTrainer>("rloo", *a, cfg, std::move(rewards));
   });
 }

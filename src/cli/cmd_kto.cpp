@@ -38,7 +38,7 @@ void register_kto(CLI::App& app) {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);
     KTOConfig cfg = a->c;
     finish_training_options("kto", cfg, a->t);
-    check_kto_config(cfg);  // before loading anything
+    check_config([&] { check_kto_config(cfg); });  // before loading anything
     auto run = std::make_shared<RunWithReference>(RunWithReference{load_train_run(a->t, cfg), load_ref_model(a->ref_model, a->t, cfg)});
     std::fprintf(stderr, "[trl] kto: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run->run.train.size(),
                  cfg.output_dir.c_str());

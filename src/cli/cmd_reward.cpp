@@ -32,7 +32,7 @@ void register_reward(CLI::App& app) {
     RewardConfig cfg = a->c;
     cfg.center_rewards_coefficient = a->center;
     finish_training_options("reward", cfg, a->t);
-    check_reward_config(cfg);  // before loading anything
+    check_config([&] { check_reward_config(cfg); });  // before loading anything
     struct Held {
       Tokenizer tok;
       std::optional<RewardModel> model;

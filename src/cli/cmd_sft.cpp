@@ -39,7 +39,7 @@ void register_sft(CLI::App& app) {
                  "attention across examples); drop the option or give bfd", a->packing_strategy);
     SFTConfig cfg = a->c;
     finish_training_options("sft", cfg, a->t);
-    check_sft_config(cfg);  // before loading anything: a bad option fails at once (eos_token is checked with the tokenizer)
+    check_config([&] { check_sft_config(cfg); });  // before loading anything: a bad option fails at once (eos_token is checked with the tokenizer)
     auto run = std::make_shared<TrainRun>(load_train_run(a->t, cfg));
     std::fprintf(stderr, "[trl] sft: %s on %s (%zu rows), output %s\n", a->t.model.c_str(), a->t.dataset_label().c_str(), run->train.size(), cfg.output_dir.c_str());
     deliver(prepared<SFTTrainer>("sft", run, cfg.output_dir, run->model, run->tokenizer, std::move(run->train), cfg, std::move(run->eval)));

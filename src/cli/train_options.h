@@ -63,6 +63,18 @@ struct TrainRun {
   Dataset train;
   std::optional<Dataset> eval;
 };
+// Runs a config check (check_sft_config, ...): what it refuses is a ConfigError.
+template <class Check>
+void check_config(Check&& check) {
+  try {
+    check();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+}
+
 // A run and the frozen model beside it (DPO's and KTO's reference; GRPO's and RLOO's when beta > 0).
 struct RunWithReference {
   TrainRun run;

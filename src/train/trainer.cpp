@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <signal.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,16 +46,23 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted = true; }
 
-// Ctrl-C sets g_interrupted while training; the previous handler comes back however the loop ends.
+// Ctrl-C sets g_interrupted while training; the previous handler comes back however the loop ends, with its flags
+// (sigaction: a Python interpreter's handler is installed without SA_RESTART, and must stay so).
 class SigintScope {
  public:
-  SigintScope() : old_(std::signal(SIGINT, on_sigint)) { g_interrupted = false; }
-  ~SigintScope() { std::signal(SIGINT, old_); }
+  SigintScope() {
+    g_interrupted = false;
+    struct sigaction now {};
+    now.sa_handler = on_sigint;
+    sigemptyset(&now.sa_mask);
+    sigaction(SIGINT, &now, &old_);
+  }
+  ~SigintScope() { sigaction(SIGINT, &old_, nullptr); }
   SigintScope(const SigintScope&) = delete;
   SigintScope& operator=(const SigintScope&) = delete;
 
  private:
-  void (*old_)(int);
+  struct sigaction old_ {};
 };
 
 // "checkpoint-<digits>" (not the ".tmp" folder of a save in progress).
@@ -958,8 +966,8 @@ TrainOutput Trainer::train() {
   const auto t_start = Clock::now();
   const int64_t start_step = s.global_step, tokens_at_start = s.tokens_seen;
   MetricWindow metrics;
-  double window_loss = 0;
-  int64_t window_steps = 0, saved_step = -1;
+  double window_loss = 0, run_loss = 0;
+  int64_t window_steps = 0, saved_step = -1, run_steps = 0;
   std::vector<size_t> order;
   int64_t order_epoch = -1;
   {
@@ -969,9 +977,11 @@ TrainOutput Trainer::train() {
       const StepResult r = s.train_step(order, metrics, on_pre_optimizer_step);
       if (s.fsdp() && s.global_step == start_step + 1) s.report_shard();  // AdamW allocated its moments in this step
       window_loss += r.loss, ++window_steps;
+      run_loss += r.loss, ++run_steps;
       if (on_step)
         on_step(ojson{{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"learning_rate", r.lr}, {"num_tokens", s.tokens_seen},
-                      {"step_seconds", r.step_seconds}, {"data_seconds", r.data_seconds}});
+                      {"step_seconds", r.step_seconds}, {"data_seconds", r.data_seconds}, {"step", s.global_step}, {"max_steps", total},
+                      {"epoch", static_cast<double>(s.global_step) / static_cast<double>(spe)}});
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double tps = static_cast<double>(s.tokens_seen - tokens_at_start) / std::max(elapsed, 1e-9);
       if (tty) print_progress(s.global_step, total, start_step, elapsed, r.loss, r.lr, tps);
@@ -1000,6 +1010,8 @@ TrainOutput Trainer::train() {
         result.interrupted = true;
         break;
       }
+      // A stop asked for by the caller (TrainerControl.should_training_stop): the run ends here as at its last step.
+      if (stop_requested && stop_requested()) break;
     }
   }
   if (tty) std::fprintf(stderr, "\n");
@@ -1016,11 +1028,8 @@ TrainOutput Trainer::train() {
     s.save_final(c.report ? &summary : nullptr);
   }
   result.global_step = s.global_step;
-  double sum = 0;
-  int64_t n = 0;
-  for (const auto& e : s.log_history)
-    if (e.contains("loss") && e["loss"].is_number()) sum += e["loss"].get<double>(), ++n;
-  result.training_loss = n ? sum / static_cast<double>(n) : 0;
+  // As Transformers' TrainOutput: the mean of the steps' losses in this run (a resumed run's own steps).
+  result.training_loss = run_steps ? run_loss / static_cast<double>(run_steps) : 0;
   result.log_history = s.log_history;
   result.programs = s.programs->stats();
   return result;
@@ -1036,6 +1045,7 @@ BaseTrainer::~BaseTrainer() = default;
 TrainOutput BaseTrainer::train() {
   trainer_->on_step = on_step;
   trainer_->on_log = on_log;
+  trainer_->stop_requested = stop_requested;
   trainer_->on_pre_optimizer_step = on_pre_optimizer_step;
   return trainer_->train();
 }

@@ -176,6 +176,7 @@ class Trainer {
   const ProgramCacheStats& program_stats() const;
   std::function<void(const nlohmann::ordered_json&)> on_step;
   std::function<void(const nlohmann::ordered_json&)> on_log;  // see BaseTrainer::on_log
+  std::function<bool()> stop_requested;                       // see BaseTrainer::stop_requested
   // See BaseTrainer::on_pre_optimizer_step.
   std::function<void(int64_t step, const TensorMap& grads)> on_pre_optimizer_step;
 

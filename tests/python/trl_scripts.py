@@ -27,3 +27,19 @@ def dpo(lib, model):
     trainer.train()
     keys = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")
     return [{k: e[k] for k in keys if k in e} for e in trainer.state.log_history if "loss" in e]
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(200 - len(completion)) / 100 for completion in completions]
+
+
+def grpo(lib, model):
+    # Greedy generation (generation_kwargs do_sample False), so that both implementations generate the same
+    # completions from the same weights; both prompts in every step (8 completions, 4 per prompt).
+    rows = [{"prompt": f"SUBREDDIT: r/test\nPOST: {q}\nTL;DR:"} for q, _ in QA[:2]]
+    args = lib.GRPOConfig(output_dir="grpo", **{**COMMON, "per_device_train_batch_size": 8, "max_steps": 2}, num_generations=4,
+                          max_completion_length=16, generation_kwargs={"do_sample": False})
+    trainer = lib.GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=lib.Dataset.from_list(rows))
+    trainer.train()
+    keys = ("rewards/reward_len/mean", "reward", "completions/mean_length")
+    return [{k: e[k] for k in keys} for e in trainer.state.log_history if "reward" in e]

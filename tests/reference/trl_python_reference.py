@@ -32,9 +32,9 @@ def main() -> None:
                    check=True, capture_output=True)
     os.chdir(work)
     lib = types.SimpleNamespace(SFTConfig=trl.SFTConfig, SFTTrainer=trl.SFTTrainer, DPOConfig=trl.DPOConfig, DPOTrainer=trl.DPOTrainer,
-                                Dataset=datasets.Dataset)
+                                GRPOConfig=trl.GRPOConfig, GRPOTrainer=trl.GRPOTrainer, Dataset=datasets.Dataset)
     result = {"versions": {"trl": trl.__version__, "transformers": transformers.__version__, "datasets": datasets.__version__, "torch": torch.__version__},
-              "sft": trl_scripts.sft(lib, model), "dpo": trl_scripts.dpo(lib, model)}
+              "sft": trl_scripts.sft(lib, model), "dpo": trl_scripts.dpo(lib, model), "grpo": trl_scripts.grpo(lib, model)}
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")

@@ -20,6 +20,13 @@ class NotFoundError : public Error {
   explicit NotFoundError(const std::string& message) : Error(message) {}
 };
 
+// A training configuration that its checks refuse before anything is loaded (the Python package raises ValueError
+// for it, as TRL's configs do; the trl binary reports it as every other error).
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message) {}
+};
+
 // throw trl::Error with a fmt-style message: fail("{}: tensor '{}' is missing", path, name)
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {

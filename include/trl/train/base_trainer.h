@@ -45,11 +45,15 @@ class BaseTrainer {
   // What crossed between the host and the backend's memory so far (nothing on a host backend).
   Backend::Transfers transfers() const;
   const ProgramCacheStats& program_stats() const;
-  // Called after every optimizer step with the log entry of that step (tests, progress displays).
+  // Called after every optimizer step with that step's loss, grad_norm, learning_rate, num_tokens, step, max_steps
+  // and epoch (tests, progress displays, Transformers' TrainerCallback.on_step_end).
   std::function<void(const nlohmann::ordered_json&)> on_step;
   // Called with every entry that joins log_history (training logs and evaluations, with their epoch and step), on
   // the rank that writes log.jsonl, after it was written: Transformers' TrainerCallback.on_log.
   std::function<void(const nlohmann::ordered_json&)> on_log;
+  // Asked at the end of every step (after its logging, evaluation and checkpoint): true ends the run there as at
+  // its last step, final save included (Transformers' TrainerControl.should_training_stop).
+  std::function<bool()> stop_requested;
   // Called at every optimizer step (1, 2, ...) after clipping and before AdamW, with the step's f32 gradient of each
   // trained parameter by name, as Transformers' TrainerCallback.on_pre_optimizer_step (the views are valid only
   // during the call; under FSDP this rank's pieces).

@@ -48,6 +48,9 @@ struct OnlineRLConfig : TrainingArguments {
   std::string cache_implementation;
   std::string pad_to_multiple_of = "auto";  // "None" | "auto" (the backend's bucket) | an integer: prompt and completion buckets
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();  // e.g. {"enable_thinking": false}
+  // TRL's generation_kwargs: generation settings over the ones above, for generation only (the loss keeps
+  // `temperature`): do_sample, temperature, top_p, top_k, min_p, repetition_penalty. {"do_sample": false} is greedy.
+  nlohmann::ordered_json generation_kwargs = nlohmann::ordered_json::object();
   bool log_completions = false;
   std::optional<int64_t> num_completions_to_print;  // with log_completions: rows shown per logging step (default 4)
   double reward_timeout_seconds = 120;  // exec:COMMAND rewards: the longest wait for one batch's answer

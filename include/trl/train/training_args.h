@@ -91,7 +91,7 @@ void check_training_arguments(const TrainingArguments& args, const char* config_
 
 struct TrainOutput {
   int64_t global_step = 0;
-  double training_loss = 0;  // mean of the logged step losses
+  double training_loss = 0;  // mean of the losses of the steps this run made (a resumed run: its own)
   std::vector<nlohmann::ordered_json> log_history;
   ProgramCacheStats programs;
   bool interrupted = false;

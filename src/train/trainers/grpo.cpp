@@ -104,6 +104,23 @@ void check_online_config(const OnlineRLConfig& c, const char* name, int64_t rewa
   if (!c.cache_implementation.empty() && c.cache_implementation != "static" && c.cache_implementation != "dynamic")
     bad("cache_implementation", fmt::format("'{}' is not static or dynamic", c.cache_implementation));
   if (!c.chat_template_kwargs.is_object()) bad("chat_template_kwargs", fmt::format("must be a JSON object, got {}", c.chat_template_kwargs.dump()));
+  if (!c.generation_kwargs.is_object()) bad("generation_kwargs", fmt::format("must be a JSON object, got {}", c.generation_kwargs.dump()));
+  for (auto it = c.generation_kwargs.begin(); it != c.generation_kwargs.end(); ++it) {
+    const std::string& key = it.key();
+    const nlohmann::ordered_json& v = it.value();
+    if (key == "do_sample") {
+      if (!v.is_boolean()) bad("generation_kwargs", fmt::format("do_sample must be true or false, got {}", v.dump()));
+    } else if (key == "top_k") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) bad("generation_kwargs", fmt::format("top_k must be an integer >= 0, got {}", v.dump()));
+    } else if (key == "temperature" || key == "top_p" || key == "min_p" || key == "repetition_penalty") {
+      const double x = v.is_number() ? v.get<double>() : std::nan("");
+      const bool ok = key == "temperature" || key == "repetition_penalty" ? x > 0 && std::isfinite(x) : key == "top_p" ? x > 0 && x <= 1 : x >= 0 && x <= 1;
+      if (!ok) bad("generation_kwargs", fmt::format("{} = {} is out of range", key, v.dump()));
+    } else {
+      bad("generation_kwargs", fmt::format("'{}' is not a setting trl.cpp's generation reads (do_sample, temperature, top_p, top_k, min_p, "
+                                           "repetition_penalty)", key));
+    }
+  }
   if (c.num_completions_to_print && *c.num_completions_to_print < 0) bad("num_completions_to_print", "must be >= 0");
   if (!(c.reward_timeout_seconds > 0)) bad("reward_timeout_seconds", fmt::format("must be > 0, got {}", c.reward_timeout_seconds));
   if (reward_functions < 1) fail("{}: no reward function: give at least one (--reward_funcs length:200, ...)", name);
@@ -431,6 +448,13 @@ class OnlineMethod final : public TrainingMethod {
     gc.top_k = cfg_.top_k;
     if (cfg_.min_p) gc.min_p = static_cast<float>(*cfg_.min_p);
     gc.repetition_penalty = static_cast<float>(cfg_.repetition_penalty);
+    const ojson& over = cfg_.generation_kwargs;  // TRL updates its generation settings with these (checked above)
+    if (over.contains("do_sample")) gc.do_sample = over["do_sample"].get<bool>();
+    if (over.contains("temperature")) gc.temperature = over["temperature"].get<float>();
+    if (over.contains("top_p")) gc.top_p = over["top_p"].get<float>();
+    if (over.contains("top_k")) gc.top_k = over["top_k"].get<int64_t>();
+    if (over.contains("min_p")) gc.min_p = over["min_p"].get<float>();
+    if (over.contains("repetition_penalty")) gc.repetition_penalty = over["repetition_penalty"].get<float>();
     gc.eos_token_id = std::vector<int32_t>{eos_};
     gc.pad_token_id = pad_;
     const uint64_t round_seed = cfg_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) * 1000003ull + static_cast<uint64_t>(round) + 1;
