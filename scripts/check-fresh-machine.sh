@@ -13,6 +13,8 @@
 #   demo           bash scripts/demo.sh                       (builds only trl, in that folder)
 #   test           bash scripts/test.sh                       (the README's test command: builds the rest and runs
 #                                                              every check; its output is shown as it runs)
+#   python-pip     bash scripts/check-python-install.sh build --pip   (the README's `pip install .` of the Python
+#                                                              package into a new venv, its build tool from PyPI)
 # Each step's output goes to a log; a failing step prints "check-fresh-machine: step '<name>' failed (exit N)" and
 # the last 60 lines of its log. Nothing is cached: every run starts from a new root, removed on exit.
 #
@@ -200,6 +202,14 @@ bootstrap() {
   # its 5 s timeout: measured, half of the mpirun launches took 5.1 s instead of 0.1 s, 150 s of CI's Release tests.
   printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" \
     >"$root/etc/hosts"
+  # The network's TLS settings, as the host has them (a machine on this network is set up so): extra certificate
+  # authorities (a proxy's; installed into the root's bundle when install-deps installs ca-certificates) and pip's
+  # configuration that points at that bundle. The Python package's `pip install .` fetches its build tool from PyPI.
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$root/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  fi
+  [ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$root/etc/pip.conf"
   # Packages must not start services in the root (none of ours has one; this is the usual chroot guard).
   printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
   chmod 755 "$root/usr/sbin/policy-rc.d"
@@ -246,6 +256,8 @@ if [ "$ci" = 1 ]; then
   run_step demo in_root "bash scripts/demo.sh"
   demo_log="$logs/$step_no-demo.log"
   run_step --show test in_root "bash scripts/test.sh"
+  # The README's install of the Python package, `pip install .` into a new venv (test.sh proved the CMake route).
+  run_step python-pip in_root "update-ca-certificates >/dev/null && bash scripts/check-python-install.sh build --pip"
 else
   run_step demo in_root "bash scripts/demo.sh"
   demo_log="$logs/$step_no-demo.log"
