@@ -159,6 +159,22 @@ std::shared_ptr<py::object> hold(py::object o) {
   });
 }
 
+// One call at a time on a trainer or a model: a callback that calls trainer.evaluate() in the middle of a step, or a
+// second thread calling generate() on a model that is generating, gets an error instead of a half-made state.
+class Busy {
+ public:
+  Busy(bool& flag, const char* what) : flag_(flag) {
+    if (flag_) throw py::value_error(std::string(what) + " was called while this object is still working (from a callback or another thread)");
+    flag_ = true;
+  }
+  ~Busy() { flag_ = false; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 // Ctrl-C while the engine trains: the trainer's own handler (src/train/trainer.cpp) saves a checkpoint and stops.
 // The result says interrupted; the package raises KeyboardInterrupt.
 class TrainerHandle {
@@ -168,6 +184,7 @@ class TrainerHandle {
   py::dict train() {
     TrainOutput out;
     {
+      const Busy busy(busy_, "train()");
       py::gil_scoped_release release;
       out = p_->trainer->train();
     }
@@ -192,6 +209,7 @@ class TrainerHandle {
   py::object evaluate() {
     ojson m;
     {
+      const Busy busy(busy_, "evaluate()");
       py::gil_scoped_release release;
       m = p_->trainer->evaluate_metrics();
     }
@@ -199,6 +217,7 @@ class TrainerHandle {
   }
 
   void save_model(const std::string& dir) {
+    const Busy busy(busy_, "save_model()");
     py::gil_scoped_release release;
     p_->trainer->save_model(dir);
   }
@@ -232,6 +251,7 @@ class TrainerHandle {
     };
   }
   std::unique_ptr<cli::PreparedTrainer> p_;
+  bool busy_ = false;  // read and written with the GIL held
 };
 
 // A Python callable as a reward function: called with the batch as TRL calls one (prompts, completions,
@@ -344,6 +364,7 @@ struct PyModel {
   std::shared_ptr<CausalLM> model;
   std::shared_ptr<Generator> generator;
   std::string source;
+  std::shared_ptr<bool> busy = std::make_shared<bool>(false);
 };
 
 PyModel model_from_pretrained(const std::string& name, const std::string& dtype, const std::string& device, const std::string& revision,
@@ -433,6 +454,7 @@ std::vector<std::vector<int32_t>> generate(PyModel& m, const std::vector<std::ve
   c.interrupted = [] { return g_generate_interrupted.load(); };
   GenerationOutput out;
   {
+    const Busy busy(*m.busy, "generate()");
     g_generate_interrupted = false;
     struct sigaction now {}, old {};
     now.sa_handler = on_generate_sigint;

@@ -135,6 +135,10 @@ def load_dataset(path: str, name: str | None = None, data_dir: str | None = None
         if not splits:
             load_dataset(path, name, split="train", revision=rev)  # raises with the engine's message
         return splits
+    if not _core.has_split(path, split, name or "", rev):
+        known = [s for s in ("train", "validation", "test") if _core.has_split(path, s, name or "", rev)]
+        if known:  # the dataset is there without this split (a dataset that is not there: dataset_rows says where it looked)
+            raise ValueError(f'Unknown split "{split}". Should be one of {known}.')
     rows = _core.dataset_rows(path, split, name or "", rev)
     return Dataset(rows, {"name": path, "split": split, "config": name or "", "revision": rev})
 

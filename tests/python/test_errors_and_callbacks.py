@@ -295,3 +295,23 @@ def test_messages_speak_python():
         model.generate(input_ids=[[1, 2, 3]], do_sample=1)
     with pytest.raises(TypeError, match="stop_strings must be a str or a list of str"):
         model.generate(input_ids=[[1, 2, 3]], stop_strings=[1], tokenizer=AutoTokenizer.from_pretrained("Qwen/Qwen3-0.6B"))
+
+
+def test_an_unknown_split_is_a_value_error_listing_the_splits():
+    from trl_cpp import load_dataset
+
+    with pytest.raises(ValueError, match=r"Unknown split \"validation\". Should be one of \['train', 'test'\]"):
+        load_dataset("trl-lib/Capybara", split="validation")
+
+
+def test_a_callback_cannot_reenter_the_trainer():
+    from trl_cpp import SFTConfig, SFTTrainer, TrainerCallback, load_dataset
+
+    class Reenter(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            trainer.save_model("inside")
+
+    trainer = SFTTrainer(model="Qwen/Qwen3-0.6B", args=SFTConfig(output_dir="out", max_steps=2, per_device_train_batch_size=2),
+                         train_dataset=load_dataset("trl-lib/Capybara", split="train"), callbacks=[Reenter])
+    with pytest.raises(ValueError, match=r"save_model\(\) was called while this object is still working"):
+        trainer.train()
