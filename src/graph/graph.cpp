@@ -290,16 +290,25 @@ ValueId Builder::rope(ValueId x, ValueId positions, std::vector<float> inv_freq,
 }
 
 ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name,
-                           ValueId q_pos) {
+                           ValueId q_pos, ValueId cache_rows) {
   check(q, "attention q");
   check(k, "attention k");
   check(v, "attention v");
   const Shape& qs = node(q).shape;
   const Shape& ks = node(k).shape;
   const Shape& vs = node(v).shape;
-  if (qs.size() != 4 || ks.size() != 4 || vs != ks || qs[0] != ks[0] || qs[3] != ks[3] || ks[2] == 0 || qs[2] % ks[2] != 0) {
+  // With cache_rows, k/v are a cache of any number of rows and query row b reads cache row cache_rows[b].
+  const bool rows_given = cache_rows != kNone;
+  if (qs.size() != 4 || ks.size() != 4 || vs != ks || (!rows_given && qs[0] != ks[0]) || qs[3] != ks[3] || ks[2] == 0 || qs[2] % ks[2] != 0) {
     fail("attention {}: q {} and k/v {} / {} must be [B,T,H,D] and [B,S,Hkv,D] with H a multiple of Hkv", name, shape_str(qs),
          shape_str(ks), shape_str(vs));
+  }
+  if (rows_given) {
+    check(cache_rows, "attention cache_rows");
+    const Node& r = node(cache_rows);
+    if (q_pos == kNone) fail("attention {}: cache_rows needs q_pos (the queries' places in the cache)", name);
+    if (r.dtype != DType::I32 || r.shape != Shape{qs[0]})
+      fail("attention {}: cache_rows must be i32 [B] = [{}], got {} {}", name, qs[0], dtype_name(r.dtype), shape_str(r.shape));
   }
   // Without q_pos, query t sits at key index t + S - T: more queries than keys would place some before the first key.
   if (q_pos == kNone && qs[1] > ks[1]) fail("attention {}: {} queries need at least as many keys, got S = {}", name, qs[1], ks[1]);
@@ -312,14 +321,15 @@ ValueId Builder::attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, do
   if (key_mask != kNone) {
     check(key_mask, "attention key_mask");
     const Node& m = node(key_mask);
-    if (m.dtype != DType::I32 || m.shape != Shape{ks[0], ks[1]}) {
-      fail("attention {}: key_mask must be i32 [B,S] = [{}, {}], got {} {}", name, ks[0], ks[1], dtype_name(m.dtype), shape_str(m.shape));
+    if (m.dtype != DType::I32 || m.shape != Shape{qs[0], ks[1]}) {
+      fail("attention {}: key_mask must be i32 [B,S] = [{}, {}], got {} {}", name, qs[0], ks[1], dtype_name(m.dtype), shape_str(m.shape));
     }
   }
   Node n;
   n.op = Op::Attention;
   n.inputs = {q, k, v, key_mask};
   if (q_pos != kNone) n.inputs.push_back(q_pos);
+  if (rows_given) n.inputs.push_back(cache_rows);
   n.shape = qs;
   n.dtype = node(q).dtype;
   n.name = name;
@@ -412,16 +422,24 @@ ValueId Builder::slice(ValueId x, int64_t start, int64_t length, const std::stri
   return push(std::move(n));
 }
 
-ValueId Builder::kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name) {
+ValueId Builder::kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name, ValueId rows) {
   check(cache, "kv_cache_write cache");
   check(x, "kv_cache_write x");
   check(pos, "kv_cache_write pos");
   const Shape& cs = node(cache).shape;
   const Shape& xs = node(x).shape;
-  if (cs.size() != 4 || xs.size() != 4 || cs[0] != xs[0] || cs[2] != xs[2] || cs[3] != xs[3] || xs[1] > cs[1] || node(pos).dtype != DType::I32 ||
-      node(pos).shape != Shape{1})
-    fail("kv_cache_write {}: cache {} and x {} must be [B,S,Hkv,D] and [B,T,Hkv,D] with T <= S, pos i32 [1] (got {})", name, shape_str(cs),
-         shape_str(xs), shape_str(node(pos).shape));
+  const Shape& ps = node(pos).shape;
+  const bool rows_given = rows != kNone;
+  if (cs.size() != 4 || xs.size() != 4 || (rows_given ? cs[0] < 1 : cs[0] != xs[0]) || cs[2] != xs[2] || cs[3] != xs[3] || xs[1] > cs[1] ||
+      node(pos).dtype != DType::I32 || (ps != Shape{1} && ps != Shape{xs[0]}))
+    fail("kv_cache_write {}: cache {} and x {} must be [B,S,Hkv,D] and [B,T,Hkv,D] with T <= S, pos i32 [1] or [B] (got {})", name, shape_str(cs),
+         shape_str(xs), shape_str(ps));
+  if (rows_given) {
+    check(rows, "kv_cache_write rows");
+    if (node(rows).dtype != DType::I32 || node(rows).shape != Shape{xs[0]})
+      fail("kv_cache_write {}: rows must be i32 [B] = [{}], got {} {}", name, xs[0], dtype_name(node(rows).dtype), shape_str(node(rows).shape));
+    return push(make_node(Op::KvCacheWrite, {cache, x, pos, rows}, cs, node(cache).dtype, name));
+  }
   return push(make_node(Op::KvCacheWrite, {cache, x, pos}, cs, node(cache).dtype, name));
 }
 

@@ -360,7 +360,7 @@ namespace {
 class DecoderBuilder {
  public:
   struct Inputs {
-    ValueId positions = kNone, mask = kNone, cache_position = kNone, query_positions = kNone;
+    ValueId positions = kNone, mask = kNone, cache_position = kNone, query_positions = kNone, cache_rows = kNone;
   };
 
   DecoderBuilder(Builder& b, const ModelConfig& c, const TensorMap& weights, DType dt, const TensorParallel& tp, const LoraAdapter* lora,
@@ -427,12 +427,12 @@ class DecoderBuilder {
     ValueId a;
     if (cache != nullptr) {
       const std::string kv = "past_key_values." + std::to_string(i) + ".";
-      const int64_t S = cache->length;
-      const ValueId kc = b_.kv_cache_write(b_.input(kv + "key", {B, S, Hkv, D}, dt_), k, in.cache_position, tag + "k_cache");
-      const ValueId vc = b_.kv_cache_write(b_.input(kv + "value", {B, S, Hkv, D}, dt_), v, in.cache_position, tag + "v_cache");
+      const int64_t S = cache->length, Bc = cache->rows > 0 ? cache->rows : B;
+      const ValueId kc = b_.kv_cache_write(b_.input(kv + "key", {Bc, S, Hkv, D}, dt_), k, in.cache_position, tag + "k_cache", in.cache_rows);
+      const ValueId vc = b_.kv_cache_write(b_.input(kv + "value", {Bc, S, Hkv, D}, dt_), v, in.cache_position, tag + "v_cache", in.cache_rows);
       cache_out->push_back(kc);
       cache_out->push_back(vc);
-      a = cache->decode ? b_.attention(q, kc, vc, in.mask, scale, /*causal=*/true, tag + "attn", in.query_positions)
+      a = cache->decode ? b_.attention(q, kc, vc, in.mask, scale, /*causal=*/true, tag + "attn", in.query_positions, in.cache_rows)
                         : b_.attention(q, k, v, in.mask, scale, /*causal=*/true, tag + "attn");
     } else {
       a = b_.attention(q, k, v, in.mask, scale, /*causal=*/true, tag + "attn");
@@ -487,8 +487,10 @@ ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_
   in.positions = b.input("position_ids", {B, T}, DType::I32);
   const bool decode = cache != nullptr && cache->decode;
   in.mask = b.input("attention_mask", {B, decode ? cache->length : T}, DType::I32);
-  if (cache != nullptr) in.cache_position = b.input("cache_position", {1}, DType::I32);
+  const bool slots = cache != nullptr && cache->rows > 0;  // continuous batching: rows of a shared cache, each at its own slot
+  if (cache != nullptr) in.cache_position = b.input("cache_position", {slots ? B : 1}, DType::I32);
   if (decode) in.query_positions = b.input("query_positions", {B, T}, DType::I32);
+  if (slots) in.cache_rows = b.input("cache_rows", {B}, DType::I32);
 
   const ValueId embed = d.weight("model.embed_tokens.weight");
   // Vocabulary parallel: each rank looks up the ids of its rows (zeros for the others) and the ranks' rows are summed.
@@ -546,11 +548,12 @@ graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
 }
 
 namespace {
-graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode) {
+graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bool decode, int64_t cache_rows = 0) {
   if (B <= 0 || T <= 0 || T > S) fail("generation graph: batch {} and {} new tokens do not fit a cache of {}", B, T, S);
+  if (cache_rows < 0) fail("generation graph: a cache of {} rows", cache_rows);
   Builder b;
   ValueId head = kNone;
-  const CausalLM::CacheSpec spec{S, decode};
+  const CausalLM::CacheSpec spec{S, decode, cache_rows};
   std::vector<ValueId> caches;
   ValueId h = m.build_hidden(b, B, T, &head, &spec, &caches);
   if (T > 1) h = b.slice(h, T - 1, 1, "last_position");
@@ -564,6 +567,10 @@ graph::Graph cached_graph(const CausalLM& m, int64_t B, int64_t T, int64_t S, bo
 
 graph::Graph CausalLM::prefill_graph(int64_t B, int64_t T, int64_t S) const { return cached_graph(*this, B, T, S, false); }
 graph::Graph CausalLM::decode_graph(int64_t B, int64_t S) const { return cached_graph(*this, B, 1, S, true); }
+graph::Graph CausalLM::slots_graph(int64_t B, int64_t T, int64_t cache_rows, int64_t S) const {
+  if (cache_rows < 1) fail("slots graph: the cache needs at least one row, got {}", cache_rows);
+  return cached_graph(*this, B, T, S, true, cache_rows);
+}
 
 graph::Graph CausalLM::forward_graph(int64_t B, int64_t T) const {
   Builder b;

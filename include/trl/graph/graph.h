@@ -27,15 +27,19 @@ enum class Op : uint8_t {
   Attention,  // q:[B,T,H,D], k,v:[B,S,Hkv,D], optional key_mask:[B,S] i32, optional q_pos:[B,T] i32 -> [B,T,H,D]
               //   key_mask holds segment ids: 0 = padding; a query (at key index q_pos, default t + S - T) sees
               //   only keys of its own segment, so packed sequences stay isolated; a 0/1 padding mask is the
-              //   one-segment case. q_pos (inference only) places queries in a static KV cache.
+              //   one-segment case. q_pos (inference only) places queries in a static KV cache; with a 6th input
+              //   cache_rows:[B] i32 (needs q_pos) k,v are a cache of any number of rows and query row b reads cache
+              //   row cache_rows[b] (key_mask stays [B,S], per query row).
   SwiGLU,     // gate,up:[...,F] -> silu(gate)·up
   Add,        // a,b: same shape
   Cast,       // x -> x in another dtype
   Reshape,    // same elements, new shape
   // Inference: the static KV cache (docs/GENERATION.md). No VJP (autodiff rejects them by name).
   Slice,         // x:[B,T,...] -> x[:, attrs.offset : attrs.offset + attrs.rows, ...]
-  KvCacheWrite,  // cache:[B,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] i32 -> cache with x written at rows [pos, pos + T);
-                 //   backends update the bound cache tensor in place (the CPU backend does) or return a copy
+  KvCacheWrite,  // cache:[B,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] or [B] i32 (every row's first slot, or row b's) -> cache
+                 //   with x's row b at slots [pos, pos + T) of cache row b; with a 4th input rows:[B] i32, of cache row
+                 //   rows[b] (a cache of any number of rows: continuous batching's slots). Backends update the bound
+                 //   cache tensor in place (the CPU backend does) or return a copy
   // Training: the loss and the backward pass (docs/COMPILER.md). Ops with several results write one packed buffer
   // that View nodes slice (zero-copy).
   TokenLogprobs,          // h:[...,C], w:[V,C], targets:[...] i32 -> [...] f32   log softmax(h·wᵀ)[target], chunked over V
@@ -187,9 +191,9 @@ class Builder {
   ValueId rms_norm(ValueId x, ValueId w, double eps, const std::string& name = "");
   ValueId rope(ValueId x, ValueId positions, std::vector<float> inv_freq, float scaling, const std::string& name = "");
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId key_mask, double scale, bool causal, const std::string& name = "",
-                    ValueId q_pos = kNone);
+                    ValueId q_pos = kNone, ValueId cache_rows = kNone);
   ValueId slice(ValueId x, int64_t start, int64_t length, const std::string& name = "");
-  ValueId kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name = "");
+  ValueId kv_cache_write(ValueId cache, ValueId x, ValueId pos, const std::string& name = "", ValueId rows = kNone);
   ValueId swiglu(ValueId gate, ValueId up, const std::string& name = "");
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId cast(ValueId x, DType out, const std::string& name = "");

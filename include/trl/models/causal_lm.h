@@ -125,6 +125,7 @@ class CausalLM {
   struct CacheSpec {
     int64_t length = 0;   // max_cache_len S
     bool decode = false;  // false: prefill (attend within the T new tokens); true: attend over the cache
+    int64_t rows = 0;     // > 0: a cache of this many rows shared by batches of any size (slots_graph)
   };
   graph::ValueId build_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache = nullptr,
                               std::vector<graph::ValueId>* cache_out = nullptr) const;
@@ -148,6 +149,12 @@ class CausalLM {
   // ([B,V/size]; generate() joins the ranks' columns). forward_graph's logits likewise.
   graph::Graph prefill_graph(int64_t batch, int64_t tokens, int64_t cache_len) const;
   graph::Graph decode_graph(int64_t batch, int64_t cache_len) const;
+  // Continuous batching (trl serve): B rows of T new tokens each, written into and attending over rows of one shared
+  // cache of `cache_rows` rows. Inputs as decode_graph's, except: cache_position [B] (row b's first new slot),
+  // cache_rows [B] i32 (the cache row of batch row b), and the cache is [cache_rows, S, Hkv, D]. T = 1 is a decode
+  // step; T > 1 a chunk of a prompt (prefilled chunk by chunk into its row). Output: the logits of each row's last
+  // position [B, V], then the caches.
+  graph::Graph slots_graph(int64_t batch, int64_t tokens, int64_t cache_rows, int64_t cache_len) const;
 
   // The objectives' building blocks (the training programs themselves are the trainers', trl/train/objectives.h).
   // build_training_hidden: build_hidden as a training graph runs it, with a LoRA adapter's dropout active when

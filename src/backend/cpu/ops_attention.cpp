@@ -175,22 +175,26 @@ Kernel attention_blocks(ProgramContext* cx, graph::ValueId id, bool backward) {
 Kernel attention_at_positions(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const graph::ValueId q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], mask = n.inputs[3], qpos = n.inputs[4];
+  const graph::ValueId rows = n.inputs.size() > 5 ? n.inputs[5] : kNone;
   const Shape& qs = cx->nd(q).shape;
   const Shape& ks = cx->nd(k).shape;
-  const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], S = ks[1], Hkv = ks[2];
+  const int64_t B = qs[0], T = qs[1], H = qs[2], D = qs[3], S = ks[1], Hkv = ks[2], Bc = ks[0];
   const DType dq = cx->nd(q).dtype, dk = cx->nd(k).dtype, dv = cx->nd(v).dtype, od = n.dtype;
   const float scale = static_cast<float>(n.attrs.scale);
   const bool causal = n.attrs.causal;
   const std::string name = n.name;
-  return [cx, id, q, k, v, mask, qpos, B, T, H, D, S, Hkv, dq, dk, dv, od, scale, causal, name] {
+  return [cx, id, q, k, v, mask, qpos, rows, B, T, H, D, S, Hkv, Bc, dq, dk, dv, od, scale, causal, name] {
     const int32_t* qp = static_cast<const int32_t*>(cx->p(qpos));
     const int32_t* m = mask != kNone ? static_cast<const int32_t*>(cx->p(mask)) : nullptr;
+    const int32_t* cr = rows != kNone ? static_cast<const int32_t*>(cx->p(rows)) : nullptr;
     for (int64_t i = 0; i < B * T; ++i)
       if (qp[i] < 0 || qp[i] >= S) fail("attention {}: query position {} (row {}, token {}) is outside the {} cached keys", name, qp[i], i / T, i % T, S);
+    for (int64_t b = 0; cr && b < B; ++b)
+      if (cr[b] < 0 || cr[b] >= Bc) fail("attention {}: cache row {} (query row {}) is outside the cache's {} rows", name, cr[b], b, Bc);
     const int64_t rep = H / Hkv;
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H, hk = h / rep;
+      const int64_t b = bh / H, h = bh % H, hk = h / rep, kb_row = cr ? cr[b] : b;  // the cache row this query row reads
       thread_local std::vector<float> sc, qv, kv, acc;
       sc.resize(static_cast<size_t>(S)), qv.resize(static_cast<size_t>(D)), kv.resize(static_cast<size_t>(D)), acc.resize(static_cast<size_t>(D));
       for (int64_t t = 0; t < T; ++t) {
@@ -204,7 +208,7 @@ Kernel attention_at_positions(ProgramContext* cx, graph::ValueId id) {
             sc[static_cast<size_t>(j)] = -INFINITY;
             continue;
           }
-          const int64_t kb = ((b * S + j) * Hkv + hk) * D;
+          const int64_t kb = ((kb_row * S + j) * Hkv + hk) * D;
           float dot;
           if (dk == DType::BF16) dot = vec::dot_bf16(qv.data(), static_cast<const uint16_t*>(cx->p(k)) + kb, D);
           else if (dk == DType::F32) dot = vec::dot(qv.data(), static_cast<const float*>(cx->p(k)) + kb, D);
@@ -222,7 +226,7 @@ Kernel attention_at_positions(ProgramContext* cx, graph::ValueId id) {
           for (int64_t j = 0; j < limit; ++j) {
             const float pj = rnd(dq, sc[static_cast<size_t>(j)] * inv);
             if (pj == 0.0f) continue;
-            const int64_t vb = ((b * S + j) * Hkv + hk) * D;
+            const int64_t vb = ((kb_row * S + j) * Hkv + hk) * D;
             if (dv == DType::BF16) vec::axpy_bf16(acc.data(), pj, static_cast<const uint16_t*>(cx->p(v)) + vb, D);
             else
               for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += pj * ld(cx->p(v), dv, vb + d);

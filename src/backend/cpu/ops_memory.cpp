@@ -136,24 +136,29 @@ Kernel lower_slice(ProgramContext* cx, graph::ValueId id) {
   };
 }
 
-// cache:[B,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] i32 -> the cache with x at rows [pos, pos + T), written in place
+// cache:[Bc,S,Hkv,D], x:[B,T,Hkv,D], pos:[1] or [B] i32, optional rows:[B] i32 -> the cache with x's row b at slots
+// [pos, pos + T) of cache row rows[b] (b without rows), written in place
 Kernel lower_kv_cache_write(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const DType od = n.dtype;
-  const graph::ValueId x = n.inputs[1], pos = n.inputs[2];
-  const int64_t B = n.shape[0], S = n.shape[1], row = n.shape[2] * n.shape[3], T = cx->nd(x).shape[1];
+  const graph::ValueId x = n.inputs[1], pos = n.inputs[2], rows = n.inputs.size() > 3 ? n.inputs[3] : kNone;
+  const int64_t Bc = n.shape[0], S = n.shape[1], row = n.shape[2] * n.shape[3], B = cx->nd(x).shape[0], T = cx->nd(x).shape[1];
+  const bool per_row = cx->nd(pos).shape[0] == B && B > 1;
   const DType dx = cx->nd(x).dtype;
   const std::string name = n.name;
-  return [cx, id, x, pos, B, S, row, T, dx, od, name] {
-    const int64_t p0 = static_cast<const int32_t*>(cx->p(pos))[0];
-    if (p0 < 0 || p0 + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {} positions", name, p0, p0 + T, S);
+  return [cx, id, x, pos, rows, Bc, B, S, row, T, per_row, dx, od, name] {
+    const int32_t* p = static_cast<const int32_t*>(cx->p(pos));
+    const int32_t* r = rows != kNone ? static_cast<const int32_t*>(cx->p(rows)) : nullptr;
     for (int64_t b = 0; b < B; ++b) {
+      const int64_t p0 = p[per_row ? b : 0], cb = r ? r[b] : b;
+      if (p0 < 0 || p0 + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {} positions", name, p0, p0 + T, S);
+      if (cb < 0 || cb >= Bc) fail("kv_cache_write {}: cache row {} (batch row {}) is outside the cache's {} rows", name, cb, b, Bc);
       if (dx == od) {
         const size_t es = dtype_size(od);
-        std::memcpy(static_cast<char*>(cx->p(id)) + static_cast<size_t>((b * S + p0) * row) * es,
+        std::memcpy(static_cast<char*>(cx->p(id)) + static_cast<size_t>((cb * S + p0) * row) * es,
                     static_cast<const char*>(cx->p(x)) + static_cast<size_t>(b * T * row) * es, static_cast<size_t>(T * row) * es);
       } else {
-        for (int64_t i = 0; i < T * row; ++i) st(cx->p(id), od, (b * S + p0) * row + i, ld(cx->p(x), dx, b * T * row + i));
+        for (int64_t i = 0; i < T * row; ++i) st(cx->p(id), od, (cb * S + p0) * row + i, ld(cx->p(x), dx, b * T * row + i));
       }
     }
   };

@@ -132,12 +132,16 @@ bool visible(const Tensor* mask, int64_t b, int64_t S, int64_t query_pos, int64_
 // Query t sits at key index t + (S - T); with `causal` it sees keys 0..that index whose mask is 1. A query that
 // sees no key at all (a padding row) gets zeros. As in Transformers' eager attention, the scores q·kᵀ, the scaled
 // scores and the probabilities are stored in the activation dtype (softmax itself runs in higher precision).
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const Tensor* q_pos, const graph::Attrs& a, Tensor& out) {
+// With cache_rows [B] (and q_pos), k,v hold any number of cache rows and query row b reads row cache_rows[b].
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* mask, const Tensor* q_pos, const Tensor* cache_rows,
+               const graph::Attrs& a, Tensor& out) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), Hkv = k.size(2);
   const int64_t rep = H / Hkv, offset = S - T;
   const std::vector<double> qf = as_f64(q), kf = as_f64(k), vf = as_f64(v);
   std::vector<double> p(static_cast<size_t>(S));
   for (int64_t b = 0; b < B; ++b) {
+    const int64_t kr_row = cache_rows ? cache_rows->data_as<int32_t>()[b] : b;
+    if (kr_row < 0 || kr_row >= k.size(0)) fail("attention: cache row {} (query row {}) is outside the cache's {} rows", kr_row, b, k.size(0));
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / rep;
       for (int64_t t = 0; t < T; ++t) {
@@ -152,7 +156,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
             p[static_cast<size_t>(s)] = -INFINITY;
             continue;
           }
-          const double* kr = kf.data() + ((b * S + s) * Hkv + hk) * D;
+          const double* kr = kf.data() + ((kr_row * S + s) * Hkv + hk) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
           p[static_cast<size_t>(s)] = rnd(q.dtype(), rnd(q.dtype(), dot) * a.scale);
@@ -173,7 +177,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* 
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
           for (int64_t s = 0; s < S; ++s) {
-            if (p[static_cast<size_t>(s)] != 0) acc += p[static_cast<size_t>(s)] * vf[static_cast<size_t>(((b * S + s) * Hkv + hk) * D + d)];
+            if (p[static_cast<size_t>(s)] != 0) acc += p[static_cast<size_t>(s)] * vf[static_cast<size_t>(((kr_row * S + s) * Hkv + hk) * D + d)];
           }
           store_element(out.mutable_data(), out.dtype(), obase + d, acc);
         }
@@ -679,7 +683,7 @@ class ReferenceProgram final : public Program {
           case Op::MatMul: matmul(in(n, 0), in(n, 1), opt(n, 2), opt(n, 3), out); break;
           case Op::RmsNorm: rms_norm(in(n, 0), in(n, 1), n.attrs.eps, out); break;
           case Op::Rope: rope(in(n, 0), in(n, 1), n.attrs, out); break;
-          case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), opt(n, 4), n.attrs, out); break;
+          case Op::Attention: attention(in(n, 0), in(n, 1), in(n, 2), opt(n, 3), opt(n, 4), opt(n, 5), n.attrs, out); break;
           case Op::Slice: {
             const Tensor& x = in(n, 0);
             const int64_t T = x.size(1), inner = x.numel() / (x.size(0) * T), es = static_cast<int64_t>(dtype_size(x.dtype()));
@@ -689,15 +693,21 @@ class ReferenceProgram final : public Program {
             break;
           }
           case Op::KvCacheWrite: {  // functional here: a new cache value (hosts copy it back when it is not the same memory)
+            // pos [1] (every row) or [B] (row b's first slot); rows [B]: x's row b goes to cache row rows[b].
             const Tensor& cache = in(n, 0);
             const Tensor& x = in(n, 1);
-            const int64_t pos = in(n, 2).data_as<int32_t>()[0], S = cache.size(1), T = x.size(1), row = cache.size(2) * cache.size(3);
-            if (pos < 0 || pos + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {}", n.name, pos, pos + T, S);
+            const Tensor& pt = in(n, 2);
+            const Tensor* rows = opt(n, 3);
+            const int64_t S = cache.size(1), T = x.size(1), row = cache.size(2) * cache.size(3);
             out.copy_from(cache);
-            for (int64_t b = 0; b < x.size(0); ++b)
+            for (int64_t b = 0; b < x.size(0); ++b) {
+              const int64_t pos = pt.data_as<int32_t>()[pt.numel() == 1 ? 0 : b], cb = rows ? rows->data_as<int32_t>()[b] : b;
+              if (pos < 0 || pos + T > S) fail("kv_cache_write {}: rows [{}, {}) do not fit a cache of {}", n.name, pos, pos + T, S);
+              if (cb < 0 || cb >= cache.size(0)) fail("kv_cache_write {}: cache row {} is outside the cache's {} rows", n.name, cb, cache.size(0));
               for (int64_t t = 0; t < T; ++t)
                 for (int64_t i = 0; i < row; ++i)
-                  store_element(out.mutable_data(), out.dtype(), ((b * S + pos + t) * row) + i, load_element(x.data(), x.dtype(), (b * T + t) * row + i));
+                  store_element(out.mutable_data(), out.dtype(), ((cb * S + pos + t) * row) + i, load_element(x.data(), x.dtype(), (b * T + t) * row + i));
+            }
             break;
           }
           case Op::SwiGLU: swiglu(in(n, 0), in(n, 1), out); break;
