@@ -519,6 +519,25 @@ void attention_cases(std::vector<OpCase>& t) {
       c.out(kw);
       c.out(vw);
     });
+  // Continuous batching (CausalLM::slots_graph): 3 query rows over a cache of 5 rows, each at its own slot and row
+  // (one row twice: two queries of one sequence never happen, but the reads must still be right), with a 2-token
+  // chunk per row, and a padding row pointing at the scratch row with a mask of zeros.
+  for (DType dt : {F32, BF16})
+    add_case(t, Op::Attention, fmt::format("{} cache rows: 3 rows of 2 tokens over a 5-row cache S12", dn(dt)), tol_of(dt), [=](Ctx& c) {
+      const ValueId kc = c.rand("k_cache", {5, 12, 2, 8}, dt), vc = c.rand("v_cache", {5, 12, 2, 8}, dt);
+      c.in_place = {"k_cache", "v_cache"};
+      const ValueId q = c.rand("q", {3, 2, 4, 8}, dt), k = c.rand("k", {3, 2, 2, 8}, dt), v = c.rand("v", {3, 2, 2, 8}, dt);
+      const ValueId pos = c.i32("pos", {3}, {4, 9, 0}), rows = c.i32("rows", {3}, {3, 0, 4});
+      const ValueId qpos = c.i32("q_pos", {3, 2}, {4, 5, 9, 10, 0, 1});
+      std::vector<int32_t> mask(3 * 12, 0);
+      for (int j = 1; j <= 5; ++j) mask[static_cast<size_t>(j)] = 1;        // row 0: slots 1..5
+      for (int j = 0; j <= 10; ++j) mask[static_cast<size_t>(12 + j)] = 1;  // row 1: slots 0..10
+      const ValueId m = c.i32("mask", {3, 12}, mask);
+      const ValueId kw = c.b.kv_cache_write(kc, k, pos, "", rows), vw = c.b.kv_cache_write(vc, v, pos, "", rows);
+      c.out(c.b.attention(q, kw, vw, m, 0.35, true, "", qpos, rows));
+      c.out(kw);
+      c.out(vw);
+    });
 }
 
 void elementwise_cases(std::vector<OpCase>& t) {
@@ -620,6 +639,19 @@ void data_movement_cases(std::vector<OpCase>& t) {
         c.in_place = {"cache"};
         c.out(c.b.kv_cache_write(cache, c.rand("x", {k.B, k.T, k.Hkv, k.D}, xd), c.i32("pos", {1}, {k.pos})));
       });
+  // Per-row slots, and rows of a larger cache (continuous batching): x's row b at slot pos[b] of cache row rows[b].
+  for (DType cd : {BF16, F32}) {
+    add_case(t, Op::KvCacheWrite, fmt::format("cache {} 3x16x2x8 x T1 per-row slots 0, 15, 7", dn(cd)), kExact, [=](Ctx& c) {
+      const ValueId cache = c.rand("cache", {3, 16, 2, 8}, cd);
+      c.in_place = {"cache"};
+      c.out(c.b.kv_cache_write(cache, c.rand("x", {3, 1, 2, 8}, cd), c.i32("pos", {3}, {0, 15, 7})));
+    });
+    add_case(t, Op::KvCacheWrite, fmt::format("cache {} 6x16x2x8 x 2x4 into rows 5, 1 at 12, 0", dn(cd)), kExact, [=](Ctx& c) {
+      const ValueId cache = c.rand("cache", {6, 16, 2, 8}, cd);
+      c.in_place = {"cache"};
+      c.out(c.b.kv_cache_write(cache, c.rand("x", {2, 4, 2, 8}, cd), c.i32("pos", {2}, {12, 0}), "", c.i32("rows", {2}, {5, 1})));
+    });
+  }
 
   struct F {
     Shape s;
