@@ -21,6 +21,7 @@ packages=(
   libsnappy-dev         # Parquet datasets: SNAPPY pages (what the Hub's files use)
   libzstd-dev           # Parquet datasets: ZSTD pages
   zlib1g-dev            # Parquet datasets: GZIP pages
+  libcpp-httplib-dev    # cpp-httplib: `trl serve`'s HTTP server (the library llama.cpp's server uses)
   libopenmpi-dev        # Open MPI: the collectives of distributed training (data parallel)
   openmpi-bin           # mpirun: starts the ranks (trl sft --nproc_per_node N runs it)
   clang                 # the sanitizer build and the fuzz targets (libFuzzer) of scripts/test.sh

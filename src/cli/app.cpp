@@ -96,6 +96,7 @@ std::unique_ptr<CLI::App> make_app() {
   register_rloo(app);
   register_reward(app);
   register_generate(app);
+  register_serve(app);
   register_merge_adapter(app);
   register_compile(app);
   register_bench(app);

@@ -54,6 +54,7 @@ void register_dataset_info(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compile(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_serve(CLI::App& app);
 void register_sft(CLI::App& app);
 void register_dpo(CLI::App& app);
 void register_kto(CLI::App& app);
