@@ -147,6 +147,7 @@ struct ContinuousBatcher::State {
   void loop();
   bool admit();                                         // queued sequences into free rows
   void finish(Sequence& s, const std::string& reason, std::string error = {});
+  void release(Sequence& s);
   void run(size_t model, std::vector<Sequence*>& batch, int64_t T);  // one program over these rows
   void take_token(Sequence& s, const float* logits_row, int64_t V, const Tensor& logits, int64_t b);
 };
@@ -288,8 +289,14 @@ void ContinuousBatcher::State::finish(Sequence& s, const std::string& reason, st
   d.text = s.text->take(true);
   d.prompt_tokens = static_cast<int64_t>(s.req.prompt.size());
   d.completion_tokens = s.generated;
+  release(s);
   if (s.sink) s.sink(d);
   s.sink = nullptr;
+}
+
+// A finished sequence's row is free and it is counted before its sink hears of it (a client that reads the metrics
+// after its answer sees its sequence finished).
+void ContinuousBatcher::State::release(Sequence& s) {
   std::lock_guard<std::mutex> lock(mu);
   if (s.row >= 0) row_used[static_cast<size_t>(s.row)] = 0;
   s.row = -1;
@@ -336,13 +343,10 @@ void ContinuousBatcher::State::take_token(Sequence& s, const float* host_row, in
     std::lock_guard<std::mutex> lock(mu);
     ++metrics.generated_tokens;
   }
+  if (d.finished) release(s);
   if (s.sink) s.sink(d);
   if (d.finished) {
     s.sink = nullptr;
-    std::lock_guard<std::mutex> lock(mu);
-    row_used[static_cast<size_t>(s.row)] = 0;
-    s.row = -1;
-    ++metrics.finished;
     return;
   }
   s.pending = id;
