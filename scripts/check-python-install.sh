@@ -6,7 +6,9 @@
 #   bash scripts/check-python-install.sh BUILD_DIR --pip   `pip install .`: scikit-build-core from PyPI builds in
 #                                                         BUILD_DIR (only the extension is compiled again); what its
 #                                                         configuration changed there (its Python, pyproject.toml's
-#                                                         TRL_BUILD_TESTS/BENCH OFF) is put back afterwards
+#                                                         TRL_BUILD_TESTS/BENCH OFF) is put back afterwards; then,
+#                                                         with PyPI's openai and pytest in the same venv (test-only),
+#                                                         trl serve's tests through the real OpenAI client
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: check-python-install.sh BUILD_DIR [--pip]}" && pwd)
@@ -52,3 +54,9 @@ text = tokenizer.decode(output[0], skip_special_tokens=True)
 assert text.startswith("The French Bread Law states") and len(output[0]) > len(inputs["input_ids"][0])
 print(f"check-python-install: trl_cpp {trl_cpp.__version__} from {trl_cpp.__file__}: generate() gave {len(output[0])} tokens")
 PY
+if [ "$mode" = --pip ]; then
+  # trl serve spoken to by the real OpenAI client (tests/serve/test_openai_client.py; it skips where openai is missing).
+  "$work/venv/bin/pip" install --quiet --disable-pip-version-check openai pytest
+  TRL_BINARY="$trl" PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/serve/test_openai_client.py"
+  echo "check-python-install: trl serve answered the OpenAI client $("$work/venv/bin/python" -c 'import openai; print(openai.__version__)')"
+fi

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
@@ -49,9 +50,10 @@ struct GenFlags {
 // (Transformers' library default, max_length 20 with the prompt included, ends a chat on its second turn).
 constexpr int64_t kDefaultNewTokens = 256;
 
-void add_gen_flags(Options& o, GenFlags& f) {
+void add_gen_flags(Options& o, GenFlags& f, bool model_required = true) {
   const std::string gc = "generation_config.json's";
-  o.add("model,model_name_or_path", f.model, "Model folder, Hugging Face id (local cache only) or PEFT adapter folder").required();
+  Opt model = o.add("model,model_name_or_path", f.model, "Model folder, Hugging Face id (local cache only) or PEFT adapter folder");
+  if (model_required) model.required();
   o.add("adapter", f.adapter, "A PEFT LoRA adapter folder to apply to --model (merged into the weights once)");
   o.add("dtype,torch_dtype", f.dtype, "Convert the weights").choices({"f32", "float32", "bf16", "bfloat16"}).default_text("the checkpoint's");
   o.add("revision", f.revision, "Hub cache revision");
@@ -162,7 +164,7 @@ std::vector<int32_t> prompt_ids(const Tokenizer& tok, const ojson& j, bool chat,
 }
 
 struct ChatArgs : GenFlags {
-  std::string system;
+  std::string system, url, api_key;
 };
 
 // Ctrl-C while an answer streams stops that answer; the chat goes on (at the prompt, Ctrl-C ends it as usual).
@@ -199,17 +201,118 @@ bool chat_turn(const ChatArgs& c, const Tokenizer& tok, Generator& gen, Generati
   return ok;
 }
 
+void run_chat_loop(const ChatArgs& c, const std::function<bool(const ojson&, uint64_t, std::string&)>& answer_turn);
+
+// One answer from a running `trl serve` (or any OpenAI-compatible server), streamed: POST /v1/chat/completions with
+// "stream": true, the text of each server-sent event's delta printed as it arrives.
+bool remote_chat_turn(const ChatArgs& c, uint64_t seed, const ojson& messages, std::string& answer) {
+  ojson body = {{"messages", messages}, {"stream", true}};
+  if (!c.model.empty()) body["model"] = c.model;
+  if (c.max_new_tokens) body["max_tokens"] = *c.max_new_tokens;
+  if (c.do_sample && !*c.do_sample) body["temperature"] = 0;
+  else if (c.temperature) body["temperature"] = *c.temperature;
+  if (c.top_p) body["top_p"] = *c.top_p;
+  if (c.top_k) body["top_k"] = *c.top_k;
+  if (c.min_p) body["min_p"] = *c.min_p;
+  if (c.repetition_penalty) body["repetition_penalty"] = *c.repetition_penalty;
+  if (!c.stop.empty()) body["stop"] = c.stop;
+  body["seed"] = seed;
+  if (c.enable_thinking) body["chat_template_kwargs"] = {{"enable_thinking", *c.enable_thinking}};
+  std::string base = c.url;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  std::string prefix;  // the URL's path: "/v1" unless it names one
+  if (const size_t scheme = base.find("://"); scheme != std::string::npos) {
+    if (const size_t path = base.find('/', scheme + 3); path != std::string::npos) prefix = base.substr(path), base.resize(path);
+  }
+  if (prefix.empty()) prefix = "/v1";
+  httplib::Client client(base);
+  if (!client.is_valid()) fail("--url {}: not an http:// address", c.url);
+  client.set_read_timeout(600, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = prefix + "/chat/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (!c.api_key.empty()) req.set_header("Authorization", "Bearer " + c.api_key);
+  std::string pending, error_body;
+  int status = 0;
+  req.response_handler = [&](const httplib::Response& r) {
+    status = r.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (status != 200) {
+      error_body.append(data, n);
+      return true;
+    }
+    pending.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos; pending.erase(0, end + 2)) {
+      const std::string event = pending.substr(0, end);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const ojson chunk = ojson::parse(event.substr(6), nullptr, false);
+      if (chunk.is_discarded() || !chunk.contains("choices") || chunk["choices"].empty()) continue;
+      const ojson& delta = chunk["choices"][0].value("delta", ojson::object());
+      if (delta.contains("content") && delta["content"].is_string()) {
+        const std::string piece = delta["content"].get<std::string>();
+        answer += piece;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    return !g_stop_answer.load();
+  };
+  g_stop_answer = false;
+  struct sigaction on{}, old{};
+  on.sa_handler = stop_answer;
+  sigemptyset(&on.sa_mask);
+  sigaction(SIGINT, &on, &old);
+  const httplib::Result res = client.send(req);
+  sigaction(SIGINT, &old, nullptr);
+  std::printf("\n");
+  if (g_stop_answer) {
+    std::fprintf(stderr, "[answer stopped]\n");
+    return true;
+  }
+  if (!res) {
+    const bool refused = res.error() == httplib::Error::Connection;
+    std::fprintf(stderr, "[error: no answer from %s: %s]\n", c.url.c_str(),
+                 refused ? "could not connect (is `trl serve` running there?)" : ("the connection failed (" + httplib::to_string(res.error()) + ")").c_str());
+    return false;
+  }
+  if (status != 200) {
+    const ojson e = ojson::parse(error_body, nullptr, false);
+    const std::string msg = !e.is_discarded() && e.contains("error") && e["error"].is_object() ? e["error"].value("message", error_body) : error_body;
+    std::fprintf(stderr, "[error: the server answered %d: %s]\n", status, msg.c_str());
+    return false;
+  }
+  return true;
+}
+
 void run_chat(const ChatArgs& c) {
+  if (!c.url.empty()) {  // a running server answers; nothing is loaded here
+    const uint64_t seed = c.seed ? *c.seed : std::random_device{}();
+    run_chat_loop(c, [&](const ojson& messages, uint64_t turn, std::string& answer) { return remote_chat_turn(c, seed + turn, messages, answer); });
+    return;
+  }
+  if (c.model.empty()) usage_fail("chat: give --model, or --url of a running server (trl serve)");
   const Tokenizer tok = Tokenizer::from_pretrained(tokenizer_source(c.model), c.revision);
   const CausalLM model = load_model(c);
   Generator gen(model);
   GenerationConfig cfg = to_config(c, gen);
   const uint64_t seed = *cfg.seed;
+  run_chat_loop(c, [&](const ojson& messages, uint64_t turn, std::string& answer) {
+    cfg.seed = seed + turn;  // a new draw each turn, reproducible per conversation with --seed
+    return chat_turn(c, tok, gen, cfg, messages, answer);
+  });
+}
+
+// The terminal conversation: commands, history, and one answer per line typed.
+void run_chat_loop(const ChatArgs& c, const std::function<bool(const ojson&, uint64_t, std::string&)>& answer_turn) {
   std::string system = c.system;
   ojson history = ojson::array();
   const bool tty = isatty(0);
   std::fprintf(stderr, "trl chat: %s. Commands: /clear (forget the conversation), /system TEXT (set the system message), /exit; Ctrl-C stops an answer\n",
-               c.model.c_str());
+               c.url.empty() ? c.model.c_str() : (c.url + (c.model.empty() ? "" : " (" + c.model + ")")).c_str());
   std::string line;
   for (uint64_t turn = 0;;) {
     if (tty) std::fprintf(stderr, ">>> ");
@@ -236,9 +339,8 @@ void run_chat(const ChatArgs& c) {
     if (!system.empty()) messages.push_back(ojson{{"role", "system"}, {"content", system}});
     for (const auto& m : history) messages.push_back(m);
     messages.push_back(ojson{{"role", "user"}, {"content", line}});
-    cfg.seed = seed + turn++;  // a new draw each turn, reproducible per conversation with --seed
     std::string answer;
-    if (!chat_turn(c, tok, gen, cfg, messages, answer)) continue;
+    if (!answer_turn(messages, turn++, answer)) continue;
     history.push_back(ojson{{"role", "user"}, {"content", line}});
     history.push_back(ojson{{"role", "assistant"}, {"content", answer}});
   }
@@ -359,8 +461,10 @@ void register_generate(CLI::App& app) {
   auto* chat = add_command(app, "chat", "Chat with a model in the terminal (/clear, /system TEXT, /exit; Ctrl-C stops an answer)");
   auto c = std::make_shared<ChatArgs>();
   Options chat_opts(chat);
-  add_gen_flags(chat_opts, *c);
+  add_gen_flags(chat_opts, *c, /*model_required=*/false);
   chat_opts.add("system,system_prompt", c->system, "A system message to start with");
+  chat_opts.add("url", c->url, "Talk to a running server (trl serve, or any OpenAI-compatible one) at this address, e.g. http://127.0.0.1:8000 (--model then names the served model)");
+  chat_opts.add("api_key", c->api_key, "With --url: the server's API key").default_text("none");
   on_run(chat, [c] { run_chat(*c); });
 }
 

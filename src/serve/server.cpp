@@ -41,8 +41,8 @@ int64_t unix_time() { return std::chrono::duration_cast<std::chrono::seconds>(st
 
 std::string request_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  return fmt::format("{}-{:016x}{:04x}", prefix, salt, counter.fetch_add(1) & 0xffff);
+  static const uint64_t salt = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  return fmt::format("{}-{:016x}{:08x}", prefix, salt, counter.fetch_add(1) & 0xffffffffu);
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
@@ -134,7 +134,7 @@ void Server::wait() {
 }
 
 void Server::Impl::routes() {
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
       std::rethrow_exception(ep);

@@ -38,6 +38,28 @@ def test_greedy_answers_equal_trl_generate(server, model_dir):
     assert body["choices"][0]["text"] == generate(model_dir, "The French Bread Law states", 10)
 
 
+def test_trl_chat_url_talks_to_the_server(server):
+    out = subprocess.run([TRL, "chat", "--url", f"http://127.0.0.1:{server.port}", "--model", "tiny", "--max_new_tokens", "8", "--do_sample", "false"],
+                         input="The French Bread Law\nAnd then?\n", capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    _, first, _ = server.post("/v1/chat/completions", chat_body("The French Bread Law", max_tokens=8))
+    answer = first["choices"][0]["message"]["content"]
+    messages = [{"role": "user", "content": "The French Bread Law"}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": "And then?"}]
+    _, second, _ = server.post("/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert out.stdout == answer + "\n" + second["choices"][0]["message"]["content"] + "\n"
+    # A model the server does not have, or no server: the error, and the chat goes on.
+    out = subprocess.run([TRL, "chat", "--url", f"http://127.0.0.1:{server.port}/v1", "--model", "nope"], input="Hi\n", capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "404: The model 'nope' does not exist" in out.stderr
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    out = subprocess.run([TRL, "chat", "--url", f"http://127.0.0.1:{port}"], input="Hi\n", capture_output=True, text=True, timeout=60)
+    assert "could not connect" in out.stderr
+
+
 def test_a_streamed_answer_equals_the_whole_one(server):
     for path, body in [("/v1/chat/completions", chat_body("Tell me a story", max_tokens=20)),
                        ("/v1/completions", {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0})]:
