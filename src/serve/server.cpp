@@ -124,7 +124,16 @@ void Server::stop(bool drain) {
   s.draining = true;
   if (ContinuousBatcher* b = s.batcher.load()) b->shutdown(drain);  // the running sequences finish (or abort)
   while (drain && s.in_flight.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // their answers are written
-  s.http.stop();
+  // httplib's stop() acts only on a server that is listening: the listener thread may not have got there yet (a model
+  // that fails to load at once), so stop until it has stopped.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(s.stop_mu);
+      if (s.stopped || !s.listener.joinable()) break;
+    }
+    if (s.http.is_running()) s.http.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   if (s.listener.joinable()) s.listener.join();
 }
 
