@@ -31,7 +31,8 @@ packages=(
   python3-dev           # the Python package trl_cpp (python/, docs/PYTHON.md): Python's headers for its extension
   pybind11-dev          # pybind11: the extension's bindings
   python3-venv          # `pip install .` of the package into a virtual environment (test.sh proves it)
-  python3-pytest        # the Python package's tests (tests/python)
+  python3-pytest        # the Python package's tests (tests/python) and trl serve's (tests/serve)
+  curl                  # trl serve's tests speak to it as docs/SERVE.md does (tests only)
 )
 if [ "${1:-}" = "--dev" ]; then
   packages+=(python3-torch python3-numpy python3-jinja2 nodejs npm)

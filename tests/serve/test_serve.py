@@ -5,6 +5,7 @@ requests, 429 when full, disconnects freeing rows, the API key, SIGTERM draining
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +59,20 @@ def test_trl_chat_url_talks_to_the_server(server):
     closed.close()
     out = subprocess.run([TRL, "chat", "--url", f"http://127.0.0.1:{port}"], input="Hi\n", capture_output=True, text=True, timeout=60)
     assert "could not connect" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_as_the_docs_use_it(server):
+    body = json.dumps(chat_body("The French Bread Law", max_tokens=6))
+    plain = subprocess.run(["curl", "-s", f"http://127.0.0.1:{server.port}/v1/chat/completions", "-d", body], capture_output=True, text=True, timeout=60)
+    answer = json.loads(plain.stdout)["choices"][0]["message"]["content"]
+    streamed = subprocess.run(["curl", "-sN", f"http://127.0.0.1:{server.port}/v1/chat/completions", "-d", body[:-1] + ', "stream": true}'],
+                              capture_output=True, text=True, timeout=60)
+    events = [e[len("data: "):] for e in streamed.stdout.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]) == answer
+    models = subprocess.run(["curl", "-s", f"http://127.0.0.1:{server.port}/v1/models"], capture_output=True, text=True, timeout=60)
+    assert json.loads(models.stdout)["data"][0]["id"] == "tiny"
 
 
 def test_a_streamed_answer_equals_the_whole_one(server):
