@@ -112,6 +112,7 @@ struct Sequence {
   int64_t slot = 0;       // decode: the slot the pending token is written to
   int32_t pending = 0;    // decode: the token fed at the next step
   bool decoding = false;
+  bool done = false;      // finished: its sink has heard the last delta (or is about to)
   std::vector<int32_t> ids;  // the prompt, then the new tokens
   int64_t generated = 0;
   SplitMix64 rng{0};
@@ -202,7 +203,7 @@ ContinuousBatcher::Metrics ContinuousBatcher::metrics() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   Metrics m = s_->metrics;
   m.waiting = static_cast<int64_t>(s_->queue.size());
-  m.running = static_cast<int64_t>(s_->running.size());
+  m.running = std::count_if(s_->running.begin(), s_->running.end(), [](const auto& q) { return !q->done && q->row >= 0; });
   return m;
 }
 
@@ -242,8 +243,8 @@ std::shared_ptr<ContinuousBatcher::Ticket> ContinuousBatcher::submit(SequenceReq
   seq->sink = std::move(sink);
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    const int64_t free_rows = s.rows - static_cast<int64_t>(s.running.size());
-    if (s.stopping || static_cast<int64_t>(s.queue.size()) >= s.opt.max_queue + std::max<int64_t>(free_rows, 0)) return nullptr;
+    const int64_t unfinished = s.metrics.sequences - s.metrics.finished;  // running or waiting
+    if (s.stopping || unfinished >= s.rows + s.opt.max_queue) return nullptr;
     s.queue.push_back(std::move(seq));
     ++s.metrics.sequences;
     s.metrics.prompt_tokens += L;
@@ -271,6 +272,11 @@ bool ContinuousBatcher::State::admit() {
     return true;
   }
   while (!queue.empty()) {
+    if (queue.front()->cancelled->load()) {  // cancelled while it waited: it leaves without a row
+      running.push_back(std::move(queue.front()));
+      queue.pop_front();
+      continue;
+    }
     const auto free = std::find(row_used.begin(), row_used.end(), 0);
     if (free == row_used.end()) break;
     *free = 1;
@@ -300,6 +306,7 @@ void ContinuousBatcher::State::release(Sequence& s) {
   std::lock_guard<std::mutex> lock(mu);
   if (s.row >= 0) row_used[static_cast<size_t>(s.row)] = 0;
   s.row = -1;
+  s.done = true;
   ++metrics.finished;
 }
 
@@ -448,13 +455,12 @@ void ContinuousBatcher::State::loop() {
       abort_all = stopping && !drain;
     }
     for (auto& s : running)
-      if (s->row >= 0 && (abort_all || s->cancelled->load())) finish(*s, "abort");
-      else if (s->row < 0 && abort_all) finish(*s, "abort");
+      if (!s->done && (abort_all || s->cancelled->load())) finish(*s, "abort");
     // A step per model: a chunk of up to prefill_rows prompts, then one token for every decoding row.
     for (size_t model = 0; model < models.size(); ++model) {
       std::vector<Sequence*> prefill, decode;
       for (auto& s : running) {
-        if (s->row < 0 || s->req.model != model) continue;
+        if (s->done || s->row < 0 || s->req.model != model) continue;
         if (s->decoding) decode.push_back(s.get());
         else if (static_cast<int64_t>(prefill.size()) < opt.prefill_rows) prefill.push_back(s.get());
       }
@@ -464,14 +470,14 @@ void ContinuousBatcher::State::loop() {
           run(model, *batch, batch == &prefill ? C : 1);
         } catch (const std::exception& e) {
           for (Sequence* s : *batch)
-            if (s->row >= 0) finish(*s, "error", e.what());
+            if (!s->done) finish(*s, "error", e.what());
         }
       }
     }
     {
       std::lock_guard<std::mutex> lock(mu);
       metrics.busy_seconds += seconds_since(t0);
-      running.erase(std::remove_if(running.begin(), running.end(), [](const auto& s) { return s->row < 0; }), running.end());
+      running.erase(std::remove_if(running.begin(), running.end(), [](const auto& s) { return s->done; }), running.end());
     }
   }
 }

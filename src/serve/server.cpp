@@ -30,6 +30,7 @@ struct Exchange {
   std::vector<ChoiceResult> results;
   std::vector<std::shared_ptr<ContinuousBatcher::Ticket>> tickets;
   int64_t unfinished = 0;
+  bool stream = false;  // the deltas are kept for the stream; a whole answer needs only the results
   Usage usage;
   void cancel() {
     for (auto& t : tickets)
@@ -123,7 +124,8 @@ void Server::stop(bool drain) {
   Impl& s = *impl_;
   s.draining = true;
   if (ContinuousBatcher* b = s.batcher.load()) b->shutdown(drain);  // the running sequences finish (or abort)
-  while (drain && s.in_flight.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // their answers are written
+  // Their answers are written (a client that stopped reading is given up after a minute).
+  for (int i = 0; drain && s.in_flight.load() > 0 && i < 3000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   // httplib's stop() acts only on a server that is listening: the listener thread may not have got there yet (a model
   // that fails to load at once), so stop until it has stopped.
   for (;;) {
@@ -220,6 +222,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto ex = std::make_shared<Exchange>();
   const int64_t choices = static_cast<int64_t>(r.prompts.size()) * r.n;
   ex->results.resize(static_cast<size_t>(choices));
+  ex->stream = r.stream;
   ex->unfinished = choices;
   const uint64_t seed = r.seed ? *r.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   for (int64_t c = 0; c < choices; ++c) {
@@ -243,7 +246,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
           ex->usage.completion_tokens += d.completion_tokens;
           --ex->unfinished;
         }
-        ex->events.emplace_back(c, d);
+        if (ex->stream) ex->events.emplace_back(c, d);
         ex->cv.notify_all();
       });
     } catch (const Error& e) {

@@ -247,6 +247,17 @@ TEST(ContinuousBatching, CancelFreesTheRowAndShutdownAborts) {
   EXPECT_LT(first.wait()[0].ids.size(), 500u);
   EXPECT_EQ(second.wait()[0].finish_reason, "length");
   EXPECT_EQ(second.wait()[0].ids.size(), 3u);
+  // A sequence cancelled while it waits for a row leaves the queue without one.
+  Results running(1), waiting(1);
+  auto holder = batcher.submit(greedy_request(prompt_of(4, 5), 500), running.sink(0));
+  auto queued = batcher.submit(greedy_request(prompt_of(4, 6), 3), waiting.sink(0));
+  ASSERT_NE(holder, nullptr);
+  ASSERT_NE(queued, nullptr);
+  queued->cancel();
+  EXPECT_EQ(waiting.wait()[0].finish_reason, "abort");
+  EXPECT_TRUE(waiting.wait()[0].ids.empty());
+  holder->cancel();
+  EXPECT_EQ(running.wait()[0].finish_reason, "abort");
   Results last(1);
   ASSERT_NE(batcher.submit(greedy_request(prompt_of(4, 4), 500), last.sink(0)), nullptr);
   batcher.shutdown(false);
