@@ -265,6 +265,36 @@ TEST(ContinuousBatching, CancelFreesTheRowAndShutdownAborts) {
   EXPECT_EQ(batcher.submit(greedy_request(prompt_of(4, 4), 5), refused.sink(0)), nullptr);  // after shutdown
 }
 
+// On a device backend (the stand-in "reference-device", whose memory the host cannot read) the batcher gives the
+// compiled CPU's greedy tokens and log-probs: the cache lives on the device, the reference programs return new
+// cache values (copied into the cache there), and only ids, logits rows asked for and the inputs cross.
+TEST(ContinuousBatching, OnADeviceTheTokensEqualTheHost) {
+  test::TempDir dir;
+  (void)tiny_model(DType::F32, dir);
+  const CausalLM host_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "cpu"});
+  const CausalLM dev_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "reference-device"});
+  ContinuousBatcher::Options o;
+  o.max_batch = 2;
+  o.max_model_len = 32;
+  o.prefill_chunk = 8;
+  std::vector<Collected> got[2];
+  for (int d = 0; d < 2; ++d) {
+    ContinuousBatcher batcher({d == 0 ? &host_model : &dev_model}, test::cut_tokenizer(), o);
+    Results r(3);
+    for (size_t i = 0; i < 3; ++i) {
+      SequenceRequest q = greedy_request(prompt_of(3 + 5 * static_cast<int64_t>(i), 11), 5);
+      q.logprobs = 1;
+      ASSERT_NE(batcher.submit(q, r.sink(i)), nullptr);
+    }
+    got[d] = r.wait();
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[1][i].ids, got[0][i].ids) << i;
+    ASSERT_EQ(got[1][i].logprobs.size(), 5u);
+    for (size_t t = 0; t < 5; ++t) EXPECT_NEAR(got[1][i].logprobs[t].logprob, got[0][i].logprobs[t].logprob, 1e-4) << i << " " << t;
+  }
+}
+
 TEST(ContinuousBatching, BadRequestsNameTheField) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
