@@ -193,6 +193,7 @@ ContinuousBatcher::~ContinuousBatcher() { shutdown(false); }
 
 int64_t ContinuousBatcher::max_model_len() const { return s_->S; }
 int64_t ContinuousBatcher::max_batch() const { return s_->rows; }
+int64_t ContinuousBatcher::capacity() const { return s_->rows + s_->opt.max_queue; }
 
 int64_t ContinuousBatcher::room_after(int64_t prompt_tokens) const {
   const int64_t used = (prompt_tokens + s_->C - 1) / s_->C * s_->C;

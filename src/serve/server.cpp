@@ -213,6 +213,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
         throw ApiError(400, fmt::format("'max_tokens': {} new tokens after a prompt of {} tokens are more than the maximum context length ({} tokens) allows: at most {}",
                                         *r.max_tokens, L, b->max_model_len(), room), r.max_tokens ? "max_tokens" : field);
     }
+    const int64_t sequences = static_cast<int64_t>(r.prompts.size()) * r.n;
+    if (sequences > b->capacity())
+      throw ApiError(400, fmt::format("{} sequences ({} prompts x n = {}) are more than this server runs and queues at once ({}: --max_batch + --max_queue)",
+                                      sequences, r.prompts.size(), r.n, b->capacity()), r.n > 1 ? "n" : chat ? "messages" : "prompt");
   } catch (const ApiError& e) {
     ++rejected_bad;
     return send_error(res, e);

@@ -365,6 +365,9 @@ def test_a_full_queue_answers_429_with_retry_after(model_dir):
         while s.metrics().get("trl_sequences_running", 0) < 1 and time.time() < deadline:
             time.sleep(0.005)
         # The one row is taken and nothing may wait: a second request is refused while the first runs.
+        # More sequences than the server ever holds at once is a bad request, not a busy server.
+        status, body, _ = s.post("/v1/completions", {"prompt": "y", "max_tokens": 2, "n": 2})
+        assert status == 400 and body["error"]["param"] == "n", body
         status, body, hdrs = s.post("/v1/completions", {"prompt": "y", "max_tokens": 2})
         assert long.is_alive()
         assert status == 429, body

@@ -99,6 +99,7 @@ class ContinuousBatcher {
   int64_t room_after(int64_t prompt_tokens) const;
   int64_t max_model_len() const;
   int64_t max_batch() const;
+  int64_t capacity() const;  // sequences running and waiting together at most: max_batch + max_queue
   Metrics metrics() const;
 
  private:
