@@ -28,6 +28,14 @@ CausalLM tiny_model(DType dtype, test::TempDir& dir) {
   return init_model(o, dir.path());
 }
 
+ContinuousBatcher::Options options(int64_t max_batch, int64_t max_model_len, int64_t prefill_chunk) {
+  ContinuousBatcher::Options o;
+  o.max_batch = max_batch;
+  o.max_model_len = max_model_len;
+  o.prefill_chunk = prefill_chunk;
+  return o;
+}
+
 // What the sink received for one sequence.
 struct Collected {
   std::vector<int32_t> ids;
@@ -98,10 +106,7 @@ TEST(ContinuousBatching, EverySequenceGetsItsTokensAloneWhateverRunsBesideIt) {
     test::TempDir dir;
     const CausalLM model = tiny_model(dt, dir);
     Generator gen(model);
-    ContinuousBatcher::Options o;
-    o.max_batch = 3;
-    o.max_model_len = 64;
-    o.prefill_chunk = 8;
+    ContinuousBatcher::Options o = options(3, 64, 8);
     o.prefill_rows = 2;
     ContinuousBatcher batcher({&model}, test::cut_tokenizer(), o);
     const std::vector<int64_t> lengths = {1, 30, 7, 8, 9, 16, 3, 25, 12}, news = {12, 5, 20, 9, 1, 14, 30, 6, 11};
@@ -134,10 +139,7 @@ TEST(ContinuousBatching, SampledSequencesFollowTheirOwnSeed) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
   Generator gen(model);
-  ContinuousBatcher::Options o;
-  o.max_batch = 4;
-  o.max_model_len = 64;
-  o.prefill_chunk = 16;
+  ContinuousBatcher::Options o = options(4, 64, 16);
   ContinuousBatcher batcher({&model}, test::cut_tokenizer(), o);
   Results results(4);
   for (size_t i = 0; i < 4; ++i) {
@@ -167,10 +169,7 @@ TEST(ContinuousBatching, EosAndStopStringsEndASequence) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
   const Tokenizer& tok = test::cut_tokenizer();
-  ContinuousBatcher::Options o;
-  o.max_batch = 2;
-  o.max_model_len = 64;
-  o.prefill_chunk = 8;
+  ContinuousBatcher::Options o = options(2, 64, 8);
   ContinuousBatcher batcher({&model}, tok, o);
   Results free_run(1);
   ASSERT_NE(batcher.submit(greedy_request(prompt_of(6, 3), 20), free_run.sink(0)), nullptr);
@@ -202,10 +201,7 @@ TEST(ContinuousBatching, EosAndStopStringsEndASequence) {
 TEST(ContinuousBatching, LogprobsAreTheLogSoftmaxOfTheChosenTokens) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
-  ContinuousBatcher::Options o;
-  o.max_batch = 2;
-  o.max_model_len = 32;
-  o.prefill_chunk = 8;
+  ContinuousBatcher::Options o = options(2, 32, 8);
   ContinuousBatcher batcher({&model}, test::cut_tokenizer(), o);
   Results r(1);
   SequenceRequest q = greedy_request(prompt_of(5, 9), 6);
@@ -230,10 +226,7 @@ TEST(ContinuousBatching, LogprobsAreTheLogSoftmaxOfTheChosenTokens) {
 TEST(ContinuousBatching, CancelFreesTheRowAndShutdownAborts) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
-  ContinuousBatcher::Options o;
-  o.max_batch = 1;
-  o.max_model_len = 512;
-  o.prefill_chunk = 8;
+  ContinuousBatcher::Options o = options(1, 512, 8);
   o.max_queue = 1;
   ContinuousBatcher batcher({&model}, test::cut_tokenizer(), o);
   Results first(1), second(1), refused(1);
@@ -273,10 +266,7 @@ TEST(ContinuousBatching, OnADeviceTheTokensEqualTheHost) {
   (void)tiny_model(DType::F32, dir);
   const CausalLM host_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "cpu"});
   const CausalLM dev_model = CausalLM::from_pretrained(dir.path(), LoadOptions{.device = "reference-device"});
-  ContinuousBatcher::Options o;
-  o.max_batch = 2;
-  o.max_model_len = 32;
-  o.prefill_chunk = 8;
+  ContinuousBatcher::Options o = options(2, 32, 8);
   std::vector<Collected> got[2];
   for (int d = 0; d < 2; ++d) {
     ContinuousBatcher batcher({d == 0 ? &host_model : &dev_model}, test::cut_tokenizer(), o);
@@ -298,10 +288,7 @@ TEST(ContinuousBatching, OnADeviceTheTokensEqualTheHost) {
 TEST(ContinuousBatching, BadRequestsNameTheField) {
   test::TempDir dir;
   const CausalLM model = tiny_model(DType::F32, dir);
-  ContinuousBatcher::Options o;
-  o.max_batch = 1;
-  o.max_model_len = 32;
-  o.prefill_chunk = 8;
+  ContinuousBatcher::Options o = options(1, 32, 8);
   ContinuousBatcher batcher({&model}, test::cut_tokenizer(), o);
   auto expect_error = [&](SequenceRequest r, const std::string& what) {
     try {
