@@ -36,6 +36,7 @@ struct Exchange {
     for (auto& t : tickets)
       if (t) t->cancel();
   }
+  void take(int64_t choice, const SequenceDelta& d);
 };
 
 int64_t unix_time() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
@@ -194,85 +195,147 @@ void Server::Impl::routes() {
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
 }
 
-void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-  ++requests;
-  ContinuousBatcher* b = batcher.load();
-  if (b == nullptr) return send_error(res, ApiError(503, "the model is loading"));
-  if (draining) return send_error(res, ApiError(503, "the server is shutting down"));
-  const Tokenizer& tok = *served.tokenizer;
-  ApiRequest r;
-  try {
-    r = parse_request(req.body, chat, served);
-    // Each prompt's room in a row: max_tokens (or, unset, all the room there is).
-    for (size_t i = 0; i < r.prompts.size(); ++i) {
-      const int64_t L = static_cast<int64_t>(r.prompts[i].size()), room = b->room_after(L);
-      const char* field = chat ? "messages" : "prompt";
-      if (room < 1)
-        throw ApiError(400, fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens", b->max_model_len(), L), field);
-      if (r.max_tokens && *r.max_tokens > room)
-        throw ApiError(400, fmt::format("'max_tokens': {} new tokens after a prompt of {} tokens are more than the maximum context length ({} tokens) allows: at most {}",
-                                        *r.max_tokens, L, b->max_model_len(), room), r.max_tokens ? "max_tokens" : field);
-    }
-    const int64_t sequences = static_cast<int64_t>(r.prompts.size()) * r.n;
-    if (sequences > b->capacity())
-      throw ApiError(400, fmt::format("{} sequences ({} prompts x n = {}) are more than this server runs and queues at once ({}: --max_batch + --max_queue)",
-                                      sequences, r.prompts.size(), r.n, b->capacity()), r.n > 1 ? "n" : chat ? "messages" : "prompt");
-  } catch (const ApiError& e) {
-    ++rejected_bad;
-    return send_error(res, e);
-  }
+namespace {
 
-  // ---- submit every choice (prompts × n) ----
+// ---- a completion request's phases ----
+
+// Each prompt's room in a row (max_tokens, or unset all the room there is), and the request's sequences within what
+// the server holds at once.
+void check_fits(const ApiRequest& r, const ContinuousBatcher& b) {
+  const char* field = r.chat ? "messages" : "prompt";
+  for (const auto& prompt : r.prompts) {
+    const int64_t L = static_cast<int64_t>(prompt.size()), room = b.room_after(L);
+    if (room < 1) throw ApiError(400, fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens", b.max_model_len(), L), field);
+    if (r.max_tokens && *r.max_tokens > room)
+      throw ApiError(400, fmt::format("'max_tokens': {} new tokens after a prompt of {} tokens are more than the maximum context length ({} tokens) allows: at most {}",
+                                      *r.max_tokens, L, b.max_model_len(), room), "max_tokens");
+  }
+  const int64_t sequences = static_cast<int64_t>(r.prompts.size()) * r.n;
+  if (sequences > b.capacity())
+    throw ApiError(400, fmt::format("{} sequences ({} prompts x n = {}) are more than this server runs and queues at once ({}: --max_batch + --max_queue)",
+                                    sequences, r.prompts.size(), r.n, b.capacity()), r.n > 1 ? "n" : field);
+}
+
+// What a step added to choice c, recorded for the answer (and for the stream).
+void Exchange::take(int64_t c, const SequenceDelta& d) {
+  std::lock_guard<std::mutex> lock(mu);
+  ChoiceResult& cr = results[static_cast<size_t>(c)];
+  cr.ids.insert(cr.ids.end(), d.ids.begin(), d.ids.end());
+  cr.text += d.text;
+  cr.logprobs.insert(cr.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+  cr.top_logprobs.insert(cr.top_logprobs.end(), d.top_logprobs.begin(), d.top_logprobs.end());
+  if (d.finished) {
+    cr.finish_reason = d.finish_reason;
+    usage.completion_tokens += d.completion_tokens;
+    --unfinished;
+  }
+  if (stream) events.emplace_back(c, d);
+  cv.notify_all();
+}
+
+// Every choice (prompts × n) to the batcher, seeded seed + choice index. ApiError 429 when the server is full (what
+// was submitted is cancelled), 400 when the batcher refuses a field.
+std::shared_ptr<Exchange> submit_choices(const ApiRequest& r, ContinuousBatcher& b, bool draining) {
   auto ex = std::make_shared<Exchange>();
   const int64_t choices = static_cast<int64_t>(r.prompts.size()) * r.n;
   ex->results.resize(static_cast<size_t>(choices));
   ex->stream = r.stream;
   ex->unfinished = choices;
+  for (const auto& p : r.prompts) ex->usage.prompt_tokens += static_cast<int64_t>(p.size()) * r.n;
   const uint64_t seed = r.seed ? *r.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   for (int64_t c = 0; c < choices; ++c) {
     const size_t p = static_cast<size_t>(c / r.n);
     ex->results[static_cast<size_t>(c)].prompt_index = static_cast<int64_t>(p);
     SequenceRequest s = r.sequence;
     s.prompt = r.prompts[p];
-    s.max_new_tokens = r.max_tokens ? *r.max_tokens : b->room_after(static_cast<int64_t>(s.prompt.size()));
+    s.max_new_tokens = r.max_tokens ? *r.max_tokens : b.room_after(static_cast<int64_t>(s.prompt.size()));
     s.seed = seed + static_cast<uint64_t>(c);
     std::shared_ptr<ContinuousBatcher::Ticket> t;
     try {
-      t = b->submit(std::move(s), [ex, c](const SequenceDelta& d) {
-        std::lock_guard<std::mutex> lock(ex->mu);
-        ChoiceResult& cr = ex->results[static_cast<size_t>(c)];
-        cr.ids.insert(cr.ids.end(), d.ids.begin(), d.ids.end());
-        cr.text += d.text;
-        cr.logprobs.insert(cr.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-        cr.top_logprobs.insert(cr.top_logprobs.end(), d.top_logprobs.begin(), d.top_logprobs.end());
-        if (d.finished) {
-          cr.finish_reason = d.finish_reason;
-          ex->usage.completion_tokens += d.completion_tokens;
-          --ex->unfinished;
-        }
-        if (ex->stream) ex->events.emplace_back(c, d);
-        ex->cv.notify_all();
-      });
+      t = b.submit(std::move(s), [ex, c](const SequenceDelta& d) { ex->take(c, d); });
     } catch (const Error& e) {
       ex->cancel();
-      ++rejected_bad;
-      return send_error(res, ApiError(400, e.what()));
+      throw ApiError(400, e.what());
     }
     if (!t) {
       ex->cancel();
-      ++rejected_full;
-      return send_error(res, ApiError(draining ? 503 : 429, draining ? "the server is shutting down" : "the server is busy: every slot and the queue are full; retry later"));
+      throw ApiError(draining ? 503 : 429, draining ? "the server is shutting down" : "the server is busy: every slot and the queue are full; retry later");
     }
     ex->tickets.push_back(t);
   }
-  for (const auto& p : r.prompts) ex->usage.prompt_tokens += static_cast<int64_t>(p.size()) * r.n;
+  return ex;
+}
 
-  // ---- answer: streamed as server-sent events, or one JSON body when all choices are done ----
-  // Both wait in a content provider that writes a heartbeat (an SSE comment, or JSON's leading whitespace) while
-  // nothing is ready, so a client that went away is noticed and its sequences cancelled.
+// Server-sent events: each step's chunks as they come, an SSE comment as heartbeat while none do, then the usage
+// chunk (when asked) and [DONE].
+httplib::ContentProviderWithoutLength stream_answer(std::shared_ptr<Exchange> ex, const ApiRequest& r, const std::string& id, int64_t created,
+                                                    const Tokenizer& tok) {
+  auto first = std::make_shared<std::vector<char>>(ex->results.size(), 1);
+  return [ex, r, id, created, first, &tok](size_t, httplib::DataSink& sink) {
+    std::unique_lock<std::mutex> lock(ex->mu);
+    if (!ex->cv.wait_for(lock, kHeartbeat, [&] { return !ex->events.empty() || ex->unfinished == 0; })) {
+      lock.unlock();
+      return sink.write(": keep-alive\n\n", 14);
+    }
+    auto events = std::move(ex->events);
+    ex->events.clear();
+    const bool done = ex->unfinished == 0;
+    const Usage usage = ex->usage;
+    lock.unlock();
+    std::string out;
+    for (auto& [c, d] : events) {
+      const bool is_first = (*first)[static_cast<size_t>(c)];
+      if (!is_first && d.text.empty() && d.ids.empty() && !d.finished) continue;
+      (*first)[static_cast<size_t>(c)] = 0;
+      out += "data: " + chunk_json(r, id, created, c, d, is_first, tok).dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+    }
+    if (done) {
+      if (r.include_usage) out += "data: " + usage_chunk_json(r, id, created, usage).dump() + "\n\n";
+      out += "data: [DONE]\n\n";
+    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+    if (done) sink.done();
+    return true;
+  };
+}
+
+// One JSON body once every choice is done, JSON's leading whitespace as heartbeat until then.
+httplib::ContentProviderWithoutLength whole_answer(std::shared_ptr<Exchange> ex, const ApiRequest& r, const std::string& id, int64_t created,
+                                                   const Tokenizer& tok) {
+  return [ex, r, id, created, &tok](size_t, httplib::DataSink& sink) {
+    std::unique_lock<std::mutex> lock(ex->mu);
+    if (!ex->cv.wait_for(lock, kHeartbeat, [&] { return ex->unfinished == 0; })) {
+      lock.unlock();
+      return sink.write(" ", 1);
+    }
+    const std::string body = response_json(r, id, created, ex->results, ex->usage, tok).dump(-1, ' ', false, ojson::error_handler_t::replace);
+    lock.unlock();
+    if (!sink.write(body.data(), body.size())) return false;
+    sink.done();
+    return true;
+  };
+}
+
+}  // namespace
+
+void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  ++requests;
+  ContinuousBatcher* b = batcher.load();
+  if (b == nullptr) return send_error(res, ApiError(503, "the model is loading"));
+  if (draining) return send_error(res, ApiError(503, "the server is shutting down"));
+  ApiRequest r;
+  std::shared_ptr<Exchange> ex;
+  try {
+    r = parse_request(req.body, chat, served);
+    check_fits(r, *b);
+    ex = submit_choices(r, *b, draining);
+  } catch (const ApiError& e) {
+    ++(e.status == 429 || e.status == 503 ? rejected_full : rejected_bad);
+    return send_error(res, e);
+  }
+  // The answer waits in a content provider that writes a heartbeat while nothing is ready, so a client that went
+  // away is noticed (the write fails) and its sequences are cancelled.
   ++in_flight;
-  const std::string id = request_id(chat ? "chatcmpl" : "cmpl");
-  const int64_t created = unix_time();
   auto releaser = [this, ex](bool success) {
     if (!success) {
       ex->cancel();
@@ -280,54 +343,12 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     }
     --in_flight;
   };
+  const std::string id = request_id(chat ? "chatcmpl" : "cmpl");
   if (r.stream) {
-    auto first = std::make_shared<std::vector<char>>(static_cast<size_t>(choices), 1);
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [ex, r, id, created, first, &tok](size_t, httplib::DataSink& sink) {
-          std::unique_lock<std::mutex> lock(ex->mu);
-          if (!ex->cv.wait_for(lock, kHeartbeat, [&] { return !ex->events.empty() || ex->unfinished == 0; })) {
-            lock.unlock();
-            return sink.write(": keep-alive\n\n", 14);
-          }
-          auto events = std::move(ex->events);
-          ex->events.clear();
-          const bool done = ex->unfinished == 0;
-          const Usage usage = ex->usage;
-          lock.unlock();
-          std::string out;
-          for (auto& [c, d] : events) {
-            const bool is_first = (*first)[static_cast<size_t>(c)];
-            if (!is_first && d.text.empty() && d.ids.empty() && !d.finished) continue;
-            (*first)[static_cast<size_t>(c)] = 0;
-            out += "data: " + chunk_json(r, id, created, c, d, is_first, tok).dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
-          }
-          if (done) {
-            if (r.include_usage) out += "data: " + usage_chunk_json(r, id, created, usage).dump() + "\n\n";
-            out += "data: [DONE]\n\n";
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (done) sink.done();
-          return true;
-        },
-        releaser);
+    res.set_chunked_content_provider("text/event-stream", stream_answer(ex, r, id, unix_time(), *served.tokenizer), releaser);
   } else {
-    res.set_chunked_content_provider(
-        "application/json",
-        [ex, r, id, created, &tok](size_t, httplib::DataSink& sink) {
-          std::unique_lock<std::mutex> lock(ex->mu);
-          if (!ex->cv.wait_for(lock, kHeartbeat, [&] { return ex->unfinished == 0; })) {
-            lock.unlock();
-            return sink.write(" ", 1);
-          }
-          const std::string body = response_json(r, id, created, ex->results, ex->usage, tok).dump(-1, ' ', false, ojson::error_handler_t::replace);
-          lock.unlock();
-          if (!sink.write(body.data(), body.size())) return false;
-          sink.done();
-          return true;
-        },
-        releaser);
+    res.set_chunked_content_provider("application/json", whole_answer(ex, r, id, unix_time(), *served.tokenizer), releaser);
   }
 }
 
