@@ -24,13 +24,14 @@ int trl_fuzz_jinja(const uint8_t*, size_t);
 int trl_fuzz_dataset(const uint8_t*, size_t);
 int trl_fuzz_yaml(const uint8_t*, size_t);
 int trl_fuzz_checkpoint(const uint8_t*, size_t);
+int trl_fuzz_serve(const uint8_t*, size_t);
 
 int main(int argc, char** argv) {
   const std::map<std::string, int (*)(const uint8_t*, size_t)> targets = {
       {"parquet", trl_fuzz_parquet}, {"safetensors", trl_fuzz_safetensors}, {"config", trl_fuzz_config},   {"tokenizer", trl_fuzz_tokenizer},
-      {"jinja", trl_fuzz_jinja},     {"dataset", trl_fuzz_dataset},         {"yaml", trl_fuzz_yaml},       {"checkpoint", trl_fuzz_checkpoint}};
+      {"jinja", trl_fuzz_jinja},     {"dataset", trl_fuzz_dataset},         {"yaml", trl_fuzz_yaml},       {"checkpoint", trl_fuzz_checkpoint}, {"serve", trl_fuzz_serve}};
   if (argc != 3 || !targets.count(argv[1])) {
-    std::fprintf(stderr, "usage: trl_fuzz_corpora TARGET DIR (TARGET: parquet, safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint)\n");
+    std::fprintf(stderr, "usage: trl_fuzz_corpora TARGET DIR (TARGET: parquet, safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, serve)\n");
     return 2;
   }
   std::vector<std::filesystem::path> files;

@@ -3,7 +3,7 @@
 # fuzz/corpus/NAME (and the findings kept there). New inputs go to a temporary corpus, not the tree; a finding stops
 # the run with libFuzzer's report and leaves the input as crash-*/leak-*/timeout-*/oom-* in $PWD.
 #   bash fuzz/run.sh [SECONDS] [TARGET ...] [-- extra libFuzzer flags...]
-# TARGET: parquet (the default), safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, or all.
+# TARGET: parquet (the default), safetensors, config, tokenizer, jinja, dataset, yaml, checkpoint, serve, or all.
 # The build is the project's sanitizer build made with clang and TRL_FUZZ=ON (fuzz/targets.cmake): the library with
 # ASan, UBSan and libFuzzer's coverage, and a target per parser linking it. TRL_FUZZ_BUILD names the folder (default
 # build-fuzz); scripts/test.sh points it at its sanitizer build, which has the targets already, so nothing is
@@ -16,7 +16,7 @@ targets=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 [ ${#targets[@]} -eq 0 ] && targets=(parquet)
-[ "${targets[0]}" = "all" ] && targets=(parquet safetensors config tokenizer jinja dataset yaml checkpoint)
+[ "${targets[0]}" = "all" ] && targets=(parquet safetensors config tokenizer jinja dataset yaml checkpoint serve)
 build=${TRL_FUZZ_BUILD:-$root/build-fuzz}
 if ! grep -qx 'TRL_FUZZ:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
   # The flags of scripts/test.sh's sanitizer build, without the tests and benchmarks.
