@@ -10,6 +10,8 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include <fmt/ranges.h>
+
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vec.h"
 #include "trl/backend/registry.h"
@@ -75,7 +77,7 @@ void register_bench_generate(CLI::App* bench) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
+  opts.add("preset", a->preset, fmt::format("{}", fmt::join(model_presets(), " | "))).choices(model_presets());
   opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
   opts.add("dtype", a->dtype, "bf16 | f32").choices({"bf16", "f32"});
   opts.add("batch", a->batch, "The larger decode batch (batch 1 is always measured)").min(1);
@@ -160,7 +162,7 @@ void register_bench(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
+  opts.add("preset", a->preset, fmt::format("{}", fmt::join(model_presets(), " | "))).choices(model_presets());
   opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
   opts.add("batch", a->batch, "Sequences per step").min(1);
   opts.add("seq", a->seq, "Tokens per sequence").min(2).max(1 << 20);

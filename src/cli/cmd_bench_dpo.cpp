@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/ranges.h>
+
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "core/clock.h"
@@ -34,7 +36,7 @@ void register_bench_dpo(CLI::App* bench) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
+  opts.add("preset", a->preset, fmt::format("{}", fmt::join(model_presets(), " | "))).choices(model_presets());
   opts.add("layers", a->layers, "Override the number of layers (same widths), 0 = the preset's");
   opts.add("pairs", a->pairs, "Preference pairs per step (2 x pairs sequences)").min(1);
   opts.add("seq", a->seq, "Tokens per sequence: half prompt, half completion").min(4).max(1 << 20);

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/ranges.h>
+
 #include "trl/backend/registry.h"
 #include "trl/backend/program_cache.h"
 #include "cli/cli_util.h"
@@ -28,7 +30,7 @@ void register_compile(CLI::App& app) {
   auto a = std::make_shared<Args>();
   Options opts(cmd);
   opts.add("model_name_or_path", a->model, "A model folder or a Hugging Face id in the local cache");
-  opts.add("preset", a->preset, "Instead of a model: tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
+  opts.add("preset", a->preset, "Instead of a model: " + fmt::format("{}", fmt::join(model_presets(), " | "))).choices(model_presets());
   opts.add("layers", a->layers, "With --preset: override the number of layers");
   opts.add("revision", a->revision, "Revision in the Hugging Face cache");
   opts.add("dtype", a->dtype, "Compute dtype: bf16 | f32").choices({"bf16", "f32"});

@@ -2,6 +2,8 @@
 #include <cstdio>
 
 
+#include <fmt/ranges.h>
+
 #include "cli/cli_util.h"
 #include "cli/options.h"
 #include "trl/core/error.h"
@@ -22,7 +24,7 @@ void register_init_model(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   Options opts(cmd);
-  opts.add("preset", a->preset, "tiny | small | qwen3-0.6b | qwen3-1.7b").choices({"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"});
+  opts.add("preset", a->preset, fmt::format("{}", fmt::join(model_presets(), " | "))).choices(model_presets());
   opts.add("dtype", a->dtype, "f32 | bf16").choices({"f32", "bf16", "float32", "bfloat16"});
   opts.add("seed", a->seed, "Random seed");
   opts.add("out,output_dir", a->out, "Output folder").required();

@@ -18,7 +18,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
   }
   for (size_t i = 0; i < n; ++i) {
     const Node& nd = b.node(static_cast<ValueId>(i));
-    if (nd.op == Op::Input) continue;
+    if (nd.op == Op::Input || !dtype_is_float(nd.dtype)) continue;  // integers (a router's choice of experts) have no gradient
     for (ValueId in : nd.inputs)
       if (in != kNone && needs[static_cast<size_t>(in)]) needs[i] = true;
   }
@@ -127,6 +127,30 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::AllReduceGrad:  // y = x on every rank, used by each rank's own columns: dx = Σ_ranks dy
         accumulate(in(0), b.all_reduce(g, nd.attrs.group, "d." + nm));
         break;
+      case Op::MoeRouteWeights:
+        accumulate(in(0), b.moe_route_weights_backward(in(0), in(1), g, nd.attrs.normalize, "d." + nm));
+        break;
+      case Op::MoeExperts: {
+        // The experts' backward GEMMs run in the weights' dtype with f32 accumulation (the kernel rounds dy, as the
+        // matmul rule above does for a bf16 layer).
+        const bool dw = need(3) || need(4);
+        const auto d = b.moe_experts_backward(in(0), in(1), in(2), in(3), in(4), g, "d." + nm, dw);
+        accumulate(in(0), d[0]);
+        accumulate(in(2), d[1]);
+        if (dw) {
+          accumulate(in(3), d[2]);
+          accumulate(in(4), d[3]);
+        }
+        break;
+      }
+      case Op::MoeRouterStats:
+        accumulate(in(0), b.moe_router_stats_backward(in(0), in(2), g, "d." + nm));
+        break;
+      case Op::MoeAuxLoss:
+        accumulate(in(0), b.moe_aux_loss_backward(in(0), g, "d." + nm));
+        break;
+      case Op::MoeTopK:
+        break;  // indices: never reached (an integer value needs no gradient)
       case Op::View: {
         // A multi-result forward op's View is differentiated by that op's rule: jsd()'s value (row 0 of Op::Jsd).
         const Node& src = b.node(in(0));

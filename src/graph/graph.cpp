@@ -45,6 +45,15 @@ const char* op_name(Op op) {
     case Op::Dropout: return "dropout";
     case Op::Jsd: return "jsd";
     case Op::JsdBackward: return "jsd_backward";
+    case Op::MoeTopK: return "moe_topk";
+    case Op::MoeRouteWeights: return "moe_route_weights";
+    case Op::MoeExperts: return "moe_experts";
+    case Op::MoeRouterStats: return "moe_router_stats";
+    case Op::MoeAuxLoss: return "moe_aux_loss";
+    case Op::MoeRouteWeightsBackward: return "moe_route_weights_backward";
+    case Op::MoeExpertsBackward: return "moe_experts_backward";
+    case Op::MoeRouterStatsBackward: return "moe_router_stats_backward";
+    case Op::MoeAuxLossBackward: return "moe_aux_loss_backward";
     case Op::View: return "view";
   }
   return "?";
@@ -122,6 +131,7 @@ std::string Graph::key() const {
     k.pod(n.attrs.vocab.offset);
     k.pod(n.attrs.vocab.size);
     k.pod(n.attrs.dh_only);
+    k.pod(n.attrs.normalize);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -562,6 +572,117 @@ ValueId Builder::all_reduce_grad(ValueId x, int32_t group, const std::string& na
   Node n = make_node(Op::AllReduceGrad, {x}, shape(x), node(x).dtype, name);
   n.attrs.group = group;
   return push(std::move(n));
+}
+
+// ---- mixture of experts ----
+namespace {
+// logits must be [N, E] of a floating dtype; experts [N, K] i32 with K <= E.
+void check_router(const Graph& g, ValueId logits, ValueId experts, const char* op, const std::string& name) {
+  const Node& l = g.node(logits);
+  if (l.shape.size() != 2 || !dtype_is_float(l.dtype) || l.shape[1] < 1)
+    fail("{} {}: router logits must be floating [N, E], got {} {}", op, name, dtype_name(l.dtype), shape_str(l.shape));
+  if (experts == kNone) return;
+  const Node& e = g.node(experts);
+  if (e.dtype != DType::I32 || e.shape.size() != 2 || e.shape[0] != l.shape[0] || e.shape[1] < 1 || e.shape[1] > l.shape[1])
+    fail("{} {}: experts must be i32 [{}, K] with 1 <= K <= {}, got {} {}", op, name, l.shape[0], l.shape[1], dtype_name(e.dtype), shape_str(e.shape));
+}
+void check_mask(const Graph& g, ValueId mask, int64_t N, const char* op, const std::string& name) {
+  if (mask == kNone) return;
+  const Node& m = g.node(mask);
+  if (m.dtype != DType::I32 || m.shape != Shape{N}) fail("{} {}: mask must be i32 [{}], got {} {}", op, name, N, dtype_name(m.dtype), shape_str(m.shape));
+}
+}  // namespace
+
+ValueId Builder::moe_topk(ValueId logits, int64_t k, const std::string& name) {
+  check(logits, "moe_topk logits");
+  check_router(graph_, logits, kNone, "moe_topk", name);
+  const int64_t N = shape(logits)[0], E = shape(logits)[1];
+  if (k < 1 || k > E) fail("moe_topk {}: k must be in [1, {}] (the number of experts), got {}", name, E, k);
+  Node n = make_node(Op::MoeTopK, {logits}, {N, k}, DType::I32, name);
+  n.attrs.rows = k;
+  return push(std::move(n));
+}
+
+ValueId Builder::moe_route_weights(ValueId logits, ValueId experts, bool normalize, const std::string& name) {
+  check(logits, "moe_route_weights logits");
+  check(experts, "moe_route_weights experts");
+  check_router(graph_, logits, experts, "moe_route_weights", name);
+  Node n = make_node(Op::MoeRouteWeights, {logits, experts}, shape(experts), node(logits).dtype == DType::F64 ? DType::F64 : DType::F32, name);
+  n.attrs.normalize = normalize;
+  return push(std::move(n));
+}
+
+ValueId Builder::moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name) {
+  for (auto [v, what] : {std::pair{x, "x"}, {experts, "experts"}, {weights, "weights"}, {gate_up, "gate_up"}, {down, "down"}}) check(v, what);
+  const Shape xs = shape(x), es = shape(experts), ws = shape(weights), gs = shape(gate_up), ds = shape(down);
+  if (xs.size() != 2 || !dtype_is_float(node(x).dtype)) fail("moe_experts {}: x must be floating [N, C], got {}", name, shape_str(xs));
+  if (gs.size() != 3 || gs[2] != xs[1] || gs[1] % 2 != 0 || gs[1] == 0)
+    fail("moe_experts {}: gate_up must be [E, 2F, C] with C = {}, got {}", name, xs[1], shape_str(gs));
+  const int64_t E = gs[0], F = gs[1] / 2, C = xs[1];
+  if (ds != Shape{E, C, F}) fail("moe_experts {}: down must be [E, C, F] = [{}, {}, {}], got {}", name, E, C, F, shape_str(ds));
+  if (node(experts).dtype != DType::I32 || es.size() != 2 || es[0] != xs[0] || es[1] < 1 || es[1] > E)
+    fail("moe_experts {}: experts must be i32 [{}, K] with 1 <= K <= {}, got {} {}", name, xs[0], E, dtype_name(node(experts).dtype), shape_str(es));
+  if (ws != es || !dtype_is_float(node(weights).dtype)) fail("moe_experts {}: weights must be floating {}, got {}", name, shape_str(es), shape_str(ws));
+  if (node(gate_up).dtype != node(x).dtype || node(down).dtype != node(x).dtype)
+    fail("moe_experts {}: x, gate_up and down must share a dtype, got {}, {}, {}", name, dtype_name(node(x).dtype), dtype_name(node(gate_up).dtype),
+         dtype_name(node(down).dtype));
+  return push(make_node(Op::MoeExperts, {x, experts, weights, gate_up, down}, xs, node(x).dtype, name));
+}
+
+ValueId Builder::moe_router_stats(ValueId logits, ValueId experts, ValueId mask, const std::string& name) {
+  check(logits, "moe_router_stats logits");
+  check(experts, "moe_router_stats experts");
+  if (mask != kNone) check(mask, "moe_router_stats mask");
+  check_router(graph_, logits, experts, "moe_router_stats", name);
+  check_mask(graph_, mask, shape(logits)[0], "moe_router_stats", name);
+  const int64_t E = shape(logits)[1];
+  return push(make_node(Op::MoeRouterStats, {logits, experts, mask}, {2 * E + 1}, node(logits).dtype == DType::F64 ? DType::F64 : DType::F32, name));
+}
+
+ValueId Builder::moe_aux_loss(ValueId stats, const std::string& name) {
+  check(stats, "moe_aux_loss stats");
+  const Shape s = shape(stats);
+  if (s.size() != 1 || s[0] < 3 || s[0] % 2 != 1 || !dtype_is_float(node(stats).dtype))
+    fail("moe_aux_loss {}: stats must be floating [2E + 1] (moe_router_stats), got {}", name, shape_str(s));
+  return push(make_node(Op::MoeAuxLoss, {stats}, {}, node(stats).dtype, name));
+}
+
+ValueId Builder::moe_route_weights_backward(ValueId logits, ValueId experts, ValueId dweights, bool normalize, const std::string& name) {
+  check(dweights, "moe_route_weights_backward dweights");
+  check_router(graph_, logits, experts, "moe_route_weights_backward", name);
+  if (shape(dweights) != shape(experts)) fail("moe_route_weights_backward {}: dweights must be {}", name, shape_str(shape(experts)));
+  Node n = make_node(Op::MoeRouteWeightsBackward, {logits, experts, dweights}, shape(logits), node(dweights).dtype, name);
+  n.attrs.normalize = normalize;
+  return push(std::move(n));
+}
+
+std::vector<ValueId> Builder::moe_experts_backward(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, ValueId dy,
+                                                   const std::string& name, bool with_dw) {
+  check(dy, "moe_experts_backward dy");
+  if (shape(dy) != shape(x)) fail("moe_experts_backward {}: dy must be {}", name, shape_str(shape(x)));
+  const Shape xs = shape(x), ws = shape(weights), gs = shape(gate_up), ds = shape(down);  // copies: push() may reallocate
+  const int64_t nx = shape_numel(xs), nw = shape_numel(ws), ng = with_dw ? shape_numel(gs) : 0, nd = with_dw ? shape_numel(ds) : 0;
+  const DType dt = node(dy).dtype;
+  Node n = make_node(Op::MoeExpertsBackward, {x, experts, weights, gate_up, down, dy}, {nx + nw + ng + nd}, dt, name);
+  n.attrs.dh_only = !with_dw;
+  const ValueId packed = push(std::move(n));
+  return {view(packed, 0, xs, dt, name + ".dx"), view(packed, nx, ws, dt, name + ".dweights"),
+          with_dw ? view(packed, nx + nw, gs, dt, name + ".dgate_up") : kNone, with_dw ? view(packed, nx + nw + ng, ds, dt, name + ".ddown") : kNone};
+}
+
+ValueId Builder::moe_router_stats_backward(ValueId logits, ValueId mask, ValueId dstats, const std::string& name) {
+  check(dstats, "moe_router_stats_backward dstats");
+  check_router(graph_, logits, kNone, "moe_router_stats_backward", name);
+  check_mask(graph_, mask, shape(logits)[0], "moe_router_stats_backward", name);
+  if (shape(dstats) != Shape{2 * shape(logits)[1] + 1}) fail("moe_router_stats_backward {}: dstats must be [{}]", name, 2 * shape(logits)[1] + 1);
+  return push(make_node(Op::MoeRouterStatsBackward, {logits, mask, dstats}, shape(logits), node(dstats).dtype, name));
+}
+
+ValueId Builder::moe_aux_loss_backward(ValueId stats, ValueId dloss, const std::string& name) {
+  check(stats, "moe_aux_loss_backward stats");
+  check(dloss, "moe_aux_loss_backward dloss");
+  if (!shape(dloss).empty()) fail("moe_aux_loss_backward {}: dloss must be a scalar", name);
+  return push(make_node(Op::MoeAuxLossBackward, {stats, dloss}, shape(stats), node(dloss).dtype, name));
 }
 
 ValueId Builder::scale_by(ValueId w, ValueId s, DType out, const std::string& name) {

@@ -1,6 +1,7 @@
 #include "trl/io/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <utility>
 
@@ -14,7 +15,7 @@ namespace trl {
 
 using json = nlohmann::json;
 
-std::vector<std::string> supported_model_types() { return {"qwen3", "qwen2", "llama"}; }
+std::vector<std::string> supported_model_types() { return {"qwen3", "qwen2", "llama", "qwen3_moe"}; }
 
 namespace {
 
@@ -90,7 +91,42 @@ RopeScaling parse_rope_scaling(const json& r, const std::string& source, const s
   return rs;
 }
 
+// qwen3_moe's fields. Transformers v5 writes num_experts as num_local_experts (its attribute_map); both are read.
+void parse_moe(const json& j, const Fields& f, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const char* experts_key = f.has("num_experts") ? "num_experts" : "num_local_experts";
+  m.num_experts = f.positive(experts_key, 128);
+  m.num_experts_per_tok = f.positive("num_experts_per_tok", 8);
+  m.moe_intermediate_size = f.positive("moe_intermediate_size", 768);
+  m.decoder_sparse_step = f.positive("decoder_sparse_step", 1);
+  m.norm_topk_prob = f.boolean("norm_topk_prob", false);
+  m.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.001);
+  m.output_router_logits = f.boolean("output_router_logits", false);
+  if (f.has("mlp_only_layers")) {
+    const json& v = j["mlp_only_layers"];
+    if (!v.is_array()) f.bad("mlp_only_layers", "a list of layer indices");
+    for (const json& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_hidden_layers)
+        fail("{}: field 'mlp_only_layers' must list layer indices in [0, {}), got {}", f.source(), c.num_hidden_layers, v.dump());
+      m.mlp_only_layers.push_back(x.get<int64_t>());
+    }
+  }
+  if (m.num_experts > 4096) fail("{}: field '{}' is {}, beyond any model this program can hold (4096 at most)", f.source(), experts_key, m.num_experts);
+  if (m.moe_intermediate_size > (int64_t{1} << 20))
+    fail("{}: field 'moe_intermediate_size' is {}, beyond any model this program can hold ({} at most)", f.source(), m.moe_intermediate_size, int64_t{1} << 20);
+  if (m.num_experts_per_tok > m.num_experts)
+    fail("{}: num_experts_per_tok ({}) must be at most {} ({})", f.source(), m.num_experts_per_tok, experts_key, m.num_experts);
+  if (!std::isfinite(m.router_aux_loss_coef) || m.router_aux_loss_coef < 0)
+    fail("{}: field 'router_aux_loss_coef' must be a finite number >= 0, got {}", f.source(), m.router_aux_loss_coef);
+}
+
 }  // namespace
+
+bool ModelConfig::sparse_layer(int64_t i) const {
+  if (moe.num_experts == 0) return false;
+  if (std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), i) != moe.mlp_only_layers.end()) return false;
+  return (i + 1) % moe.decoder_sparse_step == 0;
+}
 
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: expected a JSON object", source);
@@ -114,6 +150,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.num_hidden_layers = f.positive("num_hidden_layers");
   c.num_attention_heads = f.positive("num_attention_heads");
   c.num_key_value_heads = f.positive("num_key_value_heads", c.num_attention_heads);
+  // Qwen3Config's head_dim defaults to 128; Qwen3MoeConfig (Transformers v5) has none: hidden_size / heads.
   const int64_t default_head_dim = c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads;
   c.head_dim = c.model_type == "qwen2" ? c.hidden_size / c.num_attention_heads : f.positive("head_dim", default_head_dim);
   c.max_position_embeddings = f.positive("max_position_embeddings", 32768);
@@ -161,8 +198,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     if (values[i] > limits[i].second)
       fail("{}: field '{}' is {}, beyond any model this program can hold ({} at most)", source, limits[i].first, values[i], limits[i].second);
 
+  if (c.model_type == "qwen3_moe") parse_moe(j, f, c);
+
   const bool attention_bias = f.boolean("attention_bias", false);
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
   c.qkv_bias = c.model_type == "qwen2" || attention_bias;
   c.o_bias = c.model_type == "llama" && attention_bias;
   c.mlp_bias = c.model_type == "llama" && f.boolean("mlp_bias", false);
@@ -217,14 +256,24 @@ json ModelConfig::to_json() const {
   j["use_cache"] = use_cache;
   j["vocab_size"] = vocab_size;
   if (pad_token_id) j["pad_token_id"] = *pad_token_id;
-  if (model_type == "qwen3" || model_type == "qwen2") {
+  if (model_type == "qwen3" || model_type == "qwen2" || model_type == "qwen3_moe") {
     j["max_window_layers"] = max_window_layers;
     j["use_sliding_window"] = use_sliding_window;
     if (sliding_window) j["sliding_window"] = *sliding_window; else j["sliding_window"] = nullptr;
   }
-  if (model_type == "qwen3") {
+  if (model_type == "qwen3" || model_type == "qwen3_moe") {
     j["head_dim"] = head_dim;
     j["attention_bias"] = qkv_bias;
+  }
+  if (model_type == "qwen3_moe") {
+    j["num_experts"] = moe.num_experts;
+    j["num_experts_per_tok"] = moe.num_experts_per_tok;
+    j["moe_intermediate_size"] = moe.moe_intermediate_size;
+    j["decoder_sparse_step"] = moe.decoder_sparse_step;
+    j["mlp_only_layers"] = moe.mlp_only_layers;
+    j["norm_topk_prob"] = moe.norm_topk_prob;
+    j["router_aux_loss_coef"] = moe.router_aux_loss_coef;
+    j["output_router_logits"] = moe.output_router_logits;
   }
   if (model_type == "llama") {
     j["head_dim"] = head_dim;

@@ -12,6 +12,7 @@
 #include "core/fs.h"
 #include "graph/autodiff.h"
 #include "graph/passes.h"
+#include "models/moe_layout.h"
 #include "trl/io/hub.h"
 #include "trl/backend/registry.h"
 #include "trl/runtime/runtime.h"
@@ -43,6 +44,13 @@ std::vector<std::pair<std::string, Shape>> parameter_shapes(const ModelConfig& c
       p.emplace_back(l + "self_attn.k_norm.weight", Shape{D});
     }
     p.emplace_back(l + "post_attention_layernorm.weight", Shape{C});
+    if (c.sparse_layer(i)) {  // the router and the experts' stacked weights (checkpoints keep one tensor per expert: moe.h)
+      const int64_t E = c.moe.num_experts, Fm = c.moe.moe_intermediate_size;
+      p.emplace_back(l + "mlp.gate.weight", Shape{E, C});
+      p.emplace_back(l + "mlp.experts.gate_up_proj", Shape{E, 2 * Fm, C});
+      p.emplace_back(l + "mlp.experts.down_proj", Shape{E, C, Fm});
+      continue;
+    }
     p.emplace_back(l + "mlp.gate_proj.weight", Shape{F, C});
     if (c.mlp_bias) p.emplace_back(l + "mlp.gate_proj.bias", Shape{F});
     p.emplace_back(l + "mlp.up_proj.weight", Shape{F, C});
@@ -291,8 +299,11 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
   ModelConfig config = ModelConfig::load((fs::path(dir) / "config.json").string());
   Checkpoint ck = Checkpoint::open(dir);
   TensorMap weights;
+  std::set<std::string> used;  // checkpoint tensors read (the per-expert ones of a mixture of experts included)
+  if (config.moe.num_experts > 0) load_stacked_experts(config, ck, dir, options.dtype, weights, used);
   for (const auto& [name, shape] : parameter_shapes(config)) {
-    if (!ck.contains(name)) continue;  // reported by from_weights with the expected shape
+    if (weights.count(name) || !ck.contains(name)) continue;  // a missing one is reported by from_weights with the expected shape
+    used.insert(name);
     Tensor t = ck.get(name);
     // Before any conversion: an integer or boolean tensor cannot be a weight, whatever --dtype asks for.
     if (!dtype_is_float(t.dtype())) fail("{}: tensor '{}' has dtype {}; weights must be floating point", dir, name, dtype_name(t.dtype()));
@@ -324,7 +335,7 @@ CausalLM CausalLM::from_pretrained(const std::string& name_or_path, const LoadOp
   for (const std::string& name : ck.names()) {
     const bool extra_ok = (name == "lm_head.weight" && config.tie_word_embeddings) || name.ends_with("rotary_emb.inv_freq") ||
                           (name == "score.weight" && classifier);  // a reward model's head: load_reward_model reads it
-    if (!known.count(name) && !extra_ok) unused.push_back(name);
+    if (!known.count(name) && !used.count(name) && !extra_ok) unused.push_back(name);
   }
   CausalLM m = from_weights(std::move(config), std::move(weights), dir);
   if (!unused.empty()) {
@@ -440,6 +451,27 @@ class DecoderBuilder {
     return tp_out(linear(b_.reshape(a, {B, T, H * D}), l + "o_proj", tag + "attn_out"), tag + "attn_out");
   }
 
+  // The mixture of experts of decoder layer `i` on x:[B,T,C] (Qwen3-MoE's sparse block): the router's logits
+  // (mlp.gate, in the model's dtype), its top-k experts and their softmax probabilities (in f32, renormalised with
+  // norm_topk_prob, then cast to the model's dtype), and the experts weighted by them. With `stats`, the layer's
+  // load-balancing sums (over the tokens the attention mask keeps) are appended for the aux loss.
+  ValueId moe(ValueId x, int64_t i, const Inputs& in, std::vector<ValueId>* stats) {
+    const std::string l = "model.layers." + std::to_string(i) + ".mlp.", tag = "blk." + std::to_string(i) + ".";
+    if (tp_.size > 1) fail("tensor parallel of a mixture-of-experts model ({}) is not supported", c_.model_type);
+    const Shape s = b_.shape(x);
+    const int64_t N = s[0] * s[1];
+    const ValueId rows = b_.reshape(x, {N, s[2]}, tag + "ffn_moe_in");
+    const ValueId logits = linear(rows, l + "gate", tag + "ffn_gate_inp");
+    const ValueId experts = b_.moe_topk(logits, c_.moe.num_experts_per_tok, tag + "ffn_moe_topk");
+    const ValueId weights = b_.cast(b_.moe_route_weights(logits, experts, c_.moe.norm_topk_prob, tag + "ffn_moe_probs"), dt_, tag + "ffn_moe_weights");
+    const ValueId y = b_.moe_experts(rows, experts, weights, weight(l + "experts.gate_up_proj"), weight(l + "experts.down_proj"), tag + "ffn_moe");
+    if (stats != nullptr) {
+      const ValueId mask = in.mask != kNone ? b_.reshape(in.mask, {N}, tag + "ffn_moe_mask") : kNone;
+      stats->push_back(b_.moe_router_stats(logits, experts, mask, tag + "ffn_moe_stats"));
+    }
+    return b_.reshape(y, s, tag + "ffn_moe_out");
+  }
+
   // The SwiGLU MLP of decoder layer `i`: down(silu(gate(x))·up(x)).
   ValueId mlp(ValueId x, int64_t i) {
     const std::string l = "model.layers." + std::to_string(i) + ".mlp.", tag = "blk." + std::to_string(i) + ".";
@@ -475,11 +507,11 @@ CausalLM::VocabHead CausalLM::vocab_head(Builder& b, ValueId h, ValueId head) co
 }
 
 ValueId CausalLM::build_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out) const {
-  return build_decoder(b, B, T, head_out, cache, cache_out, /*training=*/false);
+  return build_decoder(b, B, T, head_out, cache, cache_out, /*training=*/false, nullptr);
 }
 
 ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_out, const CacheSpec* cache, std::vector<ValueId>* cache_out,
-                                bool training) const {
+                                bool training, std::vector<ValueId>* router_stats) const {
   const ModelConfig& c = config_;
   DecoderBuilder d(b, c, weights_, dtype_, tp_, lora_.get(), training);
   const ValueId ids = b.input("input_ids", {B, T}, DType::I32);
@@ -500,7 +532,8 @@ ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_
     const std::string l = "model.layers." + std::to_string(i) + ".", tag = "blk." + std::to_string(i) + ".";
     b.set_segment(static_cast<int32_t>(i));  // one checkpoint segment per decoder layer
     h = b.add(h, d.attention(d.norm(h, l + "input_layernorm.weight", tag + "attn_norm"), i, in, cache, cache_out), tag + "attn_residual");
-    h = b.add(h, d.mlp(d.norm(h, l + "post_attention_layernorm.weight", tag + "ffn_norm"), i), tag + "ffn_residual");
+    const ValueId x = d.norm(h, l + "post_attention_layernorm.weight", tag + "ffn_norm");
+    h = b.add(h, c.sparse_layer(i) ? d.moe(x, i, in, router_stats) : d.mlp(x, i), tag + "ffn_residual");
   }
   b.set_segment(-1);
   h = d.norm(h, "model.norm.weight", "output_norm");
@@ -508,8 +541,16 @@ ValueId CausalLM::build_decoder(Builder& b, int64_t B, int64_t T, ValueId* head_
   return h;
 }
 
-ValueId CausalLM::build_training_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, bool dropout) const {
-  return build_decoder(b, B, T, head_out, nullptr, nullptr, /*training=*/dropout);
+ValueId CausalLM::build_training_hidden(Builder& b, int64_t B, int64_t T, ValueId* head_out, bool dropout, ValueId* aux_loss) const {
+  std::vector<ValueId> stats;
+  const ValueId h = build_decoder(b, B, T, head_out, nullptr, nullptr, /*training=*/dropout, aux_loss != nullptr ? &stats : nullptr);
+  if (aux_loss != nullptr) {
+    // Transformers' load_balancing_loss_func over the sparse layers: their sums added, then one loss.
+    ValueId sum = kNone;
+    for (size_t i = 0; i < stats.size(); ++i) sum = sum == kNone ? stats[i] : b.add(sum, stats[i], "moe_stats_sum");
+    *aux_loss = sum == kNone ? kNone : b.moe_aux_loss(sum, "aux_loss");
+  }
+  return h;
 }
 
 ValueId CausalLM::vocab_positions(Builder& b, ValueId h, int64_t B, int64_t T, double temperature, int64_t K) const {
@@ -617,7 +658,7 @@ void CausalLM::save_pretrained(const std::string& dir, uint64_t max_shard_bytes)
   if (ec) fail("{}: cannot create the folder: {}", dir, ec.message());
   ModelConfig c = config_;
   c.torch_dtype = dtype_ == DType::BF16 ? "bfloat16" : dtype_ == DType::F16 ? "float16" : "float32";
-  save_checkpoint(dir, weights_, max_shard_bytes);
+  save_checkpoint(dir, checkpoint_tensors(config_, weights_), max_shard_bytes);  // a mixture of experts: one tensor per expert
   write_text_file_atomic((fs::path(dir) / "config.json").string(), c.to_json().dump(2) + "\n");
 }
 

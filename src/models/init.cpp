@@ -15,7 +15,7 @@ namespace trl {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> model_presets() { return {"tiny", "small", "qwen3-0.6b", "qwen3-1.7b"}; }
+std::vector<std::string> model_presets() { return {"tiny", "small", "qwen3-0.6b", "qwen3-1.7b", "tiny-moe", "qwen3-30b-a3b"}; }
 
 ModelConfig preset_config(const std::string& preset, DType dtype) {
   ModelConfig c;
@@ -41,8 +41,17 @@ ModelConfig preset_config(const std::string& preset, DType dtype) {
     c.hidden_size = 1024, c.intermediate_size = 3072, c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8, c.head_dim = 128;
   } else if (preset == "qwen3-1.7b") {  // Qwen/Qwen3-1.7B's config.json (tied embeddings, as the 0.6B)
     c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8, c.head_dim = 128;
+  } else if (preset == "tiny-moe") {  // tiny's attention, 8 experts of width 32, 2 per token
+    c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+    c.model_type = "qwen3_moe", c.architectures = {"Qwen3MoeForCausalLM"};
+    c.moe.num_experts = 8, c.moe.num_experts_per_tok = 2, c.moe.moe_intermediate_size = 32, c.moe.norm_topk_prob = true;
+  } else if (preset == "qwen3-30b-a3b") {  // Qwen/Qwen3-30B-A3B's config.json: 128 experts of width 768, 8 per token, untied
+    c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 48, c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128;
+    c.model_type = "qwen3_moe", c.architectures = {"Qwen3MoeForCausalLM"};
+    c.moe.num_experts = 128, c.moe.num_experts_per_tok = 8, c.moe.moe_intermediate_size = 768, c.moe.norm_topk_prob = true;
+    c.tie_word_embeddings = false;
   } else {
-    fail("unknown preset '{}' (choose one of: tiny, small, qwen3-0.6b, qwen3-1.7b)", preset);
+    fail("unknown preset '{}' (choose one of: tiny, small, qwen3-0.6b, qwen3-1.7b, tiny-moe, qwen3-30b-a3b)", preset);
   }
   c.max_window_layers = c.num_hidden_layers;
   return c;

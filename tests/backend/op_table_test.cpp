@@ -969,6 +969,87 @@ void make_names_unique(std::vector<OpCase>& t) {
     if (const int n = seen[param_name(graph::op_name(c.op), c.name)]++; n > 0) c.name += fmt::format(" #{}", n + 1);
 }
 
+// Mixture of experts. The experts' rows per expert cross the CPU backend's GEMM chunks (128/64/32/16 rows) and its
+// dot-product path below 16 rows; E = 8 with tokens routed to 4 of them leaves experts without a token; a row may
+// choose an expert twice (random ids), which the op allows.
+struct MoeShape {
+  int64_t N, C, F, E, K;
+};
+std::string moe_dims(const MoeShape& s) { return fmt::format("N{} C{} F{} E{} K{}", s.N, s.C, s.F, s.E, s.K); }
+// Router logits [N, E] and their top-k experts.
+std::pair<ValueId, ValueId> moe_router(Ctx& c, const MoeShape& s, DType dt) {
+  const ValueId logits = c.rand("logits", {s.N, s.E}, dt);
+  return {logits, c.b.moe_topk(logits, s.K)};
+}
+
+void moe_cases(std::vector<OpCase>& t) {
+  for (DType dt : {F32, BF16}) {
+    for (const MoeShape s : {MoeShape{1, 1, 1, 1, 1}, MoeShape{7, 8, 6, 4, 2}, MoeShape{129, 16, 12, 128, 8}, MoeShape{5, 4, 3, 4, 4}})
+      add_case(t, Op::MoeTopK, fmt::format("logits {} {}x{} k {}", dn(dt), s.N, s.E, s.K), kExact, [=](Ctx& c) { c.out(moe_router(c, s, dt).second); })
+          .zeros_expected = true;
+    // Quarters: many equal logits, so the ties go to the lower index everywhere.
+    add_case(t, Op::MoeTopK, fmt::format("logits {} 33x16 k 4 with ties", dn(dt)), kExact,
+             [=](Ctx& c) { c.out(c.b.moe_topk(c.quarters("logits", {33, 16}, dt), 4)); });
+    for (bool norm : {false, true})
+      for (const MoeShape s : {MoeShape{1, 1, 1, 1, 1}, MoeShape{9, 1, 1, 6, 3}, MoeShape{129, 1, 1, 128, 8}})
+        add_case(t, Op::MoeRouteWeights, fmt::format("logits {} {}x{} k {}{}", dn(dt), s.N, s.E, s.K, norm ? " normalized" : ""), kF32, [=](Ctx& c) {
+          const auto [logits, experts] = moe_router(c, s, dt);
+          c.out(c.b.moe_route_weights(logits, experts, norm));
+        });
+    for (const MoeShape s : {MoeShape{1, 1, 1, 1, 1}, MoeShape{7, 8, 6, 4, 2}, MoeShape{1, 48, 40, 16, 8}, MoeShape{129, 16, 12, 16, 8},
+                             MoeShape{300, 16, 8, 2, 2}, MoeShape{40, 24, 20, 8, 2}})
+      add_case(t, Op::MoeExperts, fmt::format("{} {}", dn(dt), moe_dims(s)), tol_of(dt), [=](Ctx& c) {
+        const auto [logits, experts] = moe_router(c, s, dt);
+        const ValueId w = c.b.cast(c.b.moe_route_weights(logits, experts, true), dt);
+        c.out(c.b.moe_experts(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {s.E, 2 * s.F, s.C}, dt, 0.3),
+                              c.rand("down", {s.E, s.C, s.F}, dt, 0.3)));
+      });
+    add_case(t, Op::MoeExperts, fmt::format("{} N40 C24 F20 E8 K2, 4 experts without a token, repeated choices", dn(dt)), tol_of(dt), [=](Ctx& c) {
+      c.out(c.b.moe_experts(c.rand("x", {40, 24}, dt), c.ids("experts", {40, 2}, 4), c.rand("w", {40, 2}, F32), c.rand("gate_up", {8, 40, 24}, dt, 0.3),
+                            c.rand("down", {8, 24, 20}, dt, 0.3)));
+    });
+    for (bool masked : {false, true})
+      add_case(t, Op::MoeRouterStats, fmt::format("logits {} 129x16 k 4{}", dn(dt), masked ? " masked" : ""), kF32, [=](Ctx& c) {
+        const auto [logits, experts] = moe_router(c, MoeShape{129, 1, 1, 16, 4}, dt);
+        c.out(c.b.moe_router_stats(logits, experts, masked ? c.ids("mask", {129}, 3) : kNone));
+      });
+    add_case(t, Op::MoeAuxLoss, fmt::format("two layers' stats, logits {} 33x8 k 2 masked", dn(dt)), kF32, [=](Ctx& c) {
+      const ValueId mask = c.ids("mask", {33}, 2);
+      ValueId sum = kNone;
+      for (int layer = 0; layer < 2; ++layer) {
+        const ValueId logits = c.rand(fmt::format("logits{}", layer), {33, 8}, dt);
+        const ValueId st = c.b.moe_router_stats(logits, c.b.moe_topk(logits, 2), mask);
+        sum = sum == kNone ? st : c.b.add(sum, st);
+      }
+      c.out(c.b.moe_aux_loss(sum));
+    });
+  }
+  // The backward ops on their own (the VJP cases below also run them through autodiff).
+  for (DType dt : {F32, BF16})
+    for (bool norm : {false, true})
+      add_case(t, Op::MoeRouteWeightsBackward, fmt::format("logits {} 33x16 k 4{}", dn(dt), norm ? " normalized" : ""), kF32, [=](Ctx& c) {
+        const auto [logits, experts] = moe_router(c, MoeShape{33, 1, 1, 16, 4}, dt);
+        c.out(c.b.moe_route_weights_backward(logits, experts, c.rand("dw", {33, 4}, F32), norm));
+      });
+  for (DType dt : {F32, BF16})
+    for (const MoeShape s : {MoeShape{7, 8, 6, 4, 2}, MoeShape{129, 16, 12, 16, 8}, MoeShape{300, 16, 8, 2, 2}})
+      for (bool frozen : {false, true})
+        add_case(t, Op::MoeExpertsBackward, fmt::format("{} {} dy f32{}", dn(dt), moe_dims(s), frozen ? ", frozen experts" : ""), tol_of(dt), [=](Ctx& c) {
+          const auto [logits, experts] = moe_router(c, s, dt);
+          const ValueId w = c.b.cast(c.b.moe_route_weights(logits, experts, true), dt);
+          for (ValueId v : c.b.moe_experts_backward(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {s.E, 2 * s.F, s.C}, dt, 0.3),
+                                                    c.rand("down", {s.E, s.C, s.F}, dt, 0.3), c.rand("dy", {s.N, s.C}, F32), "d", !frozen))
+            if (v != kNone) c.out(v);
+        });
+  for (DType dt : {F32, BF16})
+    add_case(t, Op::MoeRouterStatsBackward, fmt::format("logits {} 65x8 masked", dn(dt)), kF32, [=](Ctx& c) {
+      c.out(c.b.moe_router_stats_backward(c.rand("logits", {65, 8}, dt), c.ids("mask", {65}, 2), c.rand("ds", {17}, F32)));
+    });
+  add_case(t, Op::MoeAuxLossBackward, "stats 2x8+1", kF32, [](Ctx& c) {
+    c.out(c.b.moe_aux_loss_backward(c.vals("stats", {17}, F32, {3, 1, 0, 2, 4, 1, 0, 5, 2.5, 0.5, 1, 1, 2, 0.25, 0.75, 1.5, 8}), c.rand("g", {}, F32)));
+  });
+}
+
 const std::vector<OpCase>& op_table() {
   static const std::vector<OpCase> table = [] {
     std::vector<OpCase> t;
@@ -986,6 +1067,7 @@ const std::vector<OpCase>& op_table() {
     head_cases(t);
     jsd_cases(t);
     collective_cases(t);
+    moe_cases(t);
     make_names_unique(t);
     return t;
   }();
@@ -1209,6 +1291,36 @@ const std::vector<VjpCase>& vjp_table() {
        }},
       {Op::Dropout, "x 3x41 p 0.3", {"x"}, {Op::Dropout},
        [](Ctx& c, DType dt) { return c.b.dropout(c.rand("x", {3, 41}, dt), c.i32("seed", {2}, {5, 6}), 0.3, 11); }},
+      // Mixture of experts: the router's weights (a chosen subset of a softmax, renormalized or not), the experts
+      // (every input but the choice of experts, which has no gradient; frozen: x and the routing weights only), and
+      // the load-balancing loss through the router's probabilities.
+      {Op::MoeRouteWeights, "logits 5x6 k 3", {"logits"}, {Op::MoeRouteWeightsBackward},
+       [](Ctx& c, DType dt) {
+         const ValueId l = c.rand("logits", {5, 6}, dt);
+         return c.b.moe_route_weights(l, c.b.moe_topk(l, 3), false);
+       }},
+      {Op::MoeRouteWeights, "logits 5x6 k 3 normalized", {"logits"}, {Op::MoeRouteWeightsBackward},
+       [](Ctx& c, DType dt) {
+         const ValueId l = c.rand("logits", {5, 6}, dt);
+         return c.b.moe_route_weights(l, c.b.moe_topk(l, 3), true);
+       }},
+      {Op::MoeExperts, "x 6x5 E4 K2 F3", {"x", "w", "gate_up", "down"}, {Op::MoeExpertsBackward, Op::View},
+       [](Ctx& c, DType dt) {
+         return c.b.moe_experts(c.rand("x", {6, 5}, dt), c.i32("experts", {6, 2}, {0, 2, 2, 3, 1, 0, 3, 2, 0, 1, 2, 0}), c.rand("w", {6, 2}, dt),
+                                c.rand("gate_up", {4, 6, 5}, dt), c.rand("down", {4, 5, 3}, dt));
+       }},
+      {Op::MoeExperts, "frozen experts: x 6x5 E4 K2 F3, x and w only", {"x", "w"}, {Op::MoeExpertsBackward, Op::View},
+       [](Ctx& c, DType dt) {
+         return c.b.moe_experts(c.rand("x", {6, 5}, dt), c.i32("experts", {6, 2}, {0, 2, 2, 3, 1, 0, 3, 2, 0, 1, 2, 0}), c.rand("w", {6, 2}, dt),
+                                c.rand("gate_up", {4, 6, 5}, dt), c.rand("down", {4, 5, 3}, dt));
+       }},
+      {Op::MoeRouterStats, "aux loss of two layers: logits 7x5 k 2 masked", {"l0", "l1"}, {Op::MoeAuxLossBackward, Op::MoeRouterStatsBackward},
+       [](Ctx& c, DType dt) {
+         const ValueId mask = c.i32("mask", {7}, {1, 1, 0, 1, 2, 0, 1});
+         const ValueId l0 = c.rand("l0", {7, 5}, dt), l1 = c.rand("l1", {7, 5}, dt);
+         const ValueId s0 = c.b.moe_router_stats(l0, c.b.moe_topk(l0, 2), mask), s1 = c.b.moe_router_stats(l1, c.b.moe_topk(l1, 2), mask);
+         return c.b.moe_aux_loss(c.b.add(s0, s1));
+       }},
       {Op::WeightedSum, "x, weights 7", {"x", "weights"}, {Op::ScaleBy},
        [](Ctx& c, DType dt) { return c.b.weighted_sum(c.rand("x", {7}, dt), c.rand("weights", {7}, dt)); }},
   };
@@ -1333,10 +1445,11 @@ TEST(OpTable, EveryDifferentiableOpHasAVjpCase) {
     backward.insert(v.backward_ops.begin(), v.backward_ops.end());
   }
   for (Op op : {Op::Embedding, Op::MatMul, Op::RmsNorm, Op::Rope, Op::Attention, Op::SwiGLU, Op::TokenLogprobs, Op::Entropy, Op::WeightedSum,
-                Op::Dropout})
+                Op::Dropout, Op::MoeRouteWeights, Op::MoeExperts, Op::MoeRouterStats})
     EXPECT_TRUE(forward.count(op)) << graph::op_name(op);
   for (Op op : {Op::MatMulNN, Op::MatMulTN, Op::SumRows, Op::ScaleBy, Op::EmbeddingBackward, Op::RmsNormBackX, Op::RmsNormBackW, Op::SwiGLUBackward,
-                Op::AttentionBackward, Op::TokenLogprobsBackward, Op::EntropyBackward})
+                Op::AttentionBackward, Op::TokenLogprobsBackward, Op::EntropyBackward, Op::MoeRouteWeightsBackward, Op::MoeExpertsBackward,
+                Op::MoeRouterStatsBackward, Op::MoeAuxLossBackward})
     EXPECT_TRUE(backward.count(op)) << graph::op_name(op);
 }
 
@@ -1444,6 +1557,36 @@ std::vector<PerfCase> perf_table() {
          c.out(c.b.vocab_stat(st, graph::VocabStat::Logprob));
        },
        2 * n * V},
+      // Mixture of experts: 512 tokens, 32 experts of width 512 (a reduced Qwen3-MoE layer), 4 per token.
+      {Op::MoeTopK, "bf16 logits 512x128 k 8", [](Ctx& c) { c.out(c.b.moe_topk(c.rand("l", {R, 128}, BF16), 8)); }, 0, 2.0 * R * 128},
+      {Op::MoeRouteWeights, "bf16 logits 512x128 k 8", [](Ctx& c) {
+         const ValueId l = c.rand("l", {R, 128}, BF16);
+         c.out(c.b.moe_route_weights(l, c.b.moe_topk(l, 8), true));
+       }, 0, 2.0 * R * 128},
+      {Op::MoeRouteWeightsBackward, "bf16 logits 512x128 k 8", [](Ctx& c) {
+         const ValueId l = c.rand("l", {R, 128}, BF16);
+         c.out(c.b.moe_route_weights_backward(l, c.b.moe_topk(l, 8), c.rand("dw", {R, 8}, F32), true));
+       }, 0, 6.0 * R * 128},
+      {Op::MoeRouterStats, "bf16 logits 512x128 k 8", [](Ctx& c) {
+         const ValueId l = c.rand("l", {R, 128}, BF16);
+         c.out(c.b.moe_router_stats(l, c.b.moe_topk(l, 8), kNone));
+       }, 0, 2.0 * R * 128},
+      {Op::MoeRouterStatsBackward, "bf16 logits 512x128", [](Ctx& c) {
+         c.out(c.b.moe_router_stats_backward(c.rand("l", {R, 128}, BF16), kNone, c.rand("ds", {257}, F32)));
+       }, 0, 6.0 * R * 128},
+      {Op::MoeAuxLoss, "stats 2x128+1", [](Ctx& c) { c.out(c.b.moe_aux_loss(c.rand("s", {257}, F32))); }},
+      {Op::MoeAuxLossBackward, "stats 2x128+1", [](Ctx& c) { c.out(c.b.moe_aux_loss_backward(c.rand("s", {257}, F32), c.rand("g", {}, F32))); }},
+      {Op::MoeExperts, "bf16 x 512x1024 E32 K4 F512", [](Ctx& c) {
+         const ValueId l = c.rand("l", {R, 32}, BF16), e = c.b.moe_topk(l, 4);
+         c.out(c.b.moe_experts(c.rand("x", {R, C}, BF16), e, c.b.cast(c.b.moe_route_weights(l, e, true), BF16), c.rand("gu", {32, 1024, C}, BF16, 0.1),
+                               c.rand("dn", {32, C, 512}, BF16, 0.1)));
+       }, 2.0 * R * 4 * 3 * 512 * C},
+      {Op::MoeExpertsBackward, "bf16 x 512x1024 E32 K4 F512 dy f32", [](Ctx& c) {
+         const ValueId l = c.rand("l", {R, 32}, BF16), e = c.b.moe_topk(l, 4);
+         for (ValueId d : c.b.moe_experts_backward(c.rand("x", {R, C}, BF16), e, c.b.cast(c.b.moe_route_weights(l, e, true), BF16),
+                                                   c.rand("gu", {32, 1024, C}, BF16, 0.1), c.rand("dn", {32, C, 512}, BF16, 0.1), c.rand("dy", {R, C}, F32)))
+           c.out(d);
+       }, 2.0 * R * 4 * 3 * 512 * C * 3},
       {Op::View, "f32 packed 2x512x1024 at 512x1024 (zero-copy)", [](Ctx& c) { c.out(c.b.view(c.rand("x", {2 * R * C}, F32), R * C, {R, C}, F32)); }},
   };
   return t;

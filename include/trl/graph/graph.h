@@ -85,6 +85,25 @@ enum class Op : uint8_t {
                           //   autodiff differentiates that View into a jsd_backward reading this node as its stats
   JsdBackward,            // h, w, ht, wt, djsd:[...], stats (the jsd node) -> packed [dh | dw] (dh alone with
                           //   attrs.dh_only): the student's gradients only (the teacher is frozen)
+  // Mixture of experts (Qwen3-MoE, docs/MODELS.md): a router picks K of E experts per token; each expert is a SwiGLU
+  // MLP whose weights are stacked: gate_up:[E, 2F, C] (gate rows [0, F), up rows [F, 2F)), down:[E, C, F].
+  MoeTopK,                // logits:[N,E] -> [N,K] i32 (K = attrs.rows): the experts of the K largest logits (those of the K
+                          //   largest softmax probabilities), largest first, ties to the lower index. No VJP (indices)
+  MoeRouteWeights,        // logits:[N,E], experts:[N,K] i32 -> [N,K] f32: softmax(f32 logits) at the chosen experts, divided
+                          //   by their sum with attrs.normalize (norm_topk_prob)
+  MoeExperts,             // x:[N,C], experts:[N,K] i32, weights:[N,K], gate_up:[E,2F,C], down:[E,C,F] -> [N,C] in x's dtype:
+                          //   Σ_k weights[n,k]·down_e(silu(gate_e·x_n)·up_e·x_n), e = experts[n,k]. Tokens are grouped by
+                          //   expert, one GEMM per expert over its tokens; an expert no token chose costs nothing
+  MoeRouterStats,         // logits:[N,E], experts:[N,K] i32, mask:[N] i32|none -> [2E+1] f32, over the tokens whose mask is
+                          //   not 0: per expert the number of times it was chosen, per expert the sum of its softmax
+                          //   probabilities, then the number of tokens (the load-balancing loss's sums for one layer)
+  MoeAuxLoss,             // stats:[2E+1] f32 (MoeRouterStats summed over the sparse layers) -> [] f32:
+                          //   E·Σ_e chosen_e·probs_e / tokens², Transformers' load_balancing_loss_func
+  MoeRouteWeightsBackward,  // logits, experts, dweights:[N,K] -> dlogits [N,E]
+  MoeExpertsBackward,       // x, experts, weights, gate_up, down, dy:[N,C] -> packed [dx | dweights | dgate_up | ddown]
+                            //   ([dx | dweights] alone with attrs.dh_only: frozen experts, LoRA)
+  MoeRouterStatsBackward,   // logits, mask|none, dstats:[2E+1] -> dlogits [N,E] (through the probabilities' sums only)
+  MoeAuxLossBackward,       // stats, dloss:[] -> dstats [2E+1] (zero for the counts: they have no gradient)
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -127,7 +146,9 @@ struct Attrs {
   bool keep_logits = false;      // VocabStats: keep the bf16 logits for the backward nodes (bf16 h and w only)
   int32_t group = 0;             // AllReduce, AllReduceGrad: the collective group (core/collectives.h)
   VocabSplit vocab;              // Embedding, EmbeddingBackward and the vocabulary ops: vocabulary parallel
-  bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward, JsdBackward: the head is frozen (LoRA): dh alone
+  bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward, JsdBackward: the head is frozen (LoRA): dh alone;
+                                 //   MoeExpertsBackward: the experts are frozen: dx and dweights alone
+  bool normalize = false;        // MoeRouteWeights(Backward): divide the chosen probabilities by their sum
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
@@ -210,6 +231,12 @@ class Builder {
   // x with each element zeroed with probability p (0 <= p < 1) and the others scaled by 1/(1 − p): PyTorch's
   // training-mode dropout, its mask drawn from seed [2] i32 and `stream` (one per dropout site of a graph).
   ValueId dropout(ValueId x, ValueId seed, double p, int64_t stream, const std::string& name = "");
+  // Mixture of experts (see Op::MoeTopK ... Op::MoeAuxLoss). moe_router_stats' mask may be kNone (every token counts).
+  ValueId moe_topk(ValueId logits, int64_t k, const std::string& name = "");
+  ValueId moe_route_weights(ValueId logits, ValueId experts, bool normalize, const std::string& name = "");
+  ValueId moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name = "");
+  ValueId moe_router_stats(ValueId logits, ValueId experts, ValueId mask, const std::string& name = "");
+  ValueId moe_aux_loss(ValueId stats, const std::string& name = "");
   // Tensor parallel's collectives over collective group `group` (see Op::AllReduce, Op::AllReduceGrad).
   ValueId all_reduce(ValueId x, int32_t group, const std::string& name = "");
   ValueId all_reduce_grad(ValueId x, int32_t group, const std::string& name = "");
@@ -239,6 +266,12 @@ class Builder {
   // `stats`: the Jsd node (the packed one, not its View) on the same inputs. with_dw false: dh alone.
   std::vector<ValueId> jsd_backward(ValueId h, ValueId w, ValueId ht, ValueId wt, ValueId djsd, ValueId stats, const std::string& name = "",
                                     bool with_dw = true);
+  ValueId moe_route_weights_backward(ValueId logits, ValueId experts, ValueId dweights, bool normalize, const std::string& name = "");
+  // [dx, dweights, dgate_up, ddown] (the last two kNone without with_dw).
+  std::vector<ValueId> moe_experts_backward(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, ValueId dy,
+                                            const std::string& name = "", bool with_dw = true);
+  ValueId moe_router_stats_backward(ValueId logits, ValueId mask, ValueId dstats, const std::string& name = "");
+  ValueId moe_aux_loss_backward(ValueId stats, ValueId dloss, const std::string& name = "");
   // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.
   ValueId vocab_stats(ValueId h, ValueId w, ValueId targets, bool entropy, bool keep_logits, const std::string& name = "",
                       const VocabSplit& split = {});

@@ -1,5 +1,6 @@
 // config.json of a Hugging Face causal LM, for the decoder family trl.cpp runs: qwen3 (q/k RMSNorm, no bias),
-// qwen2 (q/k/v bias, no q/k norm) and llama (no q/k norm, optional "llama3" RoPE scaling).
+// qwen2 (q/k/v bias, no q/k norm), llama (no q/k norm, optional "llama3" RoPE scaling) and qwen3_moe (qwen3's
+// attention, a mixture of experts in place of the MLP: MoeConfig).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,18 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+};
+
+// The mixture of experts of a qwen3_moe model (Transformers' Qwen3MoeConfig field names and defaults).
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: a dense model (every layer a SwiGLU MLP of intermediate_size)
+  int64_t num_experts_per_tok = 8;
+  int64_t moe_intermediate_size = 768;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;  // dense layers among the sparse ones
+  bool norm_topk_prob = false;           // divide the chosen experts' probabilities by their sum
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;     // Transformers' default; the trainers turn the load-balancing loss on (TRL's SFT does)
 };
 
 struct ModelConfig {
@@ -46,6 +59,8 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> pad_token_id;
 
+  MoeConfig moe;  // num_experts > 0 for qwen3_moe
+
   // Derived from model_type (and attention_bias): what the decoder has.
   bool qk_norm = true;     // qwen3
   bool qkv_bias = false;   // qwen2, or attention_bias
@@ -58,6 +73,9 @@ struct ModelConfig {
   // The config.json Transformers writes for this model (keys sorted, every field present).
   nlohmann::json to_json() const;
 
+  // Whether decoder layer i is a mixture of experts: a qwen3_moe layer not in mlp_only_layers with
+  // (i + 1) % decoder_sparse_step == 0 (Transformers' rule).
+  bool sparse_layer(int64_t i) const;
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 };

@@ -158,8 +158,11 @@ class CausalLM {
 
   // The objectives' building blocks (the training programs themselves are the trainers', trl/train/objectives.h).
   // build_training_hidden: build_hidden as a training graph runs it, with a LoRA adapter's dropout active when
-  // `dropout` (its input lora_dropout_seed [2] i32 declared).
-  graph::ValueId build_training_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, bool dropout = true) const;
+  // `dropout` (its input lora_dropout_seed [2] i32 declared). With `aux_loss` and a mixture-of-experts model:
+  // *aux_loss receives the load-balancing loss of the batch ([] f32, Transformers' load_balancing_loss_func over
+  // the sparse layers, padding excluded; not yet scaled by router_aux_loss_coef); kNone for a dense model.
+  graph::ValueId build_training_hidden(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, bool dropout = true,
+                                       graph::ValueId* aux_loss = nullptr) const;
   // The hidden state the vocabulary ops read: h / temperature (logits / T = (h / T) · head, a finite T > 0), then with
   // logits_to_keep K > 0 (TRL's option) only the K positions of each row that predict its last K tokens,
   // [T − 1 − K, T − 1), gathered by the input kept_positions [B, K] i32 (their flat indices b·T + t, bound by the
@@ -184,7 +187,7 @@ class CausalLM {
   std::shared_ptr<const LoraAdapter> lora_;  // config and modules (its tensors are in weights_)
   graph::VocabSplit vocab_split() const;
   graph::ValueId build_decoder(graph::Builder& b, int64_t batch, int64_t tokens, graph::ValueId* head, const CacheSpec* cache,
-                               std::vector<graph::ValueId>* cache_out, bool training) const;  // this rank's rows of the vocabulary (none without tensor parallel)
+                               std::vector<graph::ValueId>* cache_out, bool training, std::vector<graph::ValueId>* router_stats) const;  // this rank's rows of the vocabulary (none without tensor parallel)
 };
 
 }  // namespace trl

@@ -11,8 +11,11 @@
 namespace trl {
 
 // tiny: hidden 64, ffn 128, 2 layers, 4 heads, 2 kv heads, head_dim 16. small: hidden 256, ffn 768, 4 layers,
-// 4 heads, 2 kv heads, head_dim 64. qwen3-0.6b: the real Qwen3-0.6B shapes. All use the real vocabulary (151936)
-// and Qwen3-0.6B's other settings (tied embeddings, rope_theta 1e6, eps 1e-6, special token ids).
+// 4 heads, 2 kv heads, head_dim 64. qwen3-0.6b, qwen3-1.7b: the real models' shapes. Mixtures of experts
+// (qwen3_moe): tiny-moe (tiny's attention, 8 experts of width 32, 2 per token, renormalised) and qwen3-30b-a3b (the
+// real Qwen3-30B-A3B's shapes: 48 layers, 128 experts of width 768, 8 per token, untied). All use the real vocabulary
+// (151936) and Qwen3-0.6B's other settings (rope_theta 1e6, eps 1e-6, special token ids; tied embeddings but for
+// qwen3-30b-a3b).
 std::vector<std::string> model_presets();
 ModelConfig preset_config(const std::string& preset, DType dtype);
 

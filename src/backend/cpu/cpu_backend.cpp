@@ -62,6 +62,15 @@ constexpr LowerFn table_entry(Op op) {
     case Op::JsdBackward: return lower_jsd_backward;
     case Op::AllReduce:
     case Op::AllReduceGrad: return lower_collective;
+    case Op::MoeTopK:
+    case Op::MoeRouteWeights:
+    case Op::MoeRouteWeightsBackward:
+    case Op::MoeRouterStats:
+    case Op::MoeRouterStatsBackward:
+    case Op::MoeAuxLoss:
+    case Op::MoeAuxLossBackward: return lower_moe_router;
+    case Op::MoeExperts: return lower_moe_experts;
+    case Op::MoeExpertsBackward: return lower_moe_experts_backward;
   }
   return nullptr;
 }

@@ -12,8 +12,10 @@
 //   ops_vocab.cpp       vocab_stats (the fused pass over V), token_logprobs, entropy, token_argmax_match, backward
 //   ops_distill.cpp     jsd, jsd_backward (generalized JSD of a student and a teacher head, chunked over V)
 //   ops_collective.cpp  all_reduce, all_reduce_grad (tensor parallel)
+//   ops_moe.cpp         moe_topk, moe_route_weights, moe_experts, moe_router_stats, moe_aux_loss and their backward
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -53,6 +55,10 @@ class ProgramContext {
     return at;
   }
   char* scratch(size_t offset) const;
+  // Working memory a kernel needs only while it runs, shared by every kernel of the program (sized to the largest
+  // request; 64-byte aligned): a mixture-of-experts layer's tokens grouped by expert, for example.
+  void reserve_transient(size_t bytes) { transient_bytes_ = std::max(transient_bytes_, (bytes + 63) / 64 * 64); }
+  char* transient() const { return scratch(scratch_bytes_); }
 
  protected:
   explicit ProgramContext(graph::Graph g) : g_(std::move(g)) {}
@@ -64,6 +70,7 @@ class ProgramContext {
   std::shared_ptr<Arena> arena_;
   size_t arena_bytes_ = 0;    // the planned buffers
   size_t scratch_bytes_ = 0;  // kernels' own state, after the planned buffers
+  size_t transient_bytes_ = 0;  // kernels' working memory while they run, after the scratch
 };
 
 // Lowers node `id` of c->graph(); a null Kernel means the node needs no work (aliases such as reshape).
@@ -108,5 +115,9 @@ Kernel lower_jsd(ProgramContext* c, graph::ValueId id);
 Kernel lower_jsd_backward(ProgramContext* c, graph::ValueId id);
 // ops_collective.cpp
 Kernel lower_collective(ProgramContext* c, graph::ValueId id);  // AllReduce, AllReduceGrad
+// ops_moe.cpp
+Kernel lower_moe_router(ProgramContext* c, graph::ValueId id);  // MoeTopK, MoeRouteWeights(+Backward), MoeRouterStats(+Backward), MoeAuxLoss(+Backward)
+Kernel lower_moe_experts(ProgramContext* c, graph::ValueId id);
+Kernel lower_moe_experts_backward(ProgramContext* c, graph::ValueId id);
 
 }  // namespace trl::cpu

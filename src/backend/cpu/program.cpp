@@ -81,7 +81,7 @@ void CpuProgram::lower_all() {
 }
 
 void CpuProgram::execute(const std::vector<Tensor>& bound, size_t begin, size_t end) {
-  arena_->reserve(arena_bytes_ + scratch_bytes_);  // the first run of a program (or after a failed allocation); else a no-op
+  arena_->reserve(arena_bytes_ + scratch_bytes_ + transient_bytes_);  // the first run of a program (or after a failed allocation); else a no-op
   if (bound_version_ != arena_->version) bind_arena();
   for (size_t i = 0; i < g_.inputs.size(); ++i)
     if (bound[i].defined() && bound[i].data() != nullptr) ptr_[static_cast<size_t>(g_.inputs[i])] = const_cast<void*>(bound[i].data());

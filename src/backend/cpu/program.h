@@ -44,7 +44,7 @@ class CpuProgram final : public Program, public ProgramContext {
 
   std::vector<Tensor> run(const TensorMap& inputs) override;
   std::vector<Tensor> run_stage(const TensorMap& inputs, int stage) override;
-  size_t arena_bytes() const override { return arena_bytes_ + scratch_bytes_; }
+  size_t arena_bytes() const override { return arena_bytes_ + scratch_bytes_ + transient_bytes_; }
   std::string plan_blob() const override;
   double compile_seconds() const { return compile_seconds_; }
 
