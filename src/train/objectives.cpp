@@ -19,7 +19,9 @@ graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec) {
   const DType dtype = model.dtype();
   Builder b;
   ValueId head = kNone;
-  const ValueId h = model.vocab_positions(b, model.build_training_hidden(b, B, T, &head), B, T, spec.temperature, spec.logits_to_keep);
+  ValueId aux = kNone;
+  const ValueId h = model.vocab_positions(b, model.build_training_hidden(b, B, T, &head, true, spec.aux_loss ? &aux : nullptr), B, T,
+                                          spec.temperature, spec.logits_to_keep);
   const ValueId labels = b.input("labels", {B, Tk}, DType::I32);
   const ValueId weights = b.input("loss_weights", {B, Tk}, spec.grad_dtype == DType::F64 ? DType::F64 : DType::F32);
   b.mark_seed(weights);  // stage 1 (the loss and the backward pass) starts at the first node that reads it
@@ -40,7 +42,14 @@ graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec) {
     const TensorParallel& tp = model.tensor_parallel();
     if (tp.size > 1) logit_sum = b.all_reduce(logit_sum, tp.group, "logit_sum.tp_out");  // the ranks' vocabulary rows
   }
-  const ValueId loss = b.weighted_sum(logp, weights, "loss");
+  ValueId loss = b.weighted_sum(logp, weights, "loss");
+  if (aux != kNone) {  // + aux_loss_weight · aux (Transformers' loss += router_aux_loss_coef · aux_loss)
+    const DType ld = b.node(loss).dtype;
+    const ValueId aw = b.input("aux_loss_weight", {}, ld);
+    b.mark_seed(aw);
+    const ValueId a = b.node(aux).dtype == ld ? aux : b.cast(aux, ld, "aux_loss.cast");
+    loss = b.add(loss, b.scale_by(a, aw, ld, "aux_loss.weighted"), "loss.with_aux");
+  }
   const size_t forward_nodes = b.size();
   const std::vector<std::string> names = model.trainable_parameters();
   const auto grads = graph::add_backward(b, loss, names, spec.grad_dtype);
@@ -49,6 +58,7 @@ graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec) {
   if (spec.metrics) b.output(entropy, "entropy"), b.output(match, "token_accuracy");
   if (spec.logit_sums) b.output(logit_sum, "logit_sum");
   b.output(logp, "token_logprobs");
+  if (aux != kNone) b.output(aux, "aux_loss");
   graph::Graph g = b.finish();
   return spec.gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
 }

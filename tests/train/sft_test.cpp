@@ -354,5 +354,80 @@ TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
   }
 }
 
+// A mixture of experts (tiny-moe): the load-balancing loss joins the loss as router_aux_loss_coef · aux (the model
+// config's 0.001 when unset; TRL's SFTTrainer), aux_loss is logged, 0 turns it off, and a dense model refuses it.
+TEST(SFTTrainer, MixtureOfExpertsAddsTheLoadBalancingLoss) {
+  const Tokenizer& tok = test::cut_tokenizer();
+  test::TempDir dir;
+  InitOptions io;
+  io.preset = "tiny-moe";
+  io.vocab_size = test::kCutVocab;
+  io.seed = 5;
+  init_model(io, dir.file("moe"));
+  const CausalLM model = CausalLM::from_pretrained(dir.file("moe"));
+  auto run = [&](std::optional<double> coef) {
+    SFTConfig c = base_config(dir.file("out"));
+    c.per_device_train_batch_size = 4;
+    c.max_steps = 1;
+    c.router_aux_loss_coef = coef;
+    SFTTrainer trainer(model, tok, uneven_data(), c);
+    return trainer.train().log_history.at(0);
+  };
+  const auto unset = run(std::nullopt), off = run(0.0), one = run(1.0);
+  ASSERT_TRUE(unset.contains("aux_loss")) << unset.dump();
+  EXPECT_FALSE(off.contains("aux_loss")) << off.dump();
+  const double aux = one["aux_loss"].get<double>();
+  // E·Σ f·P of a router near uniform: about K (= 2), never below 0 nor above E (= 8).
+  EXPECT_GT(aux, 1.0);
+  EXPECT_LT(aux, 8.0);
+  EXPECT_NEAR(unset["aux_loss"].get<double>(), aux, 1e-6);  // the same first batch and weights
+  EXPECT_NEAR(one["loss"].get<double>() - off["loss"].get<double>(), aux, 1e-4);
+  EXPECT_NEAR(unset["loss"].get<double>() - off["loss"].get<double>(), 0.001 * aux, 1e-5);
+  // A dense model has no load-balancing loss to weight.
+  test::TinyModel dense(test::kCutVocab);
+  SFTConfig c = base_config(dir.file("dense"));
+  c.router_aux_loss_coef = 0.5;
+  EXPECT_NE(test::error_of([&] { SFTTrainer t(dense.model, tok, uneven_data(), c); }).find("not a mixture of experts"), std::string::npos);
+}
+
+// tiny-moe learns the demo answers as tiny does (the experts, the router and the load-balancing loss train).
+TEST(SFTTrainer, TinyMixtureOfExpertsLearns) {
+  if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
+  const Tokenizer& tok = test::cut_tokenizer();
+  test::TempDir dir;
+  InitOptions io;
+  io.preset = "tiny-moe";
+  io.vocab_size = test::kCutVocab;
+  init_model(io, dir.file("base"));
+  const CausalLM model = CausalLM::from_pretrained(dir.file("base"));
+  test::write_file(dir.file("chat.jsonl"), std::string(asset("demo/chat.jsonl")));
+  Dataset ds = load_dataset(dir.file("chat.jsonl"));
+  ds.rows.resize(8);
+  ds.where.resize(8);
+  SFTConfig c;
+  c.output_dir = dir.file("out");
+  c.learning_rate = 1e-2;
+  c.lr_scheduler_type = "constant_with_warmup";
+  c.warmup_steps = 5;
+  c.per_device_train_batch_size = 8;
+  c.max_steps = 60;
+  c.logging_steps = 10;
+  c.save_steps = 1000;
+  c.progress = false;
+  c.report = false;
+  SFTTrainer trainer(model, tok, ds, c);
+  const TrainOutput out = trainer.train();
+  const double first = out.log_history.front()["loss"].get<double>(), last = out.log_history.back()["loss"].get<double>();
+  EXPECT_LT(last, 0.2 * first);
+  for (const auto& e : out.log_history) {
+    if (e.contains("aux_loss")) {
+      EXPECT_TRUE(std::isfinite(e["aux_loss"].get<double>())) << e.dump();
+    }
+  }
+  const CausalLM tuned = CausalLM::from_pretrained(c.output_dir);  // saved one tensor per expert, loaded back
+  EXPECT_EQ(tuned.config().model_type, "qwen3_moe");
+  std::printf("[ learning ] tiny-moe: loss %.3f -> %.3f, aux_loss %.3f\n", first, last, out.log_history.back().value("aux_loss", -1.0));
+}
+
 }  // namespace
 }  // namespace trl

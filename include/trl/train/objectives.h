@@ -31,6 +31,10 @@ namespace trl {
 // logits_to_keep K > 0 (TRL's option of that name): the vocabulary ops run only at the K positions that predict
 // each row's last K tokens (CausalLM::vocab_positions); labels, loss_weights and the per-token outputs are then
 // [B, K], and the input kept_positions [B, K] i32 holds those positions' flat indices b·T + t.
+// aux_loss (a mixture-of-experts model): the load-balancing loss joins the loss as aux_loss_weight·aux, with the
+// input aux_loss_weight [] f32 a seed like loss_weights (TRL's router_aux_loss_coef, divided by the gradient
+// accumulation steps for SFT); the unweighted aux loss is the last output, aux_loss [] f32 (stage 0). Ignored for a
+// dense model.
 struct TrainingSpec {
   int64_t batch = 1, tokens = 1;
   DType grad_dtype = DType::F32;  // the gradients' dtype (F64 for the finite-difference tests)
@@ -39,6 +43,7 @@ struct TrainingSpec {
   bool logit_sums = false;  // the logit_sum output
   double temperature = 1.0;
   int64_t logits_to_keep = 0;
+  bool aux_loss = false;
 };
 graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec);
 // The plain objective of a [batch, tokens] batch: no metrics, f32 gradients, temperature 1.

@@ -35,6 +35,10 @@ struct SFTConfig : TrainingArguments {
   std::string pad_to_multiple_of = "auto";  // "None" | "auto" (the backend's bucket: 64 on the CPU) | an integer
   std::string dataset_text_field = "text";
   std::string eos_token;
+  // A mixture-of-experts model's load-balancing loss joins the loss with this weight (divided by the gradient
+  // accumulation steps, as TRL does); unset: the model config's router_aux_loss_coef (0.001 for Qwen3-MoE); 0: off.
+  // Set for a dense model: an error (there is no aux loss), as in TRL.
+  std::optional<double> router_aux_loss_coef;
 };
 
 // check_training_arguments(config, "SFTConfig"), then SFT's options: max_length >= 2, and with a tokenizer that a

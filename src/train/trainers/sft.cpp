@@ -106,7 +106,8 @@ class SftMethod final : public TrainingMethod {
       T = std::max(longest, std::min(T, cfg_.max_length));
     }
     B = std::min<int64_t>(B, static_cast<int64_t>(items_.size()));
-    return training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
+    return training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true,
+                                  .aux_loss = aux_coef(model) != 0});
   }
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
@@ -123,12 +124,20 @@ class SftMethod final : public TrainingMethod {
     MethodStep out;
     out.data_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const float scale = -1.0f / static_cast<float>(std::max<int64_t>(1, items));
+    // A mixture of experts' load-balancing loss: coef · aux of each micro-batch, divided by the accumulation steps
+    // (TRL's SFTTrainer); logged unweighted as aux_loss.
+    const double coef = aux_coef(ctx.model);
+    const float aux_weight = static_cast<float>(coef / static_cast<double>(std::max<size_t>(1, micro.size())));
     for (const SFTBatch& b : batches) {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
-      const graph::Graph graph = training_graph(ctx.model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true});
+      const graph::Graph graph = training_graph(
+          ctx.model, {.batch = B, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .aux_loss = coef != 0});
       const std::map<std::string, size_t> at = graph.output_indices();
-      const auto result = ctx.programs.get(graph).run(inputs(ctx, b, scale));
+      TensorMap in = inputs(ctx, b, scale);
+      if (coef != 0) in["aux_loss_weight"] = ctx.to_backend(Tensor::from_f32(std::vector<float>{aux_weight}, {}), "aux_loss_weight");
+      const auto result = ctx.programs.get(graph).run(in);
       out.loss += ctx.to_host(result[at.at("loss")]).data_as<float>()[0];
+      if (coef != 0) metrics.add("aux_loss", ctx.to_host(result[at.at("aux_loss")]).data_as<float>()[0]);
       const TokenMetrics m = token_metrics(ctx, b, result[at.at("entropy")], result[at.at("token_accuracy")]);
       metrics.add("entropy", m.entropy);
       metrics.add("mean_token_accuracy", m.accuracy);
@@ -205,6 +214,12 @@ class SftMethod final : public TrainingMethod {
     return in;
   }
 
+  // The load-balancing loss's weight: router_aux_loss_coef, else the model config's; 0 for a dense model.
+  double aux_coef(const CausalLM& model) const {
+    if (model.config().moe.num_experts == 0) return 0;
+    return cfg_.router_aux_loss_coef.value_or(model.config().moe.router_aux_loss_coef);
+  }
+
   SFTConfig cfg_;
   int64_t multiple_ = 0;
   int32_t pad_ = 0;
@@ -232,6 +247,12 @@ void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
 SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset train, SFTConfig config, std::optional<Dataset> eval) {
   check_sft_config(config, &tok);
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
+  if (config.router_aux_loss_coef && *config.router_aux_loss_coef != 0 && model.config().moe.num_experts == 0)
+    fail("SFTConfig: router_aux_loss_coef is {} but the model ({}) is not a mixture of experts: there is no load-balancing loss to weight; "
+         "leave it unset",
+         *config.router_aux_loss_coef, model.config().model_type);
+  if (config.router_aux_loss_coef && !(std::isfinite(*config.router_aux_loss_coef) && *config.router_aux_loss_coef >= 0))
+    fail("SFTConfig: router_aux_loss_coef must be a finite number >= 0, got {}", *config.router_aux_loss_coef);
   trainer_ = std::make_unique<Trainer>(model, config, "SFTConfig");
   trainer_->set_method(std::make_unique<SftMethod>(config, tok, train, eval, trainer_->auto_pad_multiple(), trainer_->model().config().vocab_size));
 }
