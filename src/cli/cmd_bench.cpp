@@ -118,9 +118,13 @@ void register_bench_generate(CLI::App* bench) {
     };
     const double decode1 = decode_rate(1), decodeB = decode_rate(a->batch);
     // Bytes a batch-1 decode step must read: every weight once (a tied embedding is one tensor, read whole as the
-    // lm_head; the embedding lookup reads one row of it).
+    // lm_head; the embedding lookup reads one row of it); of a mixture of experts only the token's K of E experts.
     double weight_bytes = 0;
-    for (const auto& [name, t] : model.weights()) weight_bytes += static_cast<double>(t.nbytes());
+    for (const auto& [name, t] : model.weights()) {
+      const bool expert = name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
+      weight_bytes += static_cast<double>(t.nbytes()) *
+                      (expert ? static_cast<double>(cfg.moe.num_experts_per_tok) / static_cast<double>(cfg.moe.num_experts) : 1.0);
+    }
     const double bw = read_bandwidth();
     const double bound = bw / weight_bytes;
     nlohmann::ordered_json j;
@@ -156,7 +160,7 @@ void register_bench(CLI::App& app) {
   auto* cmd = add_command(*bench, "train", "One training step (forward, loss, backward, AdamW) of a Qwen3-shaped model");
   struct Args {
     std::string preset = "qwen3-0.6b", dtype = "bf16";
-    int64_t layers = 0, batch = 1, seq = 512, steps = 3, lora_r = 0;
+    int64_t layers = 0, batch = 1, seq = 512, steps = 3, lora_r = 0, vocab_size = 0;
     double lora_alpha = 32, gkd_beta = -1;
     bool gradient_checkpointing = false;
   };
@@ -168,6 +172,7 @@ void register_bench(CLI::App& app) {
   opts.add("seq", a->seq, "Tokens per sequence").min(2).max(1 << 20);
   opts.add("dtype", a->dtype, "bf16 (bf16 compute, f32 master weights) | f32").choices({"bf16", "f32"});
   opts.add("steps", a->steps, "Timed steps (after one warm-up step)").min(1);
+  opts.add("vocab_size", a->vocab_size, "A smaller vocabulary (the layers' step without the 151936-row head), 0 = the preset's").min(0);
   opts.add("gradient_checkpointing", a->gradient_checkpointing, "Recompute each layer in the backward pass (less memory)");
   opts.add("lora_r", a->lora_r, "Train a LoRA adapter of this rank on every linear layer (the base frozen); 0 = full fine-tuning").min(0);
   opts.add("lora_alpha", a->lora_alpha, "LoRA alpha (with --lora_r)").above(0);
@@ -178,6 +183,7 @@ void register_bench(CLI::App& app) {
     const DType dt = a->dtype == "bf16" ? DType::BF16 : DType::F32;
     ModelConfig cfg = preset_config(a->preset, dt);
     if (a->layers > 0) cfg.num_hidden_layers = cfg.max_window_layers = a->layers;
+    if (a->vocab_size > 0) cfg.vocab_size = a->vocab_size;
     const int64_t B = a->batch, T = a->seq;
     // Full fine-tuning: f32 masters of every weight, compute copies in the dtype (AdamW writes the bf16 copies from
     // the masters in its own pass). LoRA: the base weights only in the compute dtype, f32 masters of the adapter.
@@ -228,7 +234,8 @@ void register_bench(CLI::App& app) {
     SplitMix64 rng(1);
     Tensor ids = Tensor::zeros(DType::I32, {B, T}), mask = Tensor::zeros(DType::I32, {B, T}), labels = Tensor::zeros(DType::I32, {B, T});
     Tensor w = Tensor::zeros(DType::F32, {B, T});
-    for (int64_t i = 0; i < B * T; ++i) ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % 151643);
+    const auto vocab = static_cast<uint64_t>(std::min<int64_t>(cfg.vocab_size, 151643));
+    for (int64_t i = 0; i < B * T; ++i) ids.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(rng.next() % vocab);
     for (int64_t i = 0; i < B * T; ++i) {
       mask.mutable_data_as<int32_t>()[i] = 1;
       if (i % T != T - 1) {
@@ -274,7 +281,13 @@ void register_bench(CLI::App& app) {
     const double C = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.intermediate_size), L = static_cast<double>(cfg.num_hidden_layers);
     const double q = static_cast<double>(cfg.q_dim()), kv = static_cast<double>(cfg.kv_dim()), V = static_cast<double>(cfg.vocab_size);
     const double tokens = static_cast<double>(B * T);
-    const double fwd = tokens * 2 * (L * (C * q + 2 * C * kv + q * C + 3 * C * F) + V * C) +
+    // The MLPs' weights a token multiplies: a dense layer's 3·C·F; a sparse layer's router and its K experts.
+    double mlp = 0;
+    for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+      mlp += cfg.sparse_layer(i) ? C * static_cast<double>(cfg.moe.num_experts) +
+                                       3 * C * static_cast<double>(cfg.moe.moe_intermediate_size * cfg.moe.num_experts_per_tok)
+                                 : 3 * C * F;
+    const double fwd = tokens * 2 * (L * (C * q + 2 * C * kv + q * C) + mlp + V * C) +
                        L * static_cast<double>(B) * static_cast<double>(cfg.num_attention_heads) * static_cast<double>(T) * static_cast<double>(T) *
                            static_cast<double>(cfg.head_dim) * 2;
     // LoRA: no weight gradients of the base or the frozen head (2x their forward GEMMs instead of 3x), plus the
@@ -284,7 +297,7 @@ void register_bench(CLI::App& app) {
       const Shape shape = lora_module_shape(cfg, m);
       lora_flops += 3 * 2 * tokens * static_cast<double>(a->lora_r) * static_cast<double>(shape[0] + shape[1]);
     }
-    const double base_weights = tokens * 2 * L * (C * q + 2 * C * kv + q * C + 3 * C * F);
+    const double base_weights = tokens * 2 * (L * (C * q + 2 * C * kv + q * C) + mlp);
     double flops = a->lora_r > 0 ? 3 * fwd - base_weights - tokens * 2 * V * C + lora_flops : 3 * fwd;
     // GKD: the student's step with its head on the K completion positions only, plus the teacher's forward (its
     // head on those positions too): what the step must compute, as PyTorch's TRL computes it over all positions.
@@ -296,6 +309,7 @@ void register_bench(CLI::App& app) {
     j["bench"] = "train";
     j["preset"] = a->preset;
     j["layers"] = cfg.num_hidden_layers;
+    j["vocab_size"] = cfg.vocab_size;
     j["dtype"] = a->dtype;
     j["batch"] = B;
     j["seq"] = T;

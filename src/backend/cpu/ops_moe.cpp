@@ -3,13 +3,15 @@
 // moe_experts groups the N·K (token, choice) slots by expert (a counting sort), gathers each expert's tokens into
 // contiguous rows and runs the expert as GEMMs over them: H = X·gate_upᵀ [m, 2F], A = silu(H_gate)·H_up [m, F],
 // O = A·downᵀ [m, C]; then each token sums its K rows of O weighted by its routing weights. An expert no token
-// chose costs nothing. The number of rows m of an expert is known only at run time: the GEMMs run as chunks of
-// 128/64/32/16 rows (oneDNN primitives made at compile time, gemm.h) and the last < 16 rows as dot products that
-// read each weight row once (decoding: one token, K experts of one row each). With many experts busy the experts
-// run in parallel (one thread each, its GEMMs sequential); with few, one after the other with parallel GEMMs.
+// chose costs nothing. The number of rows m of an expert is known only at run time: an expert of more than 8 rows
+// gets its rows padded with zero rows to a multiple of 16 and runs as GEMMs of 128/64/32/16 rows (oneDNN primitives
+// made at compile time, gemm.h); one of at most 8 rows (decoding: one token, K experts of one row each) takes dot
+// products that read each weight row once. With many experts busy the experts run in parallel (one thread each,
+// its GEMMs sequential); with few, one after the other with parallel GEMMs.
 // moe_experts_backward recomputes H, A and O per expert (as attention's backward recomputes P) and forms dx,
 // the routing weights' gradient and, unless the experts are frozen, each expert's weight gradients (GEMMs whose
-// depth is the expert's rows, in chunks accumulated into the result).
+// depth is the expert's rows, padded to 16s with zero rows, in chunks accumulated into the result: one pass over
+// an expert's gradient per 128 rows).
 #include <omp.h>
 
 #include <algorithm>
@@ -197,10 +199,38 @@ Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
   }
 }
 
+// ---- rows of the experts' activations ----
+
+// acc[c] += rnd(row[c]·w) for the row of `count` elements at element `at` of p (dt): typed loops the compiler
+// vectorises for f32 and bf16.
+void add_weighted_row(const void* p, DType dt, int64_t at, int64_t count, float w, float* acc) {
+  if (dt == DType::F32) {
+    const float* x = static_cast<const float*>(p) + at;
+    for (int64_t c = 0; c < count; ++c) acc[c] += x[c] * w;
+  } else if (dt == DType::BF16) {
+    const uint16_t* x = static_cast<const uint16_t*>(p) + at;
+    for (int64_t c = 0; c < count; ++c) acc[c] += round_bf16(bf16_to_f32(x[c]) * w);
+  } else {
+    for (int64_t c = 0; c < count; ++c) acc[c] += rnd(dt, ld(p, dt, at + c) * w);
+  }
+}
+
+// out[at + c] = v[c] in dt.
+void store_row(const float* v, int64_t count, void* out, DType dt, int64_t at) {
+  if (dt == DType::F32) {
+    std::memcpy(static_cast<float*>(out) + at, v, static_cast<size_t>(count) * sizeof(float));
+  } else if (dt == DType::BF16) {
+    uint16_t* o = static_cast<uint16_t*>(out) + at;
+    for (int64_t c = 0; c < count; ++c) o[c] = f32_to_bf16(v[c]);
+  } else {
+    for (int64_t c = 0; c < count; ++c) st(out, dt, at + c, v[c]);
+  }
+}
+
 // ---- GEMMs over a number of rows (or a depth) known at run time ----
 
-constexpr int64_t kChunks[] = {128, 64, 32, 16};  // the rows (or depth) of the primitives; below 16: dot products
-constexpr int64_t kSmall = 16;
+constexpr int64_t kChunks[] = {128, 64, 32, 16};  // the rows (or depth) of the primitives
+constexpr int64_t kSmallRows = 8;  // an expert of at most this many rows takes dot products (decoding); more are padded to 16s
 
 // out[m, N] (tc) = a[m, K] (row-major, ta) · B, B(k, n) at b[k·sb_k + n·sb_n] (tb), for m rows given at run time.
 struct RowsGemm {
@@ -215,15 +245,16 @@ struct RowsGemm {
   // `parallel`: the caller is not inside a parallel region (the small rows split the columns across the threads).
   void run(const void* a, int64_t m, const void* b, void* c, bool parallel, std::vector<float>& xf) const {
     const size_t ea = dtype_size(ta), ec = dtype_size(tc);
+    if (m <= kSmallRows) return small(a, m, b, c, parallel, xf);
+    if (m % 16 != 0) fail("internal: moe_experts: {} rows of an expert, not a multiple of 16", m);
     int64_t r = 0;
     for (size_t i = 0; i < chunk.size(); ++i)
       for (; m - r >= kChunks[i]; r += kChunks[i])
         chunk[i]->run(static_cast<const char*>(a) + r * K * ea, b, static_cast<char*>(c) + r * N * ec);
-    if (r < m) small(static_cast<const char*>(a) + r * K * ea, m - r, b, static_cast<char*>(c) + r * N * ec, parallel, xf);
   }
 
  private:
-  // Fewer than 16 rows: the rows widened to f32 once, then each column n of B read once for all of them.
+  // At most 8 rows (decoding): the rows widened to f32 once, then each column n of B read once for all of them.
   void small(const void* a, int64_t m, const void* b, void* c, bool parallel, std::vector<float>& xf) const {
     xf.resize(static_cast<size_t>(m * K));
     for (int64_t i = 0; i < m * K; ++i) xf[static_cast<size_t>(i)] = ld(a, ta, i);
@@ -284,43 +315,38 @@ struct DepthGemm {
     for (int64_t depth : kChunks) chunk.push_back(std::make_unique<Gemm>(M, N, depth, ta, 1, M, ta, N, 1, DType::F32, false, true));
   }
 
-  void run(const void* p, const void* q, int64_t depth, float* c, bool parallel) const {
+  // depth: a multiple of 16 (the routing pads every expert of a backward pass).
+  void run(const void* p, const void* q, int64_t depth, float* c) const {
+    if (depth % 16 != 0) fail("internal: moe_experts_backward: a depth of {}, not a multiple of 16", depth);
     const size_t ea = dtype_size(ta);
     int64_t r = 0;
     for (size_t i = 0; i < chunk.size(); ++i)
       for (; depth - r >= kChunks[i]; r += kChunks[i]) chunk[i]->run(static_cast<const char*>(p) + r * M * ea, static_cast<const char*>(q) + r * N * ea, c);
-    if (r == depth) return;
-    // The last < 16 rows: rank-1 updates, rows of c across the threads.
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t i = 0; i < M; ++i) {
-      float* ci = c + i * N;
-      for (int64_t k = r; k < depth; ++k) {
-        const float pv = ld(p, ta, k * M + i);
-        if (pv == 0.0f) continue;
-        if (ta == DType::BF16) {
-          vec::axpy_bf16(ci, pv, static_cast<const uint16_t*>(q) + k * N, N);
-        } else {
-          for (int64_t j = 0; j < N; ++j) ci[j] += pv * ld(q, ta, k * N + j);
-        }
-      }
-    }
   }
 };
 
 // ---- the routing of one run: the (token, choice) slots grouped by expert ----
 
 struct Routing {
-  std::vector<int64_t> start;  // [E + 1]: expert e's slots are [start[e], start[e + 1]) of the sorted order
-  std::vector<int32_t> token;  // [N·K]: the token of each sorted slot
-  std::vector<int32_t> pos;    // [N·K]: where slot (n, k) went in the sorted order
+  std::vector<int64_t> start;  // [E + 1]: expert e's rows are [start[e], start[e + 1]) of the sorted order
+  std::vector<int64_t> count;  // [E]: its (token, choice) slots; the rows past them up to start[e + 1] are padding
+  std::vector<int32_t> token;  // [rows]: the token of each sorted row (-1: padding)
+  std::vector<int32_t> pos;    // [N·K]: the row slot (n, k) went to
   std::vector<int32_t> busy;   // the experts with at least one slot, most slots first
 
-  void build(const int32_t* experts, int64_t N, int64_t K, int64_t E) {
+  // `pad`: an expert of more than 8 slots (or any, with pad_all) gets its rows padded to a multiple of 16, so
+  // that its GEMMs are whole 16-row chunks (zero rows add nothing to a weight gradient); at most 8 take the dot
+  // products exactly (decoding).
+  void build(const int32_t* experts, int64_t N, int64_t K, int64_t E, bool pad_all) {
+    count.assign(static_cast<size_t>(E), 0);
+    for (int64_t i = 0; i < N * K; ++i) ++count[static_cast<size_t>(checked_expert(experts, i, E))];
     start.assign(static_cast<size_t>(E + 1), 0);
-    token.resize(static_cast<size_t>(N * K));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t c = count[static_cast<size_t>(e)];
+      start[static_cast<size_t>(e + 1)] = start[static_cast<size_t>(e)] + (c > 0 && (pad_all || c > kSmallRows) ? (c + 15) / 16 * 16 : c);
+    }
+    token.assign(static_cast<size_t>(start[static_cast<size_t>(E)]), -1);
     pos.resize(static_cast<size_t>(N * K));
-    for (int64_t i = 0; i < N * K; ++i) ++start[static_cast<size_t>(checked_expert(experts, i, E)) + 1];
-    for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < N * K; ++i) {
       const int64_t at = next[static_cast<size_t>(experts[i])]++;
@@ -329,11 +355,13 @@ struct Routing {
     }
     busy.clear();
     for (int64_t e = 0; e < E; ++e)
-      if (rows(static_cast<int32_t>(e)) > 0) busy.push_back(static_cast<int32_t>(e));
+      if (count[static_cast<size_t>(e)] > 0) busy.push_back(static_cast<int32_t>(e));
     std::stable_sort(busy.begin(), busy.end(), [&](int32_t a, int32_t b) { return rows(a) > rows(b); });
   }
-  int64_t rows(int32_t e) const { return start[static_cast<size_t>(e) + 1] - start[static_cast<size_t>(e)]; }
+  int64_t rows(int32_t e) const { return start[static_cast<size_t>(e) + 1] - start[static_cast<size_t>(e)]; }  // padding included
   int64_t first(int32_t e) const { return start[static_cast<size_t>(e)]; }
+  // The most rows an (N·K)-slot routing over E experts can take.
+  static int64_t max_rows(int64_t slots, int64_t E) { return slots + 15 * std::min(slots, E); }
 };
 
 // Runs fn(e, parallel_inside) for every busy expert: in parallel across experts when there are enough of them to
@@ -379,9 +407,18 @@ struct ExpertsForward {
   ExpertsForward(const ExpertsShape& shape)
       : s(shape), up(2 * s.F, s.C, s.dt, s.dt, 1, s.C, s.dt), down(s.C, s.F, s.dt, s.dt, 1, s.F, s.dt) {}
 
-  // A from H for rows [0, m): silu(gate) rounded to dt, times up, rounded (Transformers' rounding points).
-  void activate(const char* h, int64_t m, char* a) const {
+  // A from H for rows [0, m): silu(gate) rounded to dt, times up, rounded (Transformers' rounding points; the
+  // dense swiglu op's kernel for bf16).
+  void activate(const char* h, int64_t m, char* a, bool parallel) const {
     const int64_t F = s.F;
+    if (s.dt == DType::BF16 && vec::swiglu_bf16_available()) {
+      const auto* h16 = reinterpret_cast<const uint16_t*>(h);
+      auto* a16 = reinterpret_cast<uint16_t*>(a);
+#pragma omp parallel for schedule(static) if (parallel)
+      for (int64_t r = 0; r < m; ++r) vec::swiglu_bf16(h16 + r * 2 * F, h16 + r * 2 * F + F, F, a16 + r * F);
+      return;
+    }
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < m; ++r)
       for (int64_t f = 0; f < F; ++f) {
         const float g = ld(h, s.dt, r * 2 * F + f), u = ld(h, s.dt, r * 2 * F + F + f);
@@ -393,10 +430,14 @@ struct ExpertsForward {
   void run_expert(int32_t e, const Routing& rt, const void* x, const char* gate_up, const char* down_w, char* X, char* H, char* A, char* O,
                   bool parallel, std::vector<float>& xf) const {
     const int64_t m = rt.rows(e), r0 = rt.first(e), C = s.C, F = s.F;
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(X + (r0 + r) * C * s.es, static_cast<const char*>(x) + rt.token[static_cast<size_t>(r0 + r)] * C * s.es, static_cast<size_t>(C) * s.es);
+    for (int64_t r = 0; r < m; ++r) {
+      const int32_t tok = rt.token[static_cast<size_t>(r0 + r)];
+      char* row = X + (r0 + r) * C * s.es;
+      if (tok < 0) std::memset(row, 0, static_cast<size_t>(C) * s.es);  // padding: zero rows, zero results
+      else std::memcpy(row, static_cast<const char*>(x) + tok * C * s.es, static_cast<size_t>(C) * s.es);
+    }
     up.run(X + r0 * C * s.es, m, gate_up + e * 2 * F * C * s.es, H + r0 * 2 * F * s.es, parallel, xf);
-    activate(H + r0 * 2 * F * s.es, m, A + r0 * F * s.es);
+    activate(H + r0 * 2 * F * s.es, m, A + r0 * F * s.es, parallel);
     down.run(A + r0 * F * s.es, m, down_w + e * C * F * s.es, O + r0 * C * s.es, parallel, xf);
   }
 };
@@ -405,7 +446,7 @@ struct ExpertsForward {
 struct Layout {
   size_t X = 0, H = 0, A = 0, O = 0, dO = 0, dA = 0, dH = 0, dX = 0, end = 0;
   Layout(const ExpertsShape& s, bool backward) {
-    const size_t n = static_cast<size_t>(s.slots()), C = static_cast<size_t>(s.C), F = static_cast<size_t>(s.F);
+    const size_t n = static_cast<size_t>(Routing::max_rows(s.slots(), s.E)), C = static_cast<size_t>(s.C), F = static_cast<size_t>(s.F);
     auto take = [&](size_t bytes) {
       const size_t at = end;
       end += (bytes + 63) / 64 * 64;
@@ -436,7 +477,7 @@ Kernel lower_moe_experts(ProgramContext* cx, graph::ValueId id) {
   auto rt = std::make_shared<Routing>();
   return [cx, id, in, fw, lay, rt] {
     const ExpertsShape& s = fw->s;
-    rt->build(static_cast<const int32_t*>(cx->p(in[1])), s.N, s.K, s.E);
+    rt->build(static_cast<const int32_t*>(cx->p(in[1])), s.N, s.K, s.E, /*pad_all=*/false);
     char* t = cx->transient();
     const auto* gu = static_cast<const char*>(cx->p(in[3]));
     const auto* dn = static_cast<const char*>(cx->p(in[4]));
@@ -456,9 +497,9 @@ Kernel lower_moe_experts(ProgramContext* cx, graph::ValueId id) {
         for (int64_t k = 0; k < s.K; ++k) {
           const int64_t row = rt->pos[static_cast<size_t>(tok * s.K + k)];
           const float wk = rnd(s.dt, ld(w, s.wt, tok * s.K + k));
-          for (int64_t c = 0; c < s.C; ++c) acc[static_cast<size_t>(c)] += rnd(s.dt, ld(O, s.dt, row * s.C + c) * wk);
+          add_weighted_row(O, s.dt, row * s.C, s.C, wk, acc.data());
         }
-        for (int64_t c = 0; c < s.C; ++c) st(cx->p(id), s.dt, tok * s.C + c, acc[static_cast<size_t>(c)]);
+        store_row(acc.data(), s.C, cx->p(id), s.dt, tok * s.C);
       }
     }
   };
@@ -486,7 +527,7 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
   return [cx, id, in, dh_only, od, gd, fw, back_a, back_x, grad_gu, grad_dn, lay, ngu, ndn, direct, grads_at, rt] {
     const ExpertsShape& sh = fw->s;
     const int64_t C = sh.C, F = sh.F, NK = sh.slots();
-    rt->build(static_cast<const int32_t*>(cx->p(in[1])), sh.N, sh.K, sh.E);
+    rt->build(static_cast<const int32_t*>(cx->p(in[1])), sh.N, sh.K, sh.E, /*pad_all=*/true);
     char* t = cx->transient();
     char *X = t + lay.X, *H = t + lay.H, *A = t + lay.A, *O = t + lay.O, *dO = t + lay.dO, *dH = t + lay.dH;
     auto* dA = reinterpret_cast<float*>(t + lay.dA);
@@ -508,42 +549,77 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
       fw->run_expert(e, *rt, cx->p(in[0]), gu, dn, X, H, A, O, parallel, xf);
       const int64_t m = rt->rows(e), r0 = rt->first(e);
       // dO = w·dy (rounded to dt: the GEMMs' operand, as autocast rounds a bf16 layer's gradient) and dweights.
+#pragma omp parallel for schedule(static) if (parallel)
       for (int64_t r = r0; r < r0 + m; ++r) {
         const int64_t tok = rt->token[static_cast<size_t>(r)];
+        if (tok < 0) {  // padding: a zero gradient row, so that it adds nothing to the weight gradients
+          std::memset(dO + r * C * sh.es, 0, static_cast<size_t>(C) * sh.es);
+          continue;
+        }
         int64_t slot = tok * sh.K;
         while (rt->pos[static_cast<size_t>(slot)] != r) ++slot;
         const float wk = rnd(sh.dt, ld(w, sh.wt, slot));
-        double dot = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const float g = ld(dy, gd, tok * C + c);
-          dot += static_cast<double>(g) * ld(O, sh.dt, r * C + c);
-          st(dO, sh.dt, r * C + c, g * wk);
+        float dot = 0;
+        if (gd == DType::F32 && sh.dt == DType::BF16) {  // bf16 training: typed loops
+          const float* g = static_cast<const float*>(dy) + tok * C;
+          const uint16_t* o = reinterpret_cast<const uint16_t*>(O) + r * C;
+          uint16_t* d = reinterpret_cast<uint16_t*>(dO) + r * C;
+          for (int64_t c = 0; c < C; ++c) {
+            dot += g[c] * bf16_to_f32(o[c]);
+            d[c] = f32_to_bf16(g[c] * wk);
+          }
+        } else {
+          for (int64_t c = 0; c < C; ++c) {
+            const float g = ld(dy, gd, tok * C + c);
+            dot += g * ld(O, sh.dt, r * C + c);
+            st(dO, sh.dt, r * C + c, g * wk);
+          }
         }
-        st(out, od, nx + slot, static_cast<float>(dot));
+        st(out, od, nx + slot, dot);
       }
       back_a->run(dO + r0 * C * sh.es, m, dn + e * C * F * sh.es, dA + r0 * F, parallel, xf);
       // dH: dgate = dA·up·silu'(gate), dup = dA·silu(gate).
-      for (int64_t r = r0; r < r0 + m; ++r)
+#pragma omp parallel for schedule(static) if (parallel)
+      for (int64_t r = r0; r < r0 + m; ++r) {
+        if (sh.dt == DType::BF16) {
+          const uint16_t* h = reinterpret_cast<const uint16_t*>(H) + r * 2 * F;
+          uint16_t* d = reinterpret_cast<uint16_t*>(dH) + r * 2 * F;
+          const float* da = dA + r * F;
+          for (int64_t f = 0; f < F; ++f) {
+            const float g = bf16_to_f32(h[f]), u = bf16_to_f32(h[F + f]);
+            const float sig = 1.0f / (1.0f + std::exp(-g));
+            d[f] = f32_to_bf16(da[f] * u * sig * (1.0f + g * (1.0f - sig)));
+            d[F + f] = f32_to_bf16(da[f] * g * sig);
+          }
+          continue;
+        }
         for (int64_t f = 0; f < F; ++f) {
           const float g = ld(H, sh.dt, r * 2 * F + f), u = ld(H, sh.dt, r * 2 * F + F + f), da = dA[r * F + f];
           const float sig = 1.0f / (1.0f + std::exp(-g));
           st(dH, sh.dt, r * 2 * F + f, da * u * sig * (1.0f + g * (1.0f - sig)));
           st(dH, sh.dt, r * 2 * F + F + f, da * g * sig);
         }
+      }
       back_x->run(dH + r0 * 2 * F * sh.es, m, gu + e * 2 * F * C * sh.es, dX + r0 * C, parallel, xf);
       if (!dh_only) {
-        grad_gu->run(dH + r0 * 2 * F * sh.es, X + r0 * C * sh.es, m, dgu + e * 2 * F * C, parallel);
-        grad_dn->run(dO + r0 * C * sh.es, A + r0 * F * sh.es, m, ddn + e * C * F, parallel);
+        grad_gu->run(dH + r0 * 2 * F * sh.es, X + r0 * C * sh.es, m, dgu + e * 2 * F * C);
+        grad_dn->run(dO + r0 * C * sh.es, A + r0 * F * sh.es, m, ddn + e * C * F);
       }
     });
     // dx[n] = Σ_k dX[pos(n, k)].
-#pragma omp parallel for schedule(static)
-    for (int64_t tok = 0; tok < sh.N; ++tok)
-      for (int64_t c = 0; c < C; ++c) {
-        float v = 0;
-        for (int64_t k = 0; k < sh.K; ++k) v += dX[rt->pos[static_cast<size_t>(tok * sh.K + k)] * C + c];
-        st(out, od, tok * C + c, v);
+#pragma omp parallel
+    {
+      std::vector<float> v(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+      for (int64_t tok = 0; tok < sh.N; ++tok) {
+        std::fill(v.begin(), v.end(), 0.0f);
+        for (int64_t k = 0; k < sh.K; ++k) {
+          const float* row = dX + rt->pos[static_cast<size_t>(tok * sh.K + k)] * C;
+          for (int64_t c = 0; c < C; ++c) v[static_cast<size_t>(c)] += row[c];
+        }
+        store_row(v.data(), C, out, od, tok * C);
       }
+    }
     if (!dh_only && !direct)
       for (size_t i = 0; i < ngu + ndn; ++i) st(out, od, nx + nw + static_cast<int64_t>(i), dgu[i]);
   };
