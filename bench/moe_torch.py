@@ -1,8 +1,9 @@
 """PyTorch side of bench/run_moe.sh: the training step of `trl bench train --preset qwen3-30b-a3b` (Qwen3-MoE widths,
 random weights, SFT cross-entropy on random tokens plus the load-balancing loss at the config's 0.001, backward,
 AdamW) with Transformers' own Qwen3MoeForCausalLM (PyPI's transformers and PyTorch, CPU). The configuration is the
-fastest honest one of those tried here: f32 master weights under torch.autocast(bfloat16) for --dtype bf16, plain
-f32 for --dtype f32; AdamW(foreach=True); --experts_implementation picks Transformers' expert kernel (eager: a loop
+fastest honest one of those tried here: AdamW(foreach=True); --precision bf16_weights (the default: the model in bf16, as Transformers users load a bf16
+checkpoint; autocast over f32 weights casts each fused [E, 2F, C] expert tensor to bf16 at every expert's call and
+took 116 s a step here) | autocast | f32; --experts_implementation picks Transformers' expert kernel (eager: a loop
 over the experts that received tokens; grouped_mm: torch's grouped GEMM). Prints one JSON line.
 
     python bench/moe_torch.py --layers 1 --batch 1 --seq 512 --dtype bf16 --vocab_size 8192 --steps 3
@@ -27,6 +28,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--vocab_size", type=int, default=151936)
     ap.add_argument("--experts_implementation", default="eager")
+    ap.add_argument("--precision", default="bf16_weights", help="bf16_weights: the model in bf16 (no f32 masters); autocast: f32 weights under "
+                    "torch.autocast(bfloat16); f32")
     args, _ = ap.parse_known_args()
     if args.preset != "qwen3-30b-a3b":
         raise SystemExit("moe_torch.py: only --preset qwen3-30b-a3b")
@@ -41,13 +44,15 @@ def main():
     except Exception:
         pass
     model = Qwen3MoeForCausalLM(cfg).float().train()
+    if args.dtype == "bf16" and args.precision == "bf16_weights":
+        model = model.to(torch.bfloat16)
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(args.experts_implementation)
     B, T = args.batch, args.seq
     ids = torch.randint(0, min(args.vocab_size, 151643), (B, T))
     mask = torch.ones(B, T, dtype=torch.long)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=True)
-    bf16 = args.dtype == "bf16"
+    bf16 = args.dtype == "bf16" and args.precision == "autocast"
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -65,7 +70,7 @@ def main():
         times.append(time.perf_counter() - t0)
     print(json.dumps({
         "bench": "train_torch_moe", "preset": args.preset, "layers": args.layers, "vocab_size": args.vocab_size, "dtype": args.dtype,
-        "batch": B, "seq": T, "threads": torch.get_num_threads(), "experts_implementation": args.experts_implementation,
+        "batch": B, "seq": T, "threads": torch.get_num_threads(), "experts_implementation": args.experts_implementation, "precision": args.precision,
         "torch": torch.__version__, "transformers": transformers.__version__, "parameters": sum(p.numel() for p in model.parameters()),
         "step_seconds_best": min(times), "step_seconds_mean": sum(times) / len(times), "tokens_per_s": B * T / min(times),
         "loss": loss, "aux_loss": aux, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -218,7 +218,8 @@ void register_bench(CLI::App& app) {
     if (gkd) teacher = CausalLM::from_weights(cfg, init_weights(cfg, dt, 7, 0.02, false), "teacher");
     auto trace = [&] {
       return gkd ? distillation_graph(model, {.batch = B, .tokens = T, .logits_to_keep = K, .teacher = {cfg.hidden_size, dt}, .beta = a->gkd_beta, .gradient_checkpointing = a->gradient_checkpointing})
-                 : training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing});
+                 : training_graph(model, {.batch = B, .tokens = T, .gradient_checkpointing = a->gradient_checkpointing,
+                                          .aux_loss = cfg.moe.num_experts > 0});  // a mixture of experts: + 0.001 · aux, as TRL's SFT
     };
     auto t0 = Clock::now();
     const graph::Graph g = trace();
@@ -255,6 +256,7 @@ void register_bench(CLI::App& app) {
     auto step = [&] {
       TensorMap in = compute;
       in["input_ids"] = ids, in["attention_mask"] = mask, in["position_ids"] = default_position_ids(mask), in["labels"] = labels, in["loss_weights"] = w;
+      if (cfg.moe.num_experts > 0 && !gkd) in["aux_loss_weight"] = Tensor::from_f32(std::vector<float>{static_cast<float>(cfg.moe.router_aux_loss_coef)}, {});
       if (gkd) {
         TensorMap tin = teacher->weights();
         tin["input_ids"] = ids, tin["attention_mask"] = mask, tin["position_ids"] = in["position_ids"], tin["kept_positions"] = kept;

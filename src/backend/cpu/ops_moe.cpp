@@ -229,7 +229,9 @@ void store_row(const float* v, int64_t count, void* out, DType dt, int64_t at) {
 
 // ---- GEMMs over a number of rows (or a depth) known at run time ----
 
-constexpr int64_t kChunks[] = {128, 64, 32, 16};  // the rows (or depth) of the primitives
+// The rows (or depth) of the primitives: an expert's rows, padded to 16s, are whole chunks of 128 and at most one
+// smaller chunk, so that a weight gradient is written in one pass per 128 rows.
+constexpr int64_t kChunks[] = {128, 112, 96, 80, 64, 48, 32, 16};
 constexpr int64_t kSmallRows = 8;  // an expert of at most this many rows takes dot products (decoding); more are padded to 16s
 
 // out[m, N] (tc) = a[m, K] (row-major, ta) · B, B(k, n) at b[k·sb_k + n·sb_n] (tb), for m rows given at run time.
@@ -309,19 +311,24 @@ struct RowsGemm {
 struct DepthGemm {
   int64_t M = 0, N = 0;
   DType ta = DType::F32;
-  std::vector<std::unique_ptr<Gemm>> chunk;
+  std::vector<std::unique_ptr<Gemm>> write, add;  // per kChunks entry: c = pᵀ·q (the first chunk), c += pᵀ·q
 
   DepthGemm(int64_t m, int64_t n, DType a) : M(m), N(n), ta(a) {
-    for (int64_t depth : kChunks) chunk.push_back(std::make_unique<Gemm>(M, N, depth, ta, 1, M, ta, N, 1, DType::F32, false, true));
+    for (int64_t depth : kChunks) {
+      write.push_back(std::make_unique<Gemm>(M, N, depth, ta, 1, M, ta, N, 1, DType::F32, false, false));
+      add.push_back(std::make_unique<Gemm>(M, N, depth, ta, 1, M, ta, N, 1, DType::F32, false, true));
+    }
   }
 
-  // depth: a multiple of 16 (the routing pads every expert of a backward pass).
+  // c = pᵀ·q over `depth` rows, a multiple of 16 (the routing pads every expert of a backward pass): c is written
+  // by the first chunk (no need to clear it) and added to by the others.
   void run(const void* p, const void* q, int64_t depth, float* c) const {
-    if (depth % 16 != 0) fail("internal: moe_experts_backward: a depth of {}, not a multiple of 16", depth);
+    if (depth % 16 != 0 || depth == 0) fail("internal: moe_experts_backward: a depth of {}, not a positive multiple of 16", depth);
     const size_t ea = dtype_size(ta);
     int64_t r = 0;
-    for (size_t i = 0; i < chunk.size(); ++i)
-      for (; depth - r >= kChunks[i]; r += kChunks[i]) chunk[i]->run(static_cast<const char*>(p) + r * M * ea, static_cast<const char*>(q) + r * N * ea, c);
+    for (size_t i = 0; i < write.size(); ++i)
+      for (; depth - r >= kChunks[i]; r += kChunks[i])
+        (r == 0 ? write : add)[i]->run(static_cast<const char*>(p) + r * M * ea, static_cast<const char*>(q) + r * N * ea, c);
   }
 };
 
@@ -540,10 +547,12 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
     const int64_t nx = sh.N * C, nw = NK;
     float* dgu = dh_only ? nullptr : direct ? static_cast<float*>(out) + nx + nw : reinterpret_cast<float*>(t + grads_at);
     float* ddn = dh_only ? nullptr : dgu + ngu;
-    if (!dh_only) {
-      std::memset(dgu, 0, ngu * sizeof(float));  // an expert no token chose: a zero gradient
-      std::memset(ddn, 0, ndn * sizeof(float));
-    }
+    if (!dh_only)  // an expert no token chose: a zero gradient (the others' are written whole by their GEMMs)
+      for (int64_t e = 0; e < sh.E; ++e)
+        if (rt->count[static_cast<size_t>(e)] == 0) {
+          std::memset(dgu + e * 2 * F * C, 0, static_cast<size_t>(2 * F * C) * sizeof(float));
+          std::memset(ddn + e * C * F, 0, static_cast<size_t>(C * F) * sizeof(float));
+        }
     for_each_expert(*rt, [&](int32_t e, bool parallel) {
       thread_local std::vector<float> xf;
       fw->run_expert(e, *rt, cx->p(in[0]), gu, dn, X, H, A, O, parallel, xf);
