@@ -1581,6 +1581,12 @@ std::vector<PerfCase> perf_table() {
          c.out(c.b.moe_experts(c.rand("x", {R, C}, BF16), e, c.b.cast(c.b.moe_route_weights(l, e, true), BF16), c.rand("gu", {32, 1024, C}, BF16, 0.1),
                                c.rand("dn", {32, C, 512}, BF16, 0.1)));
        }, 2.0 * R * 4 * 3 * 512 * C},
+      // Decoding Qwen3-30B-A3B: one token, 8 of 128 experts of width 768 (memory-bound: each expert's weights once).
+      {Op::MoeExperts, "bf16 decode x 1x2048 E128 K8 F768", [](Ctx& c) {
+         const ValueId l = c.rand("l", {1, 128}, BF16), e = c.b.moe_topk(l, 8);
+         c.out(c.b.moe_experts(c.rand("x", {1, 2048}, BF16), e, c.b.cast(c.b.moe_route_weights(l, e, true), BF16), c.rand("gu", {128, 1536, 2048}, BF16, 0.1),
+                               c.rand("dn", {128, 2048, 768}, BF16, 0.1)));
+       }, 0, 8.0 * 3 * 768 * 2048 * 2},
       {Op::MoeExpertsBackward, "bf16 x 512x1024 E32 K4 F512 dy f32", [](Ctx& c) {
          const ValueId l = c.rand("l", {R, 32}, BF16), e = c.b.moe_topk(l, 4);
          for (ValueId d : c.b.moe_experts_backward(c.rand("x", {R, C}, BF16), e, c.b.cast(c.b.moe_route_weights(l, e, true), BF16),
