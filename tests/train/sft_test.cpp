@@ -310,21 +310,30 @@ TEST(SFTTrainer, ProgramCountsFollowThePaddingPolicy) {
 namespace trl {
 namespace {
 
+// A preset of the cut vocabulary written to dir/base and loaded; the demo dataset's first 8 conversations.
+CausalLM cut_model(const test::TempDir& dir, const std::string& preset) {
+  InitOptions io;
+  io.preset = preset;
+  io.vocab_size = test::kCutVocab;
+  init_model(io, dir.file("base"));
+  return CausalLM::from_pretrained(dir.file("base"));
+}
+Dataset demo_rows(const test::TempDir& dir) {
+  test::write_file(dir.file("chat.jsonl"), std::string(asset("demo/chat.jsonl")));
+  Dataset ds = load_dataset(dir.file("chat.jsonl"));
+  ds.rows.resize(8);
+  ds.where.resize(8);
+  return ds;
+}
+
 // Learning: the tiny model learns 8 of the demo dataset's questions and answers within CI time, with padding
 // (batches padded to their longest row) and with packing (best-fit-decreasing rows of 128 tokens).
 TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
   const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
-  InitOptions io;
-  io.preset = "tiny";
-  io.vocab_size = test::kCutVocab;
-  init_model(io, dir.file("base"));
-  const CausalLM model = CausalLM::from_pretrained(dir.file("base"));
-  test::write_file(dir.file("chat.jsonl"), std::string(asset("demo/chat.jsonl")));
-  Dataset ds = load_dataset(dir.file("chat.jsonl"));
-  ds.rows.resize(8);
-  ds.where.resize(8);
+  const CausalLM model = cut_model(dir, "tiny");
+  const Dataset ds = demo_rows(dir);
   for (bool packing : {false, true}) {
     SFTConfig c;
     c.output_dir = dir.file(packing ? "packed" : "padded");
@@ -395,15 +404,8 @@ TEST(SFTTrainer, TinyMixtureOfExpertsLearns) {
   if (kSanitized) GTEST_SKIP() << "long: runs in the Release pass";
   const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
-  InitOptions io;
-  io.preset = "tiny-moe";
-  io.vocab_size = test::kCutVocab;
-  init_model(io, dir.file("base"));
-  const CausalLM model = CausalLM::from_pretrained(dir.file("base"));
-  test::write_file(dir.file("chat.jsonl"), std::string(asset("demo/chat.jsonl")));
-  Dataset ds = load_dataset(dir.file("chat.jsonl"));
-  ds.rows.resize(8);
-  ds.where.resize(8);
+  const CausalLM model = cut_model(dir, "tiny-moe");
+  const Dataset ds = demo_rows(dir);
   SFTConfig c;
   c.output_dir = dir.file("out");
   c.learning_rate = 1e-2;

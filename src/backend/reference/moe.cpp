@@ -8,20 +8,12 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/reference/rounding.h"
 #include "trl/core/error.h"
 
 namespace trl::reference {
 
 namespace {
-
-double rnd(DType dtype, double v) {
-  switch (dtype) {
-    case DType::BF16: return round_bf16(static_cast<float>(v));
-    case DType::F16: return f16_to_f32(f32_to_f16(static_cast<float>(v)));
-    case DType::F32: return static_cast<float>(v);
-    default: return v;
-  }
-}
 
 double at(const Tensor& t, int64_t i) { return load_element(t.data(), t.dtype(), i); }
 void put(Tensor& t, int64_t i, double v) { store_element(t.mutable_data(), t.dtype(), i, v); }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "backend/reference/moe.h"
+#include "backend/reference/rounding.h"
 #include "backend/vocab_parallel.h"
 #include "core/rng.h"
 #include "trl/backend/backend.h"
@@ -25,15 +26,7 @@ using graph::kNone;
 using graph::Node;
 using graph::Op;
 
-// Round a value to what storing it in `dtype` would keep.
-double rnd(DType dtype, double v) {
-  switch (dtype) {
-    case DType::BF16: return round_bf16(static_cast<float>(v));
-    case DType::F16: return f16_to_f32(f32_to_f16(static_cast<float>(v)));
-    case DType::F32: return static_cast<float>(v);
-    default: return v;
-  }
-}
+using reference::rnd;  // a value as storing it in a dtype keeps it
 
 // Every element as double: exact for every float dtype, f64 included (gradient checks run in f64).
 std::vector<double> as_f64(const Tensor& t) {
