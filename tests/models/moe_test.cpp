@@ -218,6 +218,22 @@ TEST(Qwen3Moe, AMissingExpertTensorIsNamed) {
   }
 }
 
+// An expert index outside [0, E) given to the router ops (a graph built by hand: moe_topk never makes one) is an
+// error that names it, on every backend, not a crash inside a parallel loop.
+TEST(Qwen3Moe, AnExpertIndexOutOfRangeIsAnError) {
+  for (const std::string backend_name : {"cpu", "reference"}) {
+    graph::Builder b;
+    const ValueId logits = b.input("logits", {3, 4}, DType::F32), experts = b.input("experts", {3, 2}, DType::I32);
+    b.output(b.moe_route_weights(logits, experts, true));
+    b.output(b.moe_router_stats(logits, experts, kNone));
+    TensorMap in;
+    in["logits"] = Tensor::from_f32(std::vector<float>(12, 0.5f), {3, 4});
+    in["experts"] = Tensor::from_i32(std::vector<int32_t>{0, 1, 2, 3, 4, 0}, {3, 2});
+    const std::string err = test::error_of([&] { (void)make_backend(backend_name)->compile(b.finish())->run(in); });
+    EXPECT_NE(err.find("expert 4"), std::string::npos) << backend_name << ": " << err;
+  }
+}
+
 // Experts that no token chose get a zero gradient (not what the memory held before): 8 experts, tokens routed to 4.
 TEST(Qwen3Moe, ExpertsWithoutTokensGetZeroGradients) {
   graph::Builder b;

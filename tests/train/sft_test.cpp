@@ -392,6 +392,15 @@ TEST(SFTTrainer, MixtureOfExpertsAddsTheLoadBalancingLoss) {
   EXPECT_NEAR(unset["aux_loss"].get<double>(), aux, 1e-6);  // the same first batch and weights
   EXPECT_NEAR(one["loss"].get<double>() - off["loss"].get<double>(), aux, 1e-4);
   EXPECT_NEAR(unset["loss"].get<double>() - off["loss"].get<double>(), 0.001 * aux, 1e-5);
+  // A qwen3_moe config whose layers are all dense (mlp_only_layers) has no router: no aux loss, no error.
+  ModelConfig all_dense = model.config();
+  all_dense.moe.mlp_only_layers = {0, 1};
+  const CausalLM dense_moe = CausalLM::from_weights(all_dense, init_weights(all_dense, DType::F32, 5, 0.02, false), "all dense");
+  SFTConfig d = base_config(dir.file("all_dense"));
+  d.max_steps = 1;
+  const auto dense_log = SFTTrainer(dense_moe, tok, uneven_data(), d).train().log_history.at(0);
+  EXPECT_FALSE(dense_log.contains("aux_loss")) << dense_log.dump();
+  EXPECT_TRUE(std::isfinite(dense_log["loss"].get<double>()));
   // A dense model has no load-balancing loss to weight.
   test::TinyModel dense(test::kCutVocab);
   SFTConfig c = base_config(dir.file("dense"));

@@ -50,6 +50,12 @@ int32_t checked_expert(const int32_t* experts, int64_t i, int64_t E) {
   return e;
 }
 
+// Every expert index in range, checked before a parallel loop reads them (an error thrown inside an OpenMP region
+// would end the process instead of reaching the caller).
+void check_experts(const int32_t* experts, int64_t count, int64_t E) {
+  for (int64_t i = 0; i < count; ++i) (void)checked_expert(experts, i, E);
+}
+
 Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
   const Node& n = cx->nd(id);
   const Op op = n.op;
@@ -111,6 +117,7 @@ Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
       const DType gd = dw != kNone ? cx->nd(dw).dtype : DType::F32;
       return [cx, id, op, logits, experts, dw, lt, gd, od, N, E, K, normalize] {
         const auto* ex = static_cast<const int32_t*>(cx->p(experts));
+        check_experts(ex, N * K, E);
 #pragma omp parallel
         {
           std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E));
@@ -119,7 +126,7 @@ Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
             softmax_row(cx->p(logits), lt, r, E, p.data());
             double S = 0, dot = 0;
             for (int64_t k = 0; k < K; ++k) {
-              const float pk = p[static_cast<size_t>(checked_expert(ex, r * K + k, E))];
+              const float pk = p[static_cast<size_t>(ex[r * K + k])];
               S += pk;
               if (op == Op::MoeRouteWeightsBackward) dot += static_cast<double>(ld(cx->p(dw), gd, r * K + k)) * pk;
             }
@@ -148,6 +155,7 @@ Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
       const int64_t K = cx->nd(experts).shape[1];
       return [cx, id, logits, experts, mask, lt, od, N, E, K] {
         const auto* ex = static_cast<const int32_t*>(cx->p(experts));
+        check_experts(ex, N * K, E);
         const auto* m = mask != kNone ? static_cast<const int32_t*>(cx->p(mask)) : nullptr;
         // Per-thread sums over fixed row ranges, added in thread order: the same result for the same thread count.
         const int threads = omp_get_max_threads();
@@ -160,7 +168,7 @@ Kernel router_kernel(ProgramContext* cx, graph::ValueId id) {
           for (int64_t r = N * t / nt; r < N * (t + 1) / nt; ++r) {
             if (m != nullptr && m[r] == 0) continue;
             softmax_row(cx->p(logits), lt, r, E, p.data());
-            for (int64_t k = 0; k < K; ++k) s[checked_expert(ex, r * K + k, E)] += 1;
+            for (int64_t k = 0; k < K; ++k) s[ex[r * K + k]] += 1;
             for (int64_t e = 0; e < E; ++e) s[E + e] += p[static_cast<size_t>(e)];
             s[2 * E] += 1;
           }

@@ -214,10 +214,13 @@ class SftMethod final : public TrainingMethod {
     return in;
   }
 
-  // The load-balancing loss's weight: router_aux_loss_coef, else the model config's; 0 for a dense model.
+  // The load-balancing loss's weight: router_aux_loss_coef, else the model config's; 0 for a dense model (a
+  // qwen3_moe config whose layers are all dense included: it has no router).
   double aux_coef(const CausalLM& model) const {
-    if (model.config().moe.num_experts == 0) return 0;
-    return cfg_.router_aux_loss_coef.value_or(model.config().moe.router_aux_loss_coef);
+    const ModelConfig& c = model.config();
+    bool sparse = false;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) sparse = sparse || c.sparse_layer(i);
+    return sparse ? cfg_.router_aux_loss_coef.value_or(c.moe.router_aux_loss_coef) : 0.0;
   }
 
   SFTConfig cfg_;
