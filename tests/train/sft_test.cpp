@@ -326,6 +326,22 @@ Dataset demo_rows(const test::TempDir& dir) {
   return ds;
 }
 
+// The learning runs' settings: lr 1e-2 after 5 warm-up steps, a log line every 10 steps, no checkpoints or reports.
+SFTConfig learning_config(const std::string& out, int64_t batch, int64_t steps) {
+  SFTConfig c;
+  c.output_dir = out;
+  c.learning_rate = 1e-2;
+  c.lr_scheduler_type = "constant_with_warmup";
+  c.warmup_steps = 5;
+  c.per_device_train_batch_size = batch;
+  c.max_steps = steps;
+  c.logging_steps = 10;
+  c.save_steps = 1000;
+  c.progress = false;
+  c.report = false;
+  return c;
+}
+
 // Learning: the tiny model learns 8 of the demo dataset's questions and answers within CI time, with padding
 // (batches padded to their longest row) and with packing (best-fit-decreasing rows of 128 tokens).
 TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
@@ -335,17 +351,7 @@ TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
   const CausalLM model = cut_model(dir, "tiny");
   const Dataset ds = demo_rows(dir);
   for (bool packing : {false, true}) {
-    SFTConfig c;
-    c.output_dir = dir.file(packing ? "packed" : "padded");
-    c.learning_rate = 1e-2;
-    c.lr_scheduler_type = "constant_with_warmup";
-    c.warmup_steps = 5;
-    c.per_device_train_batch_size = packing ? 2 : 8;
-    c.max_steps = 100;
-    c.logging_steps = 10;
-    c.save_steps = 1000;
-    c.progress = false;
-    c.report = false;
+    SFTConfig c = learning_config(dir.file(packing ? "packed" : "padded"), packing ? 2 : 8, 100);
     c.packing = packing;
     c.max_length = packing ? 128 : 1024;
     SFTTrainer trainer(model, tok, ds, c);
@@ -415,17 +421,7 @@ TEST(SFTTrainer, TinyMixtureOfExpertsLearns) {
   test::TempDir dir;
   const CausalLM model = cut_model(dir, "tiny-moe");
   const Dataset ds = demo_rows(dir);
-  SFTConfig c;
-  c.output_dir = dir.file("out");
-  c.learning_rate = 1e-2;
-  c.lr_scheduler_type = "constant_with_warmup";
-  c.warmup_steps = 5;
-  c.per_device_train_batch_size = 8;
-  c.max_steps = 60;
-  c.logging_steps = 10;
-  c.save_steps = 1000;
-  c.progress = false;
-  c.report = false;
+  const SFTConfig c = learning_config(dir.file("out"), 8, 60);
   SFTTrainer trainer(model, tok, ds, c);
   const TrainOutput out = trainer.train();
   const double first = out.log_history.front()["loss"].get<double>(), last = out.log_history.back()["loss"].get<double>();
