@@ -44,6 +44,7 @@ void register_dpo(CLI::App& app) {
   o->add("sync_ref_model", c.sync_ref_model, "TR-DPO: mix the policy into the reference every ref_model_sync_steps steps");
   o->add("ref_model_mixup_alpha", c.ref_model_mixup_alpha, "TR-DPO: reference = alpha * policy + (1 - alpha) * reference").min(0).max(1);
   o->add("ref_model_sync_steps", c.ref_model_sync_steps, "TR-DPO: optimizer steps between reference updates").min(1);
+  o->add("router_aux_loss_coef", c.router_aux_loss_coef, "Weight of a mixture-of-experts model's load-balancing loss (0: off; no effect on a dense model)").min(0);
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
   on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);

@@ -55,6 +55,7 @@ void add_online_options(Options& o, OnlineArgs<Config>& a) {
   o.add("epsilon", c.epsilon, "Clipping range of the ratio: [1 - epsilon, 1 + epsilon_high]").min(0);
   o.add("epsilon_high", c.epsilon_high, "Upper clipping range").min(0).default_text("None (epsilon)");
   o.add("beta", c.beta, "KL coefficient (0: no reference model)").min(0);
+  o.add("router_aux_loss_coef", c.router_aux_loss_coef, "Weight of a mixture-of-experts model's load-balancing loss (0: off; no effect on a dense model)").min(0);
   o.add("mask_truncated_completions", c.mask_truncated_completions, "Leave completions without EOS out of the loss");
   o.add("shuffle_dataset", c.shuffle_dataset, "Shuffle the prompts every epoch");
   o.add("cache_implementation", c.cache_implementation, "static (dynamic is accepted and runs the static cache)").default_text("None (static)");

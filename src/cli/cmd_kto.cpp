@@ -33,6 +33,7 @@ void register_kto(CLI::App& app) {
   o->add("beta", c.beta, "Temperature of the implicit reward").above(0);
   o->add("desirable_weight", c.desirable_weight, "Weight of the desirable rows' losses").above(0);
   o->add("undesirable_weight", c.undesirable_weight, "Weight of the undesirable rows' losses").above(0);
+  o->add("router_aux_loss_coef", c.router_aux_loss_coef, "Weight of a mixture-of-experts model's load-balancing loss (0: off; no effect on a dense model)").min(0);
   o->add("eos_token", c.eos_token, "Appended to text completions; must be one token of the vocabulary").default_text("the tokenizer's");
   on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);

@@ -31,8 +31,7 @@ void register_sft(CLI::App& app) {
   o->add("assistant_only_loss", c.assistant_only_loss, "Loss on assistant turns only");
   o->add("pad_to_multiple_of", c.pad_to_multiple_of, "None | auto | N (auto = the backend's bucket, 64 on the CPU)");
   o->add("dataset_text_field", c.dataset_text_field, "Field of language-modelling rows");
-  o->add("router_aux_loss_coef", c.router_aux_loss_coef, "Weight of a mixture-of-experts model's load-balancing loss (0: off)")
-      .default_text("the model config's");
+  o->add("router_aux_loss_coef", c.router_aux_loss_coef, "Weight of a mixture-of-experts model's load-balancing loss (0: off; no effect on a dense model)").min(0);
   o->add("eos_token", c.eos_token, "Appended to non-chat text; must be one token of the vocabulary").default_text("the tokenizer's");
   on_run(cmd, [a, o] {
     if (!a->t.config.empty()) o->apply_yaml(a->t.config);

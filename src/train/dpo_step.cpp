@@ -55,8 +55,10 @@ DpoStepResult dpo_step(const CausalLM& policy, const TensorMap& policy_weights, 
     for (size_t i = 0; i < N; ++i) d[i] = out.loss.d_chosen[i], d[N + i] = out.loss.d_rejected[i];
     return out.loss.loss;
   };
-  SequenceStepResult r = sequence_train_step(policy, policy_weights, policy_programs, b, loss, o.loss_scale, o.gradient_checkpointing, /*logit_means=*/true);
+  SequenceStepResult r = sequence_train_step(policy, policy_weights, policy_programs, b, loss, o.loss_scale, o.gradient_checkpointing, /*logit_means=*/true,
+                                             o.aux_coef);
   out.grads = std::move(r.grads);
+  out.aux_loss = r.aux_loss;
   out.num_tokens = b.batch.num_tokens;
   // TRL's entropy is over every completion token of the batch; its token accuracy over the chosen completions.
   double entropy = 0, match = 0, logits_c = 0, logits_r = 0;

@@ -38,6 +38,8 @@ struct DpoStepOptions {
   // The gradients are those of loss_scale · loss (1 / the micro-batches of a step: the Trainer's accumulation);
   // the reported loss is unscaled.
   double loss_scale = 1.0;
+  // A mixture-of-experts policy (aux_loss_coef): + aux_coef · the load-balancing loss of the 2N rows.
+  double aux_coef = 0;
 };
 
 struct DpoStepResult {
@@ -50,6 +52,7 @@ struct DpoStepResult {
   double entropy = 0, mean_token_accuracy = 0;
   // logits/chosen and logits/rejected: the mean logit over the vocabulary, averaged over the completion tokens.
   double logits_chosen = 0, logits_rejected = 0;
+  std::optional<double> aux_loss;  // with aux_coef ≠ 0: the load-balancing loss, unweighted (not in loss.loss)
 };
 
 // The rows of a batch of pairs as the training and reference programs take them: [chosen...; rejected...] as

@@ -1,5 +1,6 @@
 #include "trl/train/objectives.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,17 @@ graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec) {
   if (aux != kNone) b.output(aux, "aux_loss");
   graph::Graph g = b.finish();
   return spec.gradient_checkpointing ? graph::rematerialize(g, forward_nodes) : g;
+}
+
+double aux_loss_coef(const CausalLM& model, double router_aux_loss_coef) {
+  const ModelConfig& c = model.config();
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (c.sparse_layer(i)) return router_aux_loss_coef;
+  return 0.0;  // dense, or a qwen3_moe config whose layers are all dense (mlp_only_layers): no router
+}
+
+void check_router_aux_loss_coef(double coef, const char* config_name) {
+  if (!(std::isfinite(coef) && coef >= 0)) fail("{}: router_aux_loss_coef must be a finite number >= 0, got {}", config_name, coef);
 }
 
 graph::Graph reward_training_graph(const CausalLM& model, int64_t B, int64_t T, bool gradient_checkpointing) {

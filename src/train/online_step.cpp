@@ -131,9 +131,10 @@ OnlineStepResult online_train_step(const CausalLM& model, const TensorMap& weigh
     out.metrics = on.policy_loss(q, seed);
     return out.metrics.loss;
   };
-  TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature, r.C);
-  out.loss = step.loss;
+  TokenStepResult step = token_train_step(model, weights, programs, b, loss, L.gradient_checkpointing, L.temperature, r.C, L.aux_weight);
+  out.loss = step.loss + (step.aux_loss ? L.aux_weight * *step.aux_loss : 0.0);
   out.grads = std::move(step.grads);
+  out.aux_loss = step.aux_loss;
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,12 +67,16 @@ struct OnlineLoss {
   // Data parallel: the factor of this rank's share in a micro-batch whose loss is a mean over its rows (1 / world
   // size; 1 with one process, and for dapo, whose normaliser already counts every rank's tokens).
   double share = 1.0;
+  // A mixture-of-experts policy: the gradients also of aux_weight · the micro-batch's load-balancing loss (TRL:
+  // router_aux_loss_coef · aux / the accumulation steps, this rank's share of it under data parallel); 0: none.
+  double aux_weight = 0;
 };
 
 struct OnlineStepResult {
   double loss = 0;
   PolicyLossMetrics metrics;            // entropy, kl, clip ratios of this micro-batch (its loss: share · L, as `loss`)
   std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
+  std::optional<double> aux_loss;       // with aux_weight ≠ 0: the load-balancing loss, unweighted (`loss` has aux_weight · it)
 };
 
 // The loss of one micro-batch (rows of the round) and the gradients of every parameter.

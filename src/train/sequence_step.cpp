@@ -20,6 +20,15 @@ TensorMap batch_inputs(Backend& backend, const TensorMap& weights, const SFTBatc
   return in;
 }
 
+// A [] f32 output read on the host (the aux loss), and a [] f32 input (its weight) where the program reads it.
+double scalar_output(Backend& backend, const Tensor& t) {
+  const Tensor host = t.is_device() ? backend.download(t) : t;
+  return host.data_as<float>()[0];
+}
+Tensor aux_weight_input(Backend& backend, double weight) {
+  return to_backend(backend, Tensor::from_f32(std::vector<float>{static_cast<float>(weight)}, {}), "aux_loss_weight");
+}
+
 }  // namespace
 
 SequenceBatch sequence_batch(const std::vector<SFTExample>& sequences, const SequenceLayout& layout) {
@@ -85,9 +94,11 @@ std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weigh
 }
 
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
-                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means) {
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means,
+                                       double aux_coef) {
   const int64_t R = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
-  const graph::Graph g = training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means});
+  const graph::Graph g = training_graph(
+      model, {.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .logit_sums = logit_means, .aux_loss = aux_coef != 0});
   Program& program = programs.get(g);
   Backend& backend = programs.backend();
   // Stage 0: the per-token log-probs and metrics, summed per sequence where they are; the sums come to the host.
@@ -103,6 +114,7 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
     const double V = static_cast<double>(model.config().vocab_size);
     for (double sum : sums(per_token("logit_sum"), false)) out.logit_mean_sums.push_back(sum / V);
   }
+  if (aux_coef != 0) out.aux_loss = scalar_output(backend, per_token("aux_loss"));
   std::vector<double> d(out.logps.size(), 0.0);
   out.loss = loss(out.logps, d);
   // Stage 1: seeded with loss_scale · dL/dlogp_q · weights[b, t] over each sequence's span.
@@ -120,6 +132,7 @@ SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& w
   }
   TensorMap seeds;
   seeds["loss_weights"] = to_backend(backend, seed, "loss_weights");
+  if (aux_coef != 0) seeds["aux_loss_weight"] = aux_weight_input(backend, loss_scale * aux_coef);
   const std::vector<Tensor> results = program.run_stage(seeds, 1);
   for (const auto& [name, index] : g.output_indices())
     if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);
@@ -148,18 +161,26 @@ TensorMap kept_inputs(Backend& backend, const TensorMap& weights, const SFTBatch
 }  // namespace
 
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
-                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature, int64_t logits_to_keep) {
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature, int64_t logits_to_keep,
+                                 double aux_weight) {
   const int64_t R = batch.input_ids.size(0), T = batch.input_ids.size(1), Tk = logits_to_keep > 0 ? logits_to_keep : T;
-  const graph::Graph g =
-      training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = gradient_checkpointing, .metrics = true, .temperature = temperature, .logits_to_keep = logits_to_keep});
+  const graph::Graph g = training_graph(model, {.batch = R,
+                                                .tokens = T,
+                                                .gradient_checkpointing = gradient_checkpointing,
+                                                .metrics = true,
+                                                .temperature = temperature,
+                                                .logits_to_keep = logits_to_keep,
+                                                .aux_loss = aux_weight != 0});
   Program& program = programs.get(g);
   Backend& backend = programs.backend();
   const std::vector<Tensor> first = program.run_stage(kept_inputs(backend, weights, batch, logits_to_keep), 0);
   TokenStepResult out;
+  if (aux_weight != 0) out.aux_loss = scalar_output(backend, first.at(g.output_index("aux_loss")));
   Tensor seed = backend.allocate(DType::F32, {R, Tk}, "loss_weights");
   out.loss = loss(backend, first.at(g.output_index("token_logprobs")), first.at(g.output_index("entropy")), seed);
   TensorMap seeds;
   seeds["loss_weights"] = seed;
+  if (aux_weight != 0) seeds["aux_loss_weight"] = aux_weight_input(backend, aux_weight);
   const std::vector<Tensor> results = program.run_stage(seeds, 1);
   for (const auto& [name, index] : g.output_indices())
     if (name.rfind("grad.", 0) == 0) out.grads[name] = results.at(index);

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,12 +70,16 @@ struct SequenceStepResult {
   std::vector<double> entropy_sums, match_sums;  // per sequence, over its completion tokens
   // With logit_means: per sequence, Σ over its completion tokens of the mean logit over the vocabulary.
   std::vector<double> logit_mean_sums;
+  std::optional<double> aux_loss;  // with aux_coef ≠ 0: the batch's load-balancing loss, unweighted
 };
 
 // One micro-batch: forward, the loss on the host, backward. The gradients are those of loss_scale · loss. The
 // policy's programs must not run anything else between the two stages (frozen models use their own backend).
+// aux_coef ≠ 0 (a mixture of experts; aux_loss_coef): the loss is L + aux_coef · aux, aux the load-balancing loss
+// of the batch's rows; `loss` stays L alone.
 SequenceStepResult sequence_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
-                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means = false);
+                                       const SequenceLoss& loss, double loss_scale, bool gradient_checkpointing, bool logit_means = false,
+                                       double aux_coef = 0);
 
 // Per-token losses (GRPO, RLOO): the loss is a function of every completion token's log-prob, not only of their
 // sums. `logps` and `entropy` are the stage-0 outputs [B, T] f32 (log p(labels) and the entropy of each position's
@@ -85,14 +90,18 @@ using TokenLoss = std::function<double(Backend& backend, const Tensor& logps, co
 struct TokenStepResult {
   double loss = 0;
   std::map<std::string, Tensor> grads;  // "grad.<parameter>": views into the program's arena
+  std::optional<double> aux_loss;       // with aux_weight ≠ 0: the batch's load-balancing loss, unweighted
 };
 
 // One micro-batch of a per-token loss: stage 0, the loss, stage 1 seeded with its dL/dlogp. With a
 // temperature T ≠ 1 every vocabulary quantity is of logits / T. `batch.weights` is not read. logits_to_keep K > 0:
 // only the positions [T − 1 − K, T − 1) of each row (those predicting its last K tokens) go through the vocabulary,
 // and `logps`, `entropy` and `seed` are [B, K] (TRL computes GRPO's logits on the completion positions only).
+// aux_weight ≠ 0 (a mixture of experts): the gradients are of L + aux_weight · aux, aux the batch's load-balancing
+// loss (the weight as the gradients see it: the loss's own scaling is the TokenLoss's).
 TokenStepResult token_train_step(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SFTBatch& batch,
-                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0, int64_t logits_to_keep = 0);
+                                 const TokenLoss& loss, bool gradient_checkpointing, double temperature = 1.0, int64_t logits_to_keep = 0,
+                                 double aux_weight = 0);
 
 // log p(labels[b, t]) [B, T] f32, forward only, of logits / temperature; [B, K] with logits_to_keep K. The program's
 // output in its backend's memory: read or copy it before `programs` run again (rollout_logps copies its rows at once).

@@ -369,8 +369,8 @@ TEST(SFTTrainer, TinyModelLearnsTheDemoAnswers) {
   }
 }
 
-// A mixture of experts (tiny-moe): the load-balancing loss joins the loss as router_aux_loss_coef · aux (the model
-// config's 0.001 when unset; TRL's SFTTrainer), aux_loss is logged, 0 turns it off, and a dense model refuses it.
+// A mixture of experts (tiny-moe): the load-balancing loss joins the loss as router_aux_loss_coef · aux (TRL's
+// SFTTrainer and its default 0.001), aux_loss is logged, 0 turns it off; on a dense model the option does nothing.
 TEST(SFTTrainer, MixtureOfExpertsAddsTheLoadBalancingLoss) {
   const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
@@ -384,7 +384,7 @@ TEST(SFTTrainer, MixtureOfExpertsAddsTheLoadBalancingLoss) {
     SFTConfig c = base_config(dir.file("out"));
     c.per_device_train_batch_size = 4;
     c.max_steps = 1;
-    c.router_aux_loss_coef = coef;
+    if (coef) c.router_aux_loss_coef = *coef;
     SFTTrainer trainer(model, tok, uneven_data(), c);
     return trainer.train().log_history.at(0);
   };
@@ -407,11 +407,16 @@ TEST(SFTTrainer, MixtureOfExpertsAddsTheLoadBalancingLoss) {
   const auto dense_log = SFTTrainer(dense_moe, tok, uneven_data(), d).train().log_history.at(0);
   EXPECT_FALSE(dense_log.contains("aux_loss")) << dense_log.dump();
   EXPECT_TRUE(std::isfinite(dense_log["loss"].get<double>()));
-  // A dense model has no load-balancing loss to weight.
+  // A dense model has no load-balancing loss: the option does nothing (TRL), a bad value is still an error.
   test::TinyModel dense(test::kCutVocab);
   SFTConfig c = base_config(dir.file("dense"));
+  c.max_steps = 1;
   c.router_aux_loss_coef = 0.5;
-  EXPECT_NE(test::error_of([&] { SFTTrainer t(dense.model, tok, uneven_data(), c); }).find("not a mixture of experts"), std::string::npos);
+  const auto plain = SFTTrainer(dense.model, tok, uneven_data(), c).train().log_history.at(0);
+  EXPECT_FALSE(plain.contains("aux_loss")) << plain.dump();
+  c.router_aux_loss_coef = -1;
+  EXPECT_NE(test::error_of([&] { SFTTrainer t(dense.model, tok, uneven_data(), c); }).find("router_aux_loss_coef must be a finite number >= 0"),
+            std::string::npos);
 }
 
 // tiny-moe learns the demo answers as tiny does (the experts, the router and the load-balancing loss train).

@@ -38,6 +38,9 @@ struct DPOConfig : TrainingArguments {
   std::string f_divergence_type = "reverse_kl";  // reverse_kl | forward_kl | js_divergence | alpha_divergence
   double f_alpha_divergence_coef = 0.5;
   double discopop_tau = 0.05;
+  // A mixture-of-experts policy: + router_aux_loss_coef · its load-balancing loss over the pairs' 2N sequences
+  // (TRL's DPOTrainer); 0: off; no effect on a dense model.
+  double router_aux_loss_coef = 0.001;
   // LD-DPO (in [0, 1]): completion tokens past the pair's shorter completion count ld_alpha times in the sequence
   // log-probs of policy and reference; None: every token once (standard DPO).
   std::optional<double> ld_alpha;

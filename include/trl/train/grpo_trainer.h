@@ -38,6 +38,10 @@ struct OnlineRLConfig : TrainingArguments {
   int64_t top_k = 0;  // 0: off
   std::optional<double> min_p;
   double repetition_penalty = 1.0;
+  // A mixture-of-experts policy: + router_aux_loss_coef · its load-balancing loss over each micro-batch's
+  // prompt + completion rows, divided by the micro-batches of a step (TRL's GRPO and RLOO); 0: off; no effect on
+  // a dense model.
+  double router_aux_loss_coef = 0.001;
   double epsilon = 0.2;
   std::optional<double> epsilon_high;  // default: epsilon
   double beta = 0.0;                   // > 0: a frozen reference model and a KL term

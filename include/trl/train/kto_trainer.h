@@ -36,6 +36,9 @@ struct KTOConfig : TrainingArguments {
   double beta = 0.1;
   double desirable_weight = 1.0;
   double undesirable_weight = 1.0;
+  // A mixture-of-experts policy: + router_aux_loss_coef · its load-balancing loss over the batch (TRL's
+  // KTOTrainer; the KL rows are not in it); 0: off; no effect on a dense model.
+  double router_aux_loss_coef = 0.001;
   std::string eos_token;  // appended to text completions; "" = the tokenizer's
 };
 

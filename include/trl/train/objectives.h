@@ -46,6 +46,13 @@ struct TrainingSpec {
   bool aux_loss = false;
 };
 graph::Graph training_graph(const CausalLM& model, const TrainingSpec& spec);
+
+// The coefficient of `model`'s load-balancing loss under a trainer's router_aux_loss_coef (TRL's SFT, DPO, KTO,
+// GRPO and RLOO option, 0.001 by default): the option when the model has a router (a sparse layer), else 0 (TRL:
+// "for other models it does nothing").
+double aux_loss_coef(const CausalLM& model, double router_aux_loss_coef);
+// Throws "<config_name>: router_aux_loss_coef must be a finite number >= 0, got <value>".
+void check_router_aux_loss_coef(double coef, const char* config_name);
 // The plain objective of a [batch, tokens] batch: no metrics, f32 gradients, temperature 1.
 inline graph::Graph training_graph(const CausalLM& model, int64_t batch, int64_t tokens) {
   return training_graph(model, TrainingSpec{.batch = batch, .tokens = tokens});

@@ -36,9 +36,8 @@ struct SFTConfig : TrainingArguments {
   std::string dataset_text_field = "text";
   std::string eos_token;
   // A mixture-of-experts model's load-balancing loss joins the loss with this weight (divided by the gradient
-  // accumulation steps, as TRL does); unset: the model config's router_aux_loss_coef (0.001 for Qwen3-MoE); 0: off.
-  // Set for a dense model: an error (there is no aux loss), as in TRL.
-  std::optional<double> router_aux_loss_coef;
+  // accumulation steps, as TRL does); 0: off; no effect on a dense model (TRL's default and rule).
+  double router_aux_loss_coef = 0.001;
 };
 
 // check_training_arguments(config, "SFTConfig"), then SFT's options: max_length >= 2, and with a tokenizer that a

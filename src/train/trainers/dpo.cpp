@@ -93,7 +93,12 @@ class DpoMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const auto [R, T] = largest_shape(batch);
-    return training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
+    return training_graph(model, {.batch = R,
+                                  .tokens = T,
+                                  .gradient_checkpointing = cfg_.gradient_checkpointing,
+                                  .metrics = true,
+                                  .logit_sums = true,
+                                  .aux_loss = aux_loss_coef(model, cfg_.router_aux_loss_coef) != 0});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     const auto [R, T] = largest_shape(batch);
@@ -117,6 +122,7 @@ class DpoMethod final : public TrainingMethod {
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     MethodStep out;
     DpoStepOptions o = opt_;
+    o.aux_coef = aux_loss_coef(ctx.model, cfg_.router_aux_loss_coef);  // TRL: loss + router_aux_loss_coef · aux
     for (size_t k = 0; k < micro.size(); ++k) {
       const std::vector<size_t>& items = micro[k];
       if (items.empty()) continue;  // data parallel: this rank has no rows of the epoch's last micro-batch
@@ -127,7 +133,8 @@ class DpoMethod final : public TrainingMethod {
       out.data_seconds += std::chrono::duration<double>(Clock::now() - t0).count();  // the reference's pass is compute, not data
       const std::vector<RefLogps> ref = reference_for(pairs, items, train_ref_);
       const DpoStepResult r = dpo_step(ctx.model, ctx.weights, ctx.programs, pairs, ref, o);
-      out.loss += r.loss.loss * o.loss_scale;
+      out.loss += (r.loss.loss + (r.aux_loss ? o.aux_coef * *r.aux_loss : 0.0)) * o.loss_scale;
+      if (r.aux_loss) metrics.add("aux_loss", *r.aux_loss);
       out.tokens += r.num_tokens;
       metrics.add("entropy", r.entropy);
       metrics.add("mean_token_accuracy", r.mean_token_accuracy);
@@ -194,6 +201,7 @@ class DpoMethod final : public TrainingMethod {
 
 void check_dpo_config(const DPOConfig& c) {
   check_training_arguments(c, "DPOConfig");
+  check_router_aux_loss_coef(c.router_aux_loss_coef, "DPOConfig");
   if (c.max_length < 2) fail("DPOConfig: max_length must be >= 2, got {}", c.max_length);
   if (c.truncation_mode != "keep_start" && c.truncation_mode != "keep_end")
     fail("DPOConfig: truncation_mode '{}' is not keep_start or keep_end", c.truncation_mode);

@@ -89,6 +89,7 @@ Layout resolve_layout(const OnlineRLConfig& c, const char* name, int64_t W) {
 
 void check_online_config(const OnlineRLConfig& c, const char* name, int64_t reward_functions) {
   check_training_arguments(c, name);
+  check_router_aux_loss_coef(c.router_aux_loss_coef, name);
   auto bad = [&](const char* option, const std::string& why) { fail("{}: {} {}", name, option, why); };
   if (c.num_generations < 2) bad("num_generations", fmt::format("must be >= 2 (a group needs a baseline), got {}", c.num_generations));
   if (c.max_completion_length < 1) bad("max_completion_length", fmt::format("must be >= 1, got {}", c.max_completion_length));
@@ -197,7 +198,13 @@ class OnlineMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const int64_t C = padded_length(cfg_.max_completion_length, multiple_), T = padded_length(longest_prompt_, multiple_) + C;
-    return training_graph(model, {.batch = batch, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .temperature = cfg_.temperature, .logits_to_keep = C});
+    return training_graph(model, {.batch = batch,
+                                  .tokens = T,
+                                  .gradient_checkpointing = cfg_.gradient_checkpointing,
+                                  .metrics = true,
+                                  .temperature = cfg_.temperature,
+                                  .logits_to_keep = C,
+                                  .aux_loss = aux_loss_coef(model, cfg_.router_aux_loss_coef) != 0});
   }
   FrozenMemory frozen_memory(int64_t batch) override {
     if (!reference_) return {};
@@ -653,6 +660,7 @@ class OnlineMethod final : public TrainingMethod {
     // round's. The others average over the micro-batch's rows (grpo, dr_grpo, RLOO: exactly the one-process
     // loss) or over this rank's tokens (bnpo: as TRL's DDP average of the ranks' losses).
     loss.share = !rloo_ && grpo_.loss_type == "dapo" ? 1.0 : share;
+    loss.aux_weight = aux_loss_coef(ctx.model, cfg_.router_aux_loss_coef) * share / static_cast<double>(micro_batches);
     const OnlineStepResult r = online_train_step(ctx.model, ctx.weights, ctx.programs, *rollout_, rows, loss, micro_batches, pad_);
     auto put = [&](const char* k, double v) {
       if (std::isfinite(v)) metrics.add(k, v);  // NaN: no value (TRL leaves it out of the mean)
@@ -664,6 +672,7 @@ class OnlineMethod final : public TrainingMethod {
     put("clip_ratio/high_mean", r.metrics.clip_high_mean);
     put("clip_ratio/high_max", r.metrics.clip_high_max);
     put("clip_ratio/region_mean", r.metrics.clip_region_mean);
+    if (r.aux_loss) put("aux_loss", *r.aux_loss);
     add(r.grads);
     return r.loss;
   }

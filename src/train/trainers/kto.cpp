@@ -80,7 +80,12 @@ class KtoMethod final : public TrainingMethod {
   }
   std::optional<graph::Graph> largest_program(const CausalLM& model, int64_t batch) const override {
     const auto [R, T] = largest_shape(batch);
-    return training_graph(model, {.batch = R, .tokens = T, .gradient_checkpointing = cfg_.gradient_checkpointing, .metrics = true, .logit_sums = true});
+    return training_graph(model, {.batch = R,
+                                  .tokens = T,
+                                  .gradient_checkpointing = cfg_.gradient_checkpointing,
+                                  .metrics = true,
+                                  .logit_sums = true,
+                                  .aux_loss = aux_loss_coef(model, cfg_.router_aux_loss_coef) != 0});
   }
   // The reference's pass takes a micro-batch's rows and, with the KL term, their KL rows together.
   FrozenMemory frozen_memory(int64_t batch) override {
@@ -98,6 +103,7 @@ class KtoMethod final : public TrainingMethod {
 
   MethodStep step(const std::vector<std::vector<size_t>>& micro, MethodContext& ctx, MetricWindow& metrics, const GradientSink& add) override {
     MethodStep out;
+    const double aux_coef = aux_loss_coef(ctx.model, cfg_.router_aux_loss_coef);  // TRL: loss + router_aux_loss_coef · aux
     for (size_t k = 0; k < micro.size(); ++k) {
       const std::vector<size_t>& items = micro[k];
       // The KL estimate is one collective per micro-batch, also on a rank without rows of it.
@@ -115,8 +121,9 @@ class KtoMethod final : public TrainingMethod {
         return l.loss;
       };
       SequenceStepResult r = sequence_train_step(ctx.model, ctx.weights, ctx.programs, rows, loss, scale, cfg_.gradient_checkpointing,
-                                                 /*logit_means=*/true);
-      out.loss += l.loss * scale;
+                                                 /*logit_means=*/true, aux_coef);
+      out.loss += (l.loss + (r.aux_loss ? aux_coef * *r.aux_loss : 0.0)) * scale;
+      if (r.aux_loss) metrics.add("aux_loss", *r.aux_loss);
       out.tokens += rows.batch.num_tokens;
       double entropy = 0, logits[2] = {0, 0};  // [undesirable, desirable]
       int64_t tokens = 0, label_tokens[2] = {0, 0};
@@ -248,6 +255,7 @@ class KtoMethod final : public TrainingMethod {
 
 void check_kto_config(const KTOConfig& c) {
   check_training_arguments(c, "KTOConfig");
+  check_router_aux_loss_coef(c.router_aux_loss_coef, "KTOConfig");
   if (c.max_length < 2) fail("KTOConfig: max_length must be >= 2, got {}", c.max_length);
   if (c.precompute_ref_batch_size && *c.precompute_ref_batch_size < 1)
     fail("KTOConfig: precompute_ref_batch_size must be >= 1, got {}", *c.precompute_ref_batch_size);

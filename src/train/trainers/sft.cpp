@@ -214,14 +214,7 @@ class SftMethod final : public TrainingMethod {
     return in;
   }
 
-  // The load-balancing loss's weight: router_aux_loss_coef, else the model config's; 0 for a dense model (a
-  // qwen3_moe config whose layers are all dense included: it has no router).
-  double aux_coef(const CausalLM& model) const {
-    const ModelConfig& c = model.config();
-    bool sparse = false;
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) sparse = sparse || c.sparse_layer(i);
-    return sparse ? cfg_.router_aux_loss_coef.value_or(c.moe.router_aux_loss_coef) : 0.0;
-  }
+  double aux_coef(const CausalLM& model) const { return aux_loss_coef(model, cfg_.router_aux_loss_coef); }
 
   SFTConfig cfg_;
   int64_t multiple_ = 0;
@@ -234,6 +227,7 @@ class SftMethod final : public TrainingMethod {
 
 void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
   check_training_arguments(c, "SFTConfig");
+  check_router_aux_loss_coef(c.router_aux_loss_coef, "SFTConfig");
   if (c.max_length < 2) fail("SFTConfig: max_length must be >= 2, got {}", c.max_length);
   // packing with padding_free is accepted, as in TRL (its bfd packing is padding-free): packed rows are already
   // padding-free, so packing decides the layout.
@@ -250,12 +244,6 @@ void check_sft_config(const SFTConfig& c, const Tokenizer* tok) {
 SFTTrainer::SFTTrainer(const CausalLM& model, const Tokenizer& tok, Dataset train, SFTConfig config, std::optional<Dataset> eval) {
   check_sft_config(config, &tok);
   if (config.dataset_name.empty()) config.dataset_name = dataset_source_file(train);
-  if (config.router_aux_loss_coef && *config.router_aux_loss_coef != 0 && model.config().moe.num_experts == 0)
-    fail("SFTConfig: router_aux_loss_coef is {} but the model ({}) is not a mixture of experts: there is no load-balancing loss to weight; "
-         "leave it unset",
-         *config.router_aux_loss_coef, model.config().model_type);
-  if (config.router_aux_loss_coef && !(std::isfinite(*config.router_aux_loss_coef) && *config.router_aux_loss_coef >= 0))
-    fail("SFTConfig: router_aux_loss_coef must be a finite number >= 0, got {}", *config.router_aux_loss_coef);
   trainer_ = std::make_unique<Trainer>(model, config, "SFTConfig");
   trainer_->set_method(std::make_unique<SftMethod>(config, tok, train, eval, trainer_->auto_pad_multiple(), trainer_->model().config().vocab_size));
 }
