@@ -149,6 +149,17 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
       case Op::MoeAuxLoss:
         accumulate(in(0), b.moe_aux_loss_backward(in(0), g, "d." + nm));
         break;
+      case Op::BatchedMatMul: {
+        // C_e = op(A_e)·op(B_e): dop(A) = dC·op(B)ᵀ, dop(B) = op(A)ᵀ·dC, written as the same op with the operands
+        // swapped or transposed so that each result comes out in its operand's own layout. A gradient is rounded
+        // to the operands' dtype first (one GEMM dtype, as the matmul rule above).
+        const bool ta = nd.attrs.trans_a, tb = nd.attrs.trans_b;
+        const DType od = b.node(in(0)).dtype;
+        const ValueId gm = b.node(g).dtype == od ? g : b.cast(g, od, "g." + nm);
+        if (need(0)) accumulate(in(0), ta ? b.batched_matmul(in(1), gm, tb, true, gd, "da." + nm) : b.batched_matmul(gm, in(1), false, !tb, gd, "da." + nm));
+        if (need(1)) accumulate(in(1), tb ? b.batched_matmul(gm, in(0), true, ta, gd, "db." + nm) : b.batched_matmul(in(0), gm, !ta, false, gd, "db." + nm));
+        break;
+      }
       case Op::MoeTopK:
         break;  // indices: never reached (an integer value needs no gradient)
       case Op::View: {

@@ -47,6 +47,7 @@ const char* op_name(Op op) {
     case Op::JsdBackward: return "jsd_backward";
     case Op::MoeTopK: return "moe_topk";
     case Op::MoeRouteWeights: return "moe_route_weights";
+    case Op::BatchedMatMul: return "batched_matmul";
     case Op::MoeExperts: return "moe_experts";
     case Op::MoeRouterStats: return "moe_router_stats";
     case Op::MoeAuxLoss: return "moe_aux_loss";
@@ -132,6 +133,8 @@ std::string Graph::key() const {
     k.pod(n.attrs.vocab.size);
     k.pod(n.attrs.dh_only);
     k.pod(n.attrs.normalize);
+    k.pod(n.attrs.trans_a);
+    k.pod(n.attrs.trans_b);
   }
   k.span(inputs.data(), inputs.size() * sizeof(ValueId));
   k.span(outputs.data(), outputs.size() * sizeof(ValueId));
@@ -627,6 +630,22 @@ ValueId Builder::moe_experts(ValueId x, ValueId experts, ValueId weights, ValueI
     fail("moe_experts {}: x, gate_up and down must share a dtype, got {}, {}, {}", name, dtype_name(node(x).dtype), dtype_name(node(gate_up).dtype),
          dtype_name(node(down).dtype));
   return push(make_node(Op::MoeExperts, {x, experts, weights, gate_up, down}, xs, node(x).dtype, name));
+}
+
+ValueId Builder::batched_matmul(ValueId a, ValueId b, bool trans_a, bool trans_b, DType out, const std::string& name) {
+  check(a, "batched_matmul a");
+  check(b, "batched_matmul b");
+  const Shape as = shape(a), bs = shape(b);
+  if (as.size() != 3 || bs.size() != 3 || as[0] != bs[0])
+    fail("batched_matmul {}: a and b must be [E, rows, columns] with the same E, got {} and {}", name, shape_str(as), shape_str(bs));
+  const int64_t M = trans_a ? as[2] : as[1], K = trans_a ? as[1] : as[2], Kb = trans_b ? bs[2] : bs[1], N = trans_b ? bs[1] : bs[2];
+  if (K != Kb) fail("batched_matmul {}: op(a) {} and op(b) {} do not fit ({} != {})", name, shape_str(as), shape_str(bs), K, Kb);
+  if (!dtype_is_float(node(a).dtype) || node(a).dtype != node(b).dtype || !dtype_is_float(out))
+    fail("batched_matmul {}: a and b must share a floating dtype, got {} and {}", name, dtype_name(node(a).dtype), dtype_name(node(b).dtype));
+  Node n = make_node(Op::BatchedMatMul, {a, b}, {as[0], M, N}, out, name);
+  n.attrs.trans_a = trans_a;
+  n.attrs.trans_b = trans_b;
+  return push(std::move(n));
 }
 
 ValueId Builder::moe_router_stats(ValueId logits, ValueId experts, ValueId mask, const std::string& name) {

@@ -692,6 +692,15 @@ void backward_gemm_cases(std::vector<OpCase>& t) {
     for (const D d : dts)
       add_case(t, Op::MatMulTN, fmt::format("a {} {} b {} {} -> {}", dn(d.a), dims(as), dn(d.b), dims(bs), dn(d.out)), tol_of(d.out),
                [=, as = as, bs = bs](Ctx& c) { c.out(c.b.matmul_tn(c.rand("a", as, d.a), c.rand("b", bs, d.b), d.out)); });
+  // LoRA's ΔW_e = B_e·A_e of stacked experts (E slices; r = 1 and 8) and its backward products, every layout.
+  for (const auto& [E, M, N, K] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 1}, {3, 6, 5, 2}, {4, 129, 33, 8}, {2, 7, 65, 129}})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const D d : {D{F32, F32, F32}, D{BF16, BF16, F32}, D{BF16, BF16, BF16}}) {
+          const Shape as = ta ? Shape{E, K, M} : Shape{E, M, K}, bs = tb ? Shape{E, N, K} : Shape{E, K, N};
+          add_case(t, Op::BatchedMatMul, fmt::format("a {} {}{} b {} {}{} -> {}", dn(d.a), dims(as), ta ? " transposed" : "", dn(d.b), dims(bs), tb ? " transposed" : "", dn(d.out)),
+                   tol_of(d.out), [=](Ctx& c) { c.out(c.b.batched_matmul(c.rand("a", as, d.a), c.rand("b", bs, d.b), ta, tb, d.out)); });
+        }
   for (const Shape& s : std::vector<Shape>{{1, 1}, {7, 129}, {129, 7}, {3, 5, 33}})
     for (const auto& [in, out] : std::vector<std::pair<DType, DType>>{{F32, F32}, {BF16, F32}, {F32, BF16}})
       add_case(t, Op::SumRows, fmt::format("{} {} -> {}", dn(in), dims(s), dn(out)), tol_of(out), [=, in = in, out = out](Ctx& c) { c.out(c.b.sum_rows(c.rand("x", s, in), out)); });
@@ -1294,6 +1303,15 @@ const std::vector<VjpCase>& vjp_table() {
       // Mixture of experts: the router's weights (a chosen subset of a softmax, renormalized or not), the experts
       // (every input but the choice of experts, which has no gradient; frozen: x and the routing weights only), and
       // the load-balancing loss through the router's probabilities.
+      // LoRA on stacked experts: W + B_e·A_e (the form the model builds), then every layout of the op's own rule.
+      {Op::BatchedMatMul, "W 3x6x5 + B 3x6x2 · A 3x2x5", {"A", "B"}, {Op::BatchedMatMul},
+       [](Ctx& c, DType dt) { return c.b.add(c.rand("W", {3, 6, 5}, dt), c.b.batched_matmul(c.rand("B", {3, 6, 2}, dt), c.rand("A", {3, 2, 5}, dt), false, false, dt)); }},
+      {Op::BatchedMatMul, "aᵀ 2x3x4 · b 2x3x5", {"a", "b"}, {Op::BatchedMatMul},
+       [](Ctx& c, DType dt) { return c.b.batched_matmul(c.rand("a", {2, 3, 4}, dt), c.rand("b", {2, 3, 5}, dt), true, false, dt); }},
+      {Op::BatchedMatMul, "a 2x4x3 · bᵀ 2x5x3", {"a", "b"}, {Op::BatchedMatMul},
+       [](Ctx& c, DType dt) { return c.b.batched_matmul(c.rand("a", {2, 4, 3}, dt), c.rand("b", {2, 5, 3}, dt), false, true, dt); }},
+      {Op::BatchedMatMul, "aᵀ 2x3x4 · bᵀ 2x5x3", {"a", "b"}, {Op::BatchedMatMul},
+       [](Ctx& c, DType dt) { return c.b.batched_matmul(c.rand("a", {2, 3, 4}, dt), c.rand("b", {2, 5, 3}, dt), true, true, dt); }},
       {Op::MoeRouteWeights, "logits 5x6 k 3", {"logits"}, {Op::MoeRouteWeightsBackward},
        [](Ctx& c, DType dt) {
          const ValueId l = c.rand("logits", {5, 6}, dt);
@@ -1445,7 +1463,7 @@ TEST(OpTable, EveryDifferentiableOpHasAVjpCase) {
     backward.insert(v.backward_ops.begin(), v.backward_ops.end());
   }
   for (Op op : {Op::Embedding, Op::MatMul, Op::RmsNorm, Op::Rope, Op::Attention, Op::SwiGLU, Op::TokenLogprobs, Op::Entropy, Op::WeightedSum,
-                Op::Dropout, Op::MoeRouteWeights, Op::MoeExperts, Op::MoeRouterStats})
+                Op::Dropout, Op::MoeRouteWeights, Op::MoeExperts, Op::MoeRouterStats, Op::BatchedMatMul})
     EXPECT_TRUE(forward.count(op)) << graph::op_name(op);
   for (Op op : {Op::MatMulNN, Op::MatMulTN, Op::SumRows, Op::ScaleBy, Op::EmbeddingBackward, Op::RmsNormBackX, Op::RmsNormBackW, Op::SwiGLUBackward,
                 Op::AttentionBackward, Op::TokenLogprobsBackward, Op::EntropyBackward, Op::MoeRouteWeightsBackward, Op::MoeExpertsBackward,
@@ -1506,6 +1524,9 @@ std::vector<PerfCase> perf_table() {
       {Op::MatMulNN, "bf16 dy 512x1024 w 1024x1024 -> f32", [](Ctx& c) { c.out(c.b.matmul_nn(c.rand("dy", {R, C}, BF16), c.rand("w", {C, C}, BF16), F32)); }, 2 * n * C},
       {Op::MatMulTN, "bf16 a 512x1024 b 512x1024 -> f32", [](Ctx& c) { c.out(c.b.matmul_tn(c.rand("a", {R, C}, BF16), c.rand("b", {R, C}, BF16), F32)); }, 2 * n * C},
       {Op::SumRows, "f32 512x1024", [](Ctx& c) { c.out(c.b.sum_rows(c.rand("x", {R, C}, F32), F32)); }, 0, 4 * n},
+      // LoRA's ΔW of 32 experts of a 1024-wide gate_up at r = 8.
+      {Op::BatchedMatMul, "bf16 B 32x1024x8 A 32x8x1024 -> bf16",
+       [](Ctx& c) { c.out(c.b.batched_matmul(c.rand("B", {32, C, 8}, BF16), c.rand("A", {32, 8, C}, BF16), false, false, BF16)); }, 2 * 32 * C * C * 8},
       {Op::ScaleBy, "f32 512x1024", [](Ctx& c) { c.out(c.b.scale_by(c.rand("w", {R, C}, F32), c.rand("s", {}, F32), F32)); }, 0, 8 * n},
       // One process: the copy and the stand-in group's pass (a real group's time is its communicator's).
       {Op::AllReduce, "f32 512x1024, stand-in group", [](Ctx& c) { c.out(c.b.all_reduce(c.rand("x", {R, C}, F32), fake_group())); }, 0, 16 * n},

@@ -104,6 +104,9 @@ enum class Op : uint8_t {
                             //   ([dx | dweights] alone with attrs.dh_only: frozen experts, LoRA)
   MoeRouterStatsBackward,   // logits, mask|none, dstats:[2E+1] -> dlogits [N,E] (through the probabilities' sums only)
   MoeAuxLossBackward,       // stats, dloss:[] -> dstats [2E+1] (zero for the counts: they have no gradient)
+  // LoRA on stacked experts (PEFT's target_parameters, docs/LORA.md): each expert's ΔW_e = B_e·A_e.
+  BatchedMatMul,          // a:[E,M,K] ([E,K,M] with attrs.trans_a), b:[E,K,N] ([E,N,K] with attrs.trans_b) -> [E,M,N]:
+                          //   op(a_e)·op(b_e) per e, f32 accumulation; a and b share a dtype. VJP: the same op transposed
   View,                   // packed -> elements [attrs.offset, +numel) as `shape`
   // A new op goes above this line: View stays last (kNumOps), and every backend's op table gets an entry.
 };
@@ -149,6 +152,7 @@ struct Attrs {
   bool dh_only = false;          // TokenLogprobsBackward, EntropyBackward, JsdBackward: the head is frozen (LoRA): dh alone;
                                  //   MoeExpertsBackward: the experts are frozen: dx and dweights alone
   bool normalize = false;        // MoeRouteWeights(Backward): divide the chosen probabilities by their sum
+  bool trans_a = false, trans_b = false;  // BatchedMatMul: read a (b) transposed
 };
 
 // VocabStats' packed result: row k of the four per-row statistics starts at element k·R.
@@ -237,6 +241,8 @@ class Builder {
   ValueId moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name = "");
   ValueId moe_router_stats(ValueId logits, ValueId experts, ValueId mask, const std::string& name = "");
   ValueId moe_aux_loss(ValueId stats, const std::string& name = "");
+  // op(a_e)·op(b_e) for every e (see Op::BatchedMatMul), in dtype `out`.
+  ValueId batched_matmul(ValueId a, ValueId b, bool trans_a, bool trans_b, DType out, const std::string& name = "");
   // Tensor parallel's collectives over collective group `group` (see Op::AllReduce, Op::AllReduceGrad).
   ValueId all_reduce(ValueId x, int32_t group, const std::string& name = "");
   ValueId all_reduce_grad(ValueId x, int32_t group, const std::string& name = "");

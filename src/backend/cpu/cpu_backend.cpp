@@ -71,6 +71,7 @@ constexpr LowerFn table_entry(Op op) {
     case Op::MoeAuxLossBackward: return lower_moe_router;
     case Op::MoeExperts: return lower_moe_experts;
     case Op::MoeExpertsBackward: return lower_moe_experts_backward;
+    case Op::BatchedMatMul: return lower_batched_matmul;
   }
   return nullptr;
 }

@@ -5,7 +5,7 @@
 //
 //   ops_memory.cpp      embedding, embedding_backward, cast, fill, slice, kv_cache_write
 //   ops_elementwise.cpp add, scale_by, dropout, swiglu, swiglu_backward, weighted_sum, sum_rows
-//   ops_matmul.cpp      matmul (GEMM or GEMV), matmul_nn, matmul_tn
+//   ops_matmul.cpp      matmul (GEMM or GEMV), matmul_nn, matmul_tn, batched_matmul
 //   ops_norm.cpp        rms_norm, rms_norm_back_x, rms_norm_back_w
 //   ops_rope.cpp        rope
 //   ops_attention.cpp   attention (blocked, at cache positions), attention_backward
@@ -98,6 +98,7 @@ Kernel lower_sum_rows(ProgramContext* c, graph::ValueId id);
 Kernel lower_matmul(ProgramContext* c, graph::ValueId id);
 Kernel lower_matmul_nn(ProgramContext* c, graph::ValueId id);
 Kernel lower_matmul_tn(ProgramContext* c, graph::ValueId id);
+Kernel lower_batched_matmul(ProgramContext* c, graph::ValueId id);
 // ops_norm.cpp
 Kernel lower_rms_norm(ProgramContext* c, graph::ValueId id);
 Kernel lower_rms_norm_backward(ProgramContext* c, graph::ValueId id);  // RmsNormBackX and RmsNormBackW

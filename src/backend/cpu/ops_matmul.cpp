@@ -1,4 +1,4 @@
-// MatMul, MatMulNN, MatMulTN on the CPU: oneDNN GEMMs (gemm.h), and a GEMV for a few rows against a weight.
+// MatMul, MatMulNN, MatMulTN, BatchedMatMul on the CPU: oneDNN GEMMs (gemm.h), and a GEMV for a few rows against a weight.
 #include <omp.h>
 
 #include <algorithm>
@@ -197,6 +197,28 @@ Kernel lower_matmul_tn(ProgramContext* cx, graph::ValueId id) {
   const graph::ValueId a = n.inputs[0], b = n.inputs[1];
   const int64_t N = cx->nd(a).shape.back(), K = cx->nd(b).shape.back(), R = shape_numel(cx->nd(a).shape) / N;
   return gemm_node(cx, id, a, b, kNone, kNone, N, K, R, 1, N, K, 1);
+}
+
+// out[e] = op(a[e])·op(b[e]) for e < E: one GEMM shape (a oneDNN primitive, threaded inside) run once per e over
+// the e-th slices. LoRA's ΔW_e = B_e·A_e of stacked experts and its two backward products.
+Kernel lower_batched_matmul(ProgramContext* cx, graph::ValueId id) {
+  const Node& n = cx->nd(id);
+  const graph::ValueId a = n.inputs[0], b = n.inputs[1];
+  const Shape &as = cx->nd(a).shape, &bs = cx->nd(b).shape;
+  const int64_t E = n.shape[0], M = n.shape[1], N = n.shape[2], K = n.attrs.trans_a ? as[1] : as[2];
+  // a_e: [M, K] row-major, or [K, M] read transposed; b_e: [K, N], or [N, K] read transposed.
+  const int64_t sa_m = n.attrs.trans_a ? 1 : K, sa_k = n.attrs.trans_a ? M : 1;
+  const int64_t sb_k = n.attrs.trans_b ? 1 : N, sb_n = n.attrs.trans_b ? K : 1;
+  const DType ta = cx->nd(a).dtype, tb = cx->nd(b).dtype, tc = n.dtype;
+  auto gemm = std::make_shared<Gemm>(M, N, K, ta, sa_m, sa_k, tb, sb_k, sb_n, tc, false, false);
+  const size_t a_step = static_cast<size_t>(as[1] * as[2]) * dtype_size(ta), b_step = static_cast<size_t>(bs[1] * bs[2]) * dtype_size(tb),
+               c_step = static_cast<size_t>(M * N) * dtype_size(tc);
+  return [cx, id, a, b, E, gemm, a_step, b_step, c_step] {
+    const char* pa = static_cast<const char*>(cx->p(a));
+    const char* pb = static_cast<const char*>(cx->p(b));
+    char* pc = static_cast<char*>(cx->p(id));
+    for (int64_t e = 0; e < E; ++e) gemm->run(pa + static_cast<size_t>(e) * a_step, pb + static_cast<size_t>(e) * b_step, pc + static_cast<size_t>(e) * c_step);
+  };
 }
 
 }  // namespace trl::cpu

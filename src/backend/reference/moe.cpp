@@ -225,4 +225,17 @@ void moe_aux_loss_backward(const Tensor& stats, const Tensor& dloss, Tensor& out
   }
 }
 
+void batched_matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& out) {
+  const int64_t E = out.size(0), M = out.size(1), N = out.size(2), K = trans_a ? a.size(1) : a.size(2);
+  const int64_t ar = a.size(1), ac = a.size(2), br = b.size(1), bc = b.size(2);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = 0;
+        for (int64_t k = 0; k < K; ++k)
+          sum += at(a, e * ar * ac + (trans_a ? k * ac + m : m * ac + k)) * at(b, e * br * bc + (trans_b ? n * bc + k : k * bc + n));
+        put(out, (e * M + m) * N + n, sum);
+      }
+}
+
 }  // namespace trl::reference

@@ -15,5 +15,7 @@ void moe_experts_backward(const Tensor& x, const Tensor& experts, const Tensor& 
                           const Tensor& dy, bool dh_only, Tensor& out);
 void moe_router_stats_backward(const Tensor& logits, const Tensor* mask, const Tensor& dstats, Tensor& out);
 void moe_aux_loss_backward(const Tensor& stats, const Tensor& dloss, Tensor& out);
+// op(a_e)·op(b_e) for every e, accumulated in f64 and rounded once to out's dtype (graph::Op::BatchedMatMul).
+void batched_matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& out);
 
 }  // namespace trl::reference

@@ -752,6 +752,7 @@ class ReferenceProgram final : public Program {
             break;
           case Op::MoeRouterStatsBackward: reference::moe_router_stats_backward(in(n, 0), opt(n, 1), in(n, 2), out); break;
           case Op::MoeAuxLossBackward: reference::moe_aux_loss_backward(in(n, 0), in(n, 1), out); break;
+          case Op::BatchedMatMul: reference::batched_matmul(in(n, 0), in(n, 1), n.attrs.trans_a, n.attrs.trans_b, out); break;
           case Op::Jsd: jsd(in(n, 0), in(n, 1), in(n, 2), in(n, 3), n.attrs.value, out); break;
           case Op::JsdBackward: jsd_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), n.attrs.value, out); break;
           case Op::Dropout: {
