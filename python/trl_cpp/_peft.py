@@ -10,6 +10,7 @@ class LoraConfig:
     """peft.LoraConfig's fields the engine reads; the others keep PEFT's defaults and must stay at them."""
 
     def __init__(self, r: int = 8, lora_alpha: float = 8, lora_dropout: float = 0.0, target_modules: Any = None, modules_to_save: Any = None,
+                 target_parameters: Any = None,
                  task_type: str | None = "CAUSAL_LM", use_rslora: bool = False, use_dora: bool = False, bias: str = "none",
                  inference_mode: bool = False, **kwargs: Any) -> None:
         if bias != "none":
@@ -25,6 +26,7 @@ class LoraConfig:
             raise TypeError(f"LoraConfig.__init__() got an unexpected keyword argument '{next(iter(kwargs))}'")
         self.r, self.lora_alpha, self.lora_dropout = r, lora_alpha, lora_dropout
         self.target_modules, self.modules_to_save = target_modules, modules_to_save
+        self.target_parameters = target_parameters
         self.task_type = getattr(task_type, "value", task_type)
         self.use_rslora, self.use_dora, self.bias, self.inference_mode = use_rslora, use_dora, bias, inference_mode
 
@@ -33,6 +35,9 @@ class LoraConfig:
         if self.target_modules is not None:
             modules = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
             args += ["--lora_target_modules"] + modules
+        if self.target_parameters:
+            params = [self.target_parameters] if isinstance(self.target_parameters, str) else list(self.target_parameters)
+            args += ["--lora_target_parameters"] + params
         if self.modules_to_save:
             args += ["--lora_modules_to_save"] + list(self.modules_to_save)
         if self.task_type is not None:

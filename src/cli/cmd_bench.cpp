@@ -293,11 +293,13 @@ void register_bench(CLI::App& app) {
                        L * static_cast<double>(B) * static_cast<double>(cfg.num_attention_heads) * static_cast<double>(T) * static_cast<double>(T) *
                            static_cast<double>(cfg.head_dim) * 2;
     // LoRA: no weight gradients of the base or the frozen head (2x their forward GEMMs instead of 3x), plus the
-    // adapters' GEMMs (forward, dx and dA/dB: 3 × 2 · tokens · r · (in + out) per module).
+    // adapters' GEMMs (forward, dx and dA/dB: 3 × 2 · tokens · r · (in + out) per module; stacked experts: their
+    // ΔW = B_e·A_e and its two backward products, 3 × 2 · E · out · r · in).
     double lora_flops = 0;
     for (const std::string& m : model.lora_modules()) {
-      const Shape shape = lora_module_shape(cfg, m);
-      lora_flops += 3 * 2 * tokens * static_cast<double>(a->lora_r) * static_cast<double>(shape[0] + shape[1]);
+      const LoraShapes s = lora_shapes(cfg, m, a->lora_r);
+      const double r = static_cast<double>(a->lora_r), in = static_cast<double>(s.a[1]), out = static_cast<double>(s.b[s.b.size() - 2]);
+      lora_flops += s.experts > 0 ? 3 * 2 * static_cast<double>(s.experts) * out * r * in : 3 * 2 * tokens * r * (in + out);
     }
     const double base_weights = tokens * 2 * (L * (C * q + 2 * C * kv + q * C) + mlp);
     double flops = a->lora_r > 0 ? 3 * fwd - base_weights - tokens * 2 * V * C + lora_flops : 3 * fwd;

@@ -48,6 +48,10 @@ void add_peft_options(Options& o, PeftArgs& p) {
   o.add("lora_dropout", p.lora_dropout, "Dropout on the adapters' input while training").min(0).below(1);
   o.add("lora_target_modules", p.lora_target_modules, "Linear modules to adapt: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear")
       .default_text("None (q_proj, v_proj)");
+  o.add("lora_target_parameters", p.lora_target_parameters,
+        "Parameters to adapt (PEFT's target_parameters): a mixture of experts' mlp.gate.weight, mlp.experts.gate_up_proj, "
+        "mlp.experts.down_proj (needs --lora_dropout 0)")
+      .default_text("None");
   o.add("lora_modules_to_save", p.lora_modules_to_save, "Modules trained in full beside the adapters (such as lm_head, embed_tokens)");
   o.add("lora_task_type", p.lora_task_type, "PEFT task type written to adapter_config.json").choices({"CAUSAL_LM", "SEQ_CLS"});
   o.add("use_rslora", p.use_rslora, "Rank-stabilised LoRA: scale by lora_alpha / sqrt(lora_r)");
@@ -66,12 +70,16 @@ std::optional<LoraConfig> peft_config(const PeftArgs& p) {
   c.task_type = p.lora_task_type;
   c.modules_to_save = p.lora_modules_to_save;
   // One value naming several modules with commas (a YAML string) is split, as TRL's list parsing would.
-  for (const std::string& v : p.lora_target_modules)
-    for (size_t at = 0; at <= v.size();) {
-      const size_t comma = std::min(v.find(',', at), v.size());
-      if (comma > at) c.target_modules.push_back(v.substr(at, comma - at));
-      at = comma + 1;
-    }
+  auto split = [](const std::vector<std::string>& values, std::vector<std::string>& out) {
+    for (const std::string& v : values)
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        if (comma > at) out.push_back(v.substr(at, comma - at));
+        at = comma + 1;
+      }
+  };
+  split(p.lora_target_modules, c.target_modules);
+  split(p.lora_target_parameters, c.target_parameters);
   return c;
 }
 

@@ -31,7 +31,7 @@ struct PeftArgs {
   bool use_peft = false, use_rslora = false, use_dora = false;
   int64_t lora_r = 16;
   double lora_alpha = 32, lora_dropout = 0.05;
-  std::vector<std::string> lora_target_modules, lora_modules_to_save;
+  std::vector<std::string> lora_target_modules, lora_target_parameters, lora_modules_to_save;
   std::string lora_task_type = "CAUSAL_LM";
 };
 

@@ -212,8 +212,8 @@ CausalLM CausalLM::with_adapter(const LoraAdapter& adapter) const {
   spec->modules = adapter.modules;
   (void)adapter.config.scaling();  // checks r
   for (const std::string& module : adapter.modules) {
-    const Shape w = lora_module_shape(config_, module);
-    for (const auto& [part, shape] : {std::pair<std::string, Shape>{".lora_A.weight", {adapter.config.r, w[1]}}, {".lora_B.weight", {w[0], adapter.config.r}}}) {
+    const LoraShapes s = lora_shapes(config_, module, adapter.config.r);
+    for (const auto& [part, shape] : {std::pair<std::string, Shape>{".lora_A.weight", s.a}, {".lora_B.weight", s.b}}) {
       const auto it = adapter.weights.find(module + part);
       if (it == adapter.weights.end()) fail("with_adapter: the adapter has no '{}{}'", module, part);
       if (it->second.shape() != shape)
@@ -403,6 +403,20 @@ class DecoderBuilder {
     // B's GEMM accumulates into the base output (in place: no [.., out] add or second buffer).
     return b_.matmul(a, weight(module + ".lora_B.weight"), kNone, dt_, tag + ".lora_B", /*addend=*/y);
   }
+  // A stacked experts parameter [E, out, in] ("<layer>.mlp.experts.gate_up_proj"); with a LoRA adapter on it (PEFT's
+  // target_parameters), W + scaling·ΔW with ΔW_e = B_e·A_e (A [E·r, in] viewed as [E, r, in], B [E, out, r]): the
+  // experts run on the merged weight, as PEFT's ParamWrapper does, and the experts' weight gradient flows into A, B.
+  ValueId expert_weight(const std::string& name, const std::string& tag) {
+    const ValueId w = weight(name);
+    if (!lora_ || std::find(lora_->modules.begin(), lora_->modules.end(), name) == lora_->modules.end()) return w;
+    const Shape ws = b_.shape(w);
+    const int64_t E = ws[0], r = lora_->config.r;
+    auto in_dtype = [&](ValueId v, const std::string& t) { return b_.node(v).dtype == dt_ ? v : b_.cast(v, dt_, t); };
+    ValueId a = b_.reshape(weight(name + ".lora_A.weight"), {E, r, ws[2]}, tag + ".lora_A");
+    a = b_.scale_by(a, b_.fill({}, DType::F32, lora_->config.scaling(), tag + ".lora_scaling"), dt_, tag + ".lora_scaled");
+    const ValueId delta = b_.batched_matmul(in_dtype(weight(name + ".lora_B.weight"), tag + ".lora_B.cast"), a, false, false, dt_, tag + ".lora_delta");
+    return b_.add(w, delta, tag + ".lora_merged");
+  }
   ValueId norm(ValueId x, const std::string& weight_name, const std::string& tag) { return b_.rms_norm(x, weight(weight_name), c_.rms_norm_eps, tag); }
   // Qwen3's q_norm / k_norm over each head of x:[B,T,H,D]. Under tensor parallel each rank normalises only its own
   // heads, so the weight's gradient is a partial sum: the weight passes through all_reduce_grad, and every rank
@@ -464,7 +478,8 @@ class DecoderBuilder {
     const ValueId logits = linear(rows, l + "gate", tag + "ffn_gate_inp");
     const ValueId experts = b_.moe_topk(logits, c_.moe.num_experts_per_tok, tag + "ffn_moe_topk");
     const ValueId weights = b_.cast(b_.moe_route_weights(logits, experts, c_.moe.norm_topk_prob, tag + "ffn_moe_probs"), dt_, tag + "ffn_moe_weights");
-    const ValueId y = b_.moe_experts(rows, experts, weights, weight(l + "experts.gate_up_proj"), weight(l + "experts.down_proj"), tag + "ffn_moe");
+    const ValueId y = b_.moe_experts(rows, experts, weights, expert_weight(l + "experts.gate_up_proj", tag + "ffn_moe_gate_up"),
+                                     expert_weight(l + "experts.down_proj", tag + "ffn_moe_down"), tag + "ffn_moe");
     if (stats != nullptr) {
       const ValueId mask = in.mask != kNone ? b_.reshape(in.mask, {N}, tag + "ffn_moe_mask") : kNone;
       stats->push_back(b_.moe_router_stats(logits, experts, mask, tag + "ffn_moe_stats"));

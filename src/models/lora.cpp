@@ -11,6 +11,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/fs.h"
 #include "core/rng.h"
@@ -75,6 +76,47 @@ std::vector<std::string> string_list(const nlohmann::json& j, const char* key, c
   return out;
 }
 
+// PEFT's name (without its prefix) of an adapter tensor trl names `name`, given the adapted modules. A stacked
+// experts parameter's adapter sits on the experts module (PEFT's ParamWrapper); with both gate_up_proj and down_proj
+// adapted, PEFT wraps them in the module's parameter order, so gate_up_proj's is the inner one, under base_layer.
+std::string peft_tensor_name(const std::string& name, const std::set<std::string>& modules) {
+  for (const char* part : {".lora_A.weight", ".lora_B.weight"}) {
+    if (!name.ends_with(part)) continue;
+    const std::string module = name.substr(0, name.size() - std::strlen(part));
+    for (const char* p : {".experts.gate_up_proj", ".experts.down_proj"}) {
+      if (!module.ends_with(p)) continue;
+      const std::string experts = module.substr(0, module.size() - std::strlen(p) + std::strlen(".experts"));
+      const bool inner = std::string(p) == ".experts.gate_up_proj" && modules.count(experts + ".down_proj");
+      return experts + (inner ? ".base_layer" : "") + part;
+    }
+  }
+  return name;
+}
+
+// A stacked experts' lora_B between PEFT's layout [out, r·E] (column j·E + e) and trl's [E, out, r].
+Tensor experts_lora_b_from_peft(const Tensor& file, int64_t E) {
+  const Tensor f = file.to(DType::F32);
+  const int64_t O = f.size(0), r = f.size(1) / E;
+  Tensor out = Tensor::uninitialized(DType::F32, {E, O, r});
+  const float* src = f.data_as<float>();
+  float* dst = out.mutable_data_as<float>();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t j = 0; j < r; ++j) dst[(e * O + o) * r + j] = src[o * r * E + j * E + e];
+  return out.to(file.dtype());
+}
+Tensor experts_lora_b_to_peft(const Tensor& b) {
+  const Tensor t = b.to(DType::F32);
+  const int64_t E = t.size(0), O = t.size(1), r = t.size(2);
+  Tensor out = Tensor::uninitialized(DType::F32, {O, r * E});
+  const float* src = t.data_as<float>();
+  float* dst = out.mutable_data_as<float>();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t j = 0; j < r; ++j) dst[o * r * E + j * E + e] = src[(e * O + o) * r + j];
+  return out.to(b.dtype());
+}
+
 }  // namespace
 
 double LoraConfig::scaling() const {
@@ -102,7 +144,9 @@ ojson LoraConfig::to_json() const {
   j["revision"] = nullptr;
   if (!target_regex.empty()) j["target_modules"] = target_regex;
   else if (target_modules.size() == 1 && target_modules[0] == "all-linear") j["target_modules"] = "all-linear";
-  else j["target_modules"] = target_modules.empty() ? nlohmann::json({"q_proj", "v_proj"}) : nlohmann::json(target_modules);
+  else if (!target_modules.empty()) j["target_modules"] = target_modules;
+  else j["target_modules"] = target_parameters.empty() ? nlohmann::json({"q_proj", "v_proj"}) : nlohmann::json();
+  j["target_parameters"] = target_parameters.empty() ? nlohmann::json() : nlohmann::json(target_parameters);
   j["task_type"] = task_type;
   j["use_dora"] = false;
   j["use_rslora"] = use_rslora;
@@ -153,6 +197,7 @@ LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& sou
     c.target_modules = string_list(j, "target_modules", source);
   }
   c.modules_to_save = string_list(j, "modules_to_save", source);
+  c.target_parameters = string_list(j, "target_parameters", source);
   // What would change the adapter's math and trl does not implement: refused rather than silently ignored.
   if (flag("use_dora")) fail("{}: use_dora is true; trl implements plain LoRA (DoRA adapters are not supported)", source);
   if (flag("fan_in_fan_out")) fail("{}: fan_in_fan_out is true (GPT-2's Conv1D layout); Qwen3's linear layers are nn.Linear", source);
@@ -167,7 +212,10 @@ LoraConfig LoraConfig::from_json(const nlohmann::json& j, const std::string& sou
   return c;
 }
 
-std::vector<std::string> lora_target_modules(const ModelConfig& config, const LoraConfig& lora) {
+namespace {
+
+// The modules target_modules names (model order): none when only target_parameters is set.
+std::vector<std::string> module_targets(const ModelConfig& config, const LoraConfig& lora) {
   const std::vector<std::string> linear = linear_modules(config);
   std::vector<std::string> out;
   if (!lora.target_regex.empty()) {
@@ -178,6 +226,7 @@ std::vector<std::string> lora_target_modules(const ModelConfig& config, const Lo
     return out;
   }
   std::vector<std::string> keys = lora.target_modules;
+  if (keys.empty() && !lora.target_parameters.empty()) return out;
   if (keys.empty()) keys = {"q_proj", "v_proj"};  // PEFT's default for qwen2, qwen3 and llama
   if (keys.size() == 1 && keys[0] == "all-linear") return linear;
   for (const std::string& key : keys) {
@@ -188,9 +237,13 @@ std::vector<std::string> lora_target_modules(const ModelConfig& config, const Lo
              std::string(head) == "lm_head" ? "output head" : "embeddings", head);
     bool any = false;
     for (const std::string& m : linear) any = any || ends_with_module(m, key);
-    if (!any)
+    if (!any) {
+      const bool moe = key == "gate" || key == "experts" || key.ends_with(".gate") || key.ends_with(".experts");
       fail("LoRA target_modules: '{}' matches none of the model's linear modules; the names are q_proj, k_proj, v_proj, o_proj, gate_proj, "
-           "up_proj and down_proj (or all-linear)", key);
+           "up_proj and down_proj (or all-linear){}",
+           key, moe ? "; a mixture of experts' router and experts are parameters: --lora_target_parameters mlp.gate.weight "
+                      "mlp.experts.gate_up_proj mlp.experts.down_proj (PEFT's target_parameters)" : "");
+    }
   }
   for (const std::string& m : linear)
     for (const std::string& key : keys)
@@ -198,6 +251,53 @@ std::vector<std::string> lora_target_modules(const ModelConfig& config, const Lo
         out.push_back(m);
         break;
       }
+  return out;
+}
+
+// The modules target_parameters names, as PEFT matches them (a parameter's whole name, or its end after a dot): a
+// 2-D weight "<module>.weight" gives <module>; a stacked experts parameter gives itself.
+std::vector<std::string> parameter_targets(const ModelConfig& config, const LoraConfig& lora) {
+  std::vector<std::string> out;
+  if (lora.target_parameters.empty()) return out;
+  if (lora.lora_dropout != 0)
+    fail("LoRA target_parameters ({}) with lora_dropout {}: PEFT's LoRA on parameters has no dropout (it cannot be factored out of "
+         "the merged weight); set lora_dropout to 0",
+         fmt::join(lora.target_parameters, ", "), lora.lora_dropout);
+  for (const std::string& t : lora.target_parameters) {
+    bool any = false;
+    for (const auto& [name, shape] : parameter_shapes(config)) {
+      if (name != t && !name.ends_with("." + t)) continue;
+      any = true;
+      const bool head = name.find("embed_tokens") != std::string::npos || name.starts_with("lm_head");
+      if (shape.size() == 3) out.push_back(name);
+      else if (shape.size() == 2 && name.ends_with(".weight") && !head) out.push_back(name.substr(0, name.size() - 7));
+      else
+        fail("LoRA target_parameters: '{}' matches {} of shape {}, which trl cannot adapt (a linear weight or a mixture of experts' "
+             "stacked experts can){}",
+             t, name, shape_str(shape), head ? "; train it in full with --lora_modules_to_save" : "");
+    }
+    if (!any)
+      fail("LoRA target_parameters: '{}' matches no parameter of the model ({}); a mixture of experts' are mlp.gate.weight (the router), "
+           "mlp.experts.gate_up_proj and mlp.experts.down_proj",
+           t, config.model_type);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> lora_target_modules(const ModelConfig& config, const LoraConfig& lora) {
+  const std::vector<std::string> modules = module_targets(config, lora), params = parameter_targets(config, lora);
+  std::set<std::string> chosen(modules.begin(), modules.end());
+  for (const std::string& p : params)
+    if (!chosen.insert(p).second)
+      fail("LoRA: '{}' is targeted by both target_modules and target_parameters; name it in one of them", p);
+  // Model order: the order of the parameters.
+  std::vector<std::string> out;
+  for (const auto& [name, shape] : parameter_shapes(config)) {
+    const std::string module = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    if (chosen.count(module) && std::find(out.begin(), out.end(), module) == out.end()) out.push_back(module);
+  }
   return out;
 }
 
@@ -224,21 +324,30 @@ Shape lora_module_shape(const ModelConfig& config, const std::string& module) {
   fail("LoRA: the model has no linear module '{}'", module);
 }
 
+LoraShapes lora_shapes(const ModelConfig& config, const std::string& module, int64_t r) {
+  for (const auto& [name, shape] : parameter_shapes(config)) {
+    if (name == module && shape.size() == 3) return {{shape[0] * r, shape[2]}, {shape[0], shape[1], r}, shape[0]};
+    if (name == module + ".weight" && shape.size() == 2) return {{r, shape[1]}, {shape[0], r}, 0};
+  }
+  fail("LoRA: the model has no linear module or stacked experts '{}'", module);
+}
+
 LoraAdapter init_lora(const ModelConfig& config, const LoraConfig& lora, uint64_t seed) {
   if (lora.r <= 0) fail("lora_r must be a positive number, got {}", lora.r);
   LoraAdapter a{lora, lora_target_modules(config, lora), {}};
   for (size_t k = 0; k < a.modules.size(); ++k) {
     const std::string& m = a.modules[k];
-    const Shape w = lora_module_shape(config, m);
-    const int64_t out = w[0], in = w[1];
-    // kaiming_uniform_(a=√5): bound = gain·√(3 / fan_in) with gain = √(2 / (1 + a²)) = √(1/3), so 1/√in.
+    const LoraShapes s = lora_shapes(config, m, lora.r);
+    const int64_t in = s.a[1];
+    // kaiming_uniform_(a=√5): bound = gain·√(3 / fan_in) with gain = √(2 / (1 + a²)) = √(1/3), so 1/√in (PEFT's
+    // ParamWrapper initialises its [E·r, in] lora_A the same way).
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    Tensor A = Tensor::uninitialized(DType::F32, {lora.r, in});
+    Tensor A = Tensor::uninitialized(DType::F32, s.a);
     SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + k + 1);
     float* p = A.mutable_data_as<float>();
     for (int64_t i = 0; i < A.numel(); ++i) p[i] = static_cast<float>((static_cast<double>(rng.next() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
     a.weights[m + ".lora_A.weight"] = std::move(A);
-    a.weights[m + ".lora_B.weight"] = Tensor::zeros(DType::F32, {out, lora.r});
+    a.weights[m + ".lora_B.weight"] = Tensor::zeros(DType::F32, s.b);
   }
   return a;
 }
@@ -301,9 +410,10 @@ LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
       if (const std::string d = fmt::format(".{}.default.weight", ab); t.ends_with(d)) t = t.substr(0, t.size() - d.size()) + fmt::format(".{}.weight", ab);
     names[t] = n;
   }
-  auto take = [&](const std::string& name, const Shape& shape) {
-    const auto it = names.find(name);
-    if (it == names.end()) fail("{}: no tensor for '{}{}' (adapter_config.json targets this module)", weights_file, kFilePrefix, name);
+  // `name` (trl's) from the file's tensor `in_file` (PEFT's name without the prefix), which must have `shape`.
+  auto take = [&](const std::string& name, const std::string& in_file, const Shape& shape) {
+    const auto it = names.find(in_file);
+    if (it == names.end()) fail("{}: no tensor for '{}{}' (adapter_config.json targets this module)", weights_file, kFilePrefix, in_file);
     Tensor t = f.get(it->second);
     if (t.shape() != shape)
       fail("{}: '{}' is {}, the model and r = {} imply {}: an adapter of another model or config", weights_file, it->second, shape_str(t.shape()),
@@ -312,22 +422,35 @@ LoraAdapter load_adapter(const std::string& dir, const ModelConfig& config) {
     a.weights[name] = t;
     names.erase(it);
   };
+  const std::set<std::string> targeted(a.modules.begin(), a.modules.end());
   for (const std::string& m : a.modules) {
-    const Shape w = lora_module_shape(config, m);
-    take(m + ".lora_A.weight", {a.config.r, w[1]});
-    take(m + ".lora_B.weight", {w[0], a.config.r});
+    const LoraShapes s = lora_shapes(config, m, a.config.r);
+    const std::string A = m + ".lora_A.weight", B = m + ".lora_B.weight";
+    take(A, peft_tensor_name(A, targeted), s.a);
+    if (s.experts == 0) {
+      take(B, peft_tensor_name(B, targeted), s.b);
+    } else {  // PEFT's [out, r·E] → trl's [E, out, r]
+      take(B, peft_tensor_name(B, targeted), {s.b[1], s.b[2] * s.experts});
+      a.weights[B] = experts_lora_b_from_peft(a.weights[B], s.experts);
+    }
   }
   // modules_to_save: what is left, by parameter name (a reward model's score.weight included).
   for (const std::string& p : lora_saved_parameters(a.config, params))
-    if (names.count(p)) take(p, shapes.at(p));
+    if (names.count(p)) take(p, p, shapes.at(p));
   if (!names.empty())
     fail("{}: tensor '{}' belongs to no module that adapter_config.json targets or saves", weights_file, names.begin()->second);
   return a;
 }
 
 void save_adapter(const std::string& dir, const LoraConfig& config, const TensorMap& weights) {
+  std::set<std::string> modules;
+  for (const auto& [name, w] : weights)
+    if (name.ends_with(".lora_A.weight")) modules.insert(name.substr(0, name.size() - std::strlen(".lora_A.weight")));
   TensorMap file;
-  for (const auto& [name, w] : weights) file[kFilePrefix + name] = w;
+  for (const auto& [name, w] : weights) {
+    const bool expert_b = name.ends_with(".lora_B.weight") && w.dim() == 3;  // trl's [E, out, r] → PEFT's [out, r·E]
+    file[kFilePrefix + peft_tensor_name(name, modules)] = expert_b ? experts_lora_b_to_peft(w) : w;
+  }
   save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), file);
   write_text_file_atomic((fs::path(dir) / "adapter_config.json").string(), config.to_json().dump(2) + "\n");
 }
@@ -336,23 +459,28 @@ TensorMap merge_lora(const TensorMap& base, const LoraAdapter& adapter) {
   TensorMap out = base;
   const double s = adapter.config.scaling();
   for (const std::string& m : adapter.modules) {
-    const std::string wn = m + ".weight";
+    const std::string wn = base.count(m) ? m : m + ".weight";  // stacked experts are named by their parameter
     const auto it = base.find(wn);
     if (it == base.end()) fail("merge: the base model has no '{}'", wn);
     const Tensor W = it->second.to(DType::F32), A = adapter.weights.at(m + ".lora_A.weight").to(DType::F32),
                  B = adapter.weights.at(m + ".lora_B.weight").to(DType::F32);
-    const int64_t N = W.size(0), K = W.size(1), r = A.size(0);
+    // A linear module is one "expert": W [N, K], A [r, K], B [N, r]; stacked experts W [E, N, K], A [E·r, K],
+    // B [E, N, r].
+    const int64_t E = W.dim() == 3 ? W.size(0) : 1, N = W.size(W.dim() - 2), K = W.size(W.dim() - 1), r = A.size(0) / E;
     Tensor merged = W.clone();
     float* w = merged.mutable_data_as<float>();
     const float* a = A.data_as<float>();
     const float* b = B.data_as<float>();
-    // W[n, k] += s · Σ_j B[n, j] · A[j, k]   (W [N, K], B [N, r], A [r, K])
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < r; ++j) {
-        const float bj = static_cast<float>(s * b[n * r + j]);
-        for (int64_t k = 0; k < K; ++k) w[n * K + k] += bj * a[j * K + k];
-      }
+    // W_e[n, k] += s · Σ_j B_e[n, j] · A_e[j, k]
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < r; ++j) {
+          const float bj = static_cast<float>(s * b[(e * N + n) * r + j]);
+          const float* aj = a + (e * r + j) * K;
+          float* row = w + (e * N + n) * K;
+          for (int64_t k = 0; k < K; ++k) row[k] += bj * aj[k];
+        }
     out[wn] = merged.to(it->second.dtype());
   }
   for (const auto& [name, w] : adapter.weights) {

@@ -32,6 +32,12 @@ struct LoraConfig {
   std::vector<std::string> target_modules;
   // A target_modules string other than "all-linear" in a file: a regular expression matched against whole module names.
   std::string target_regex;
+  // PEFT's target_parameters: parameter names matched against the end of each parameter's name. A mixture of
+  // experts' stacked experts ("mlp.experts.gate_up_proj" [E, 2F, C], "mlp.experts.down_proj" [E, C, F]) take one
+  // adapter per expert, ΔW_e = scaling·B_e·A_e; a 2-D weight ("mlp.gate.weight", the router) takes a plain one. With
+  // target_parameters set and target_modules empty, no module is targeted (no q_proj/v_proj default), as in PEFT.
+  // PEFT's LoRA on parameters has no dropout: lora_dropout must be 0.
+  std::vector<std::string> target_parameters;
   bool use_rslora = false;
   std::vector<std::string> modules_to_save;  // modules trained in full beside the adapters ("lm_head", "score")
   std::string task_type = "CAUSAL_LM";       // SEQ_CLS for a reward model
@@ -45,7 +51,8 @@ struct LoraConfig {
 };
 
 // An adapter for one model: its config, the adapted modules in model order, and its tensors by trl name (lora_A and
-// lora_B of each module, then the modules_to_save weights).
+// lora_B of each module, then the modules_to_save weights). A module is a linear layer ("model.layers.0.mlp.gate")
+// or a stacked experts parameter ("model.layers.0.mlp.experts.gate_up_proj"; see lora_shapes).
 struct LoraAdapter {
   LoraConfig config;
   std::vector<std::string> modules;
@@ -66,6 +73,14 @@ std::vector<std::string> lora_saved_parameters(const LoraConfig& lora, const std
 LoraAdapter init_lora(const ModelConfig& config, const LoraConfig& lora, uint64_t seed);
 // The shape of a module's weight [out, in] in a model with `config`.
 Shape lora_module_shape(const ModelConfig& config, const std::string& module);
+// The shapes of a module's lora_A and lora_B at rank r. A linear module with weight [out, in]: A [r, in], B [out, r].
+// Stacked experts [E, out, in]: A [E·r, in] (PEFT's: rows e·r + j), B [E, out, r] (trl's; PEFT's file holds
+// [out, r·E] with column j·E + e, which save_adapter and load_adapter permute); experts = E (0 for a linear module).
+struct LoraShapes {
+  Shape a, b;
+  int64_t experts = 0;
+};
+LoraShapes lora_shapes(const ModelConfig& config, const std::string& module, int64_t r);
 
 // Whether `dir` holds an adapter (adapter_config.json).
 bool is_adapter_dir(const std::string& dir);
