@@ -134,7 +134,7 @@ std::map<std::string, ValueId> add_backward(Builder& b, ValueId loss, const std:
         // The experts' backward GEMMs run in the weights' dtype with f32 accumulation (the kernel rounds dy, as the
         // matmul rule above does for a bf16 layer).
         const bool dw = need(3) || need(4);
-        const auto d = b.moe_experts_backward(in(0), in(1), in(2), in(3), in(4), g, "d." + nm, dw);
+        const auto d = b.moe_experts_backward(in(0), in(1), in(2), in(3), in(4), g, "d." + nm, dw, nd.attrs.offset, nd.attrs.rows);
         accumulate(in(0), d[0]);
         accumulate(in(2), d[1]);
         if (dw) {

@@ -615,21 +615,27 @@ ValueId Builder::moe_route_weights(ValueId logits, ValueId experts, bool normali
   return push(std::move(n));
 }
 
-ValueId Builder::moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name) {
+ValueId Builder::moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name,
+                             int64_t first_expert, int64_t num_experts) {
   for (auto [v, what] : {std::pair{x, "x"}, {experts, "experts"}, {weights, "weights"}, {gate_up, "gate_up"}, {down, "down"}}) check(v, what);
   const Shape xs = shape(x), es = shape(experts), ws = shape(weights), gs = shape(gate_up), ds = shape(down);
   if (xs.size() != 2 || !dtype_is_float(node(x).dtype)) fail("moe_experts {}: x must be floating [N, C], got {}", name, shape_str(xs));
   if (gs.size() != 3 || gs[2] != xs[1] || gs[1] % 2 != 0 || gs[1] == 0)
     fail("moe_experts {}: gate_up must be [E, 2F, C] with C = {}, got {}", name, xs[1], shape_str(gs));
-  const int64_t E = gs[0], F = gs[1] / 2, C = xs[1];
+  const int64_t E = gs[0], F = gs[1] / 2, C = xs[1], total = num_experts > 0 ? num_experts : E;
   if (ds != Shape{E, C, F}) fail("moe_experts {}: down must be [E, C, F] = [{}, {}, {}], got {}", name, E, C, F, shape_str(ds));
-  if (node(experts).dtype != DType::I32 || es.size() != 2 || es[0] != xs[0] || es[1] < 1 || es[1] > E)
-    fail("moe_experts {}: experts must be i32 [{}, K] with 1 <= K <= {}, got {} {}", name, xs[0], E, dtype_name(node(experts).dtype), shape_str(es));
+  if (first_expert < 0 || first_expert + E > total)
+    fail("moe_experts {}: experts [{}, {}) are not a range of the {} experts", name, first_expert, first_expert + E, total);
+  if (node(experts).dtype != DType::I32 || es.size() != 2 || es[0] != xs[0] || es[1] < 1 || es[1] > total)
+    fail("moe_experts {}: experts must be i32 [{}, K] with 1 <= K <= {}, got {} {}", name, xs[0], total, dtype_name(node(experts).dtype), shape_str(es));
   if (ws != es || !dtype_is_float(node(weights).dtype)) fail("moe_experts {}: weights must be floating {}, got {}", name, shape_str(es), shape_str(ws));
   if (node(gate_up).dtype != node(x).dtype || node(down).dtype != node(x).dtype)
     fail("moe_experts {}: x, gate_up and down must share a dtype, got {}, {}, {}", name, dtype_name(node(x).dtype), dtype_name(node(gate_up).dtype),
          dtype_name(node(down).dtype));
-  return push(make_node(Op::MoeExperts, {x, experts, weights, gate_up, down}, xs, node(x).dtype, name));
+  Node n = make_node(Op::MoeExperts, {x, experts, weights, gate_up, down}, xs, node(x).dtype, name);
+  n.attrs.offset = first_expert;
+  n.attrs.rows = num_experts > 0 ? num_experts : 0;
+  return push(std::move(n));
 }
 
 ValueId Builder::batched_matmul(ValueId a, ValueId b, bool trans_a, bool trans_b, DType out, const std::string& name) {
@@ -676,7 +682,7 @@ ValueId Builder::moe_route_weights_backward(ValueId logits, ValueId experts, Val
 }
 
 std::vector<ValueId> Builder::moe_experts_backward(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, ValueId dy,
-                                                   const std::string& name, bool with_dw) {
+                                                   const std::string& name, bool with_dw, int64_t first_expert, int64_t num_experts) {
   check(dy, "moe_experts_backward dy");
   if (shape(dy) != shape(x)) fail("moe_experts_backward {}: dy must be {}", name, shape_str(shape(x)));
   const Shape xs = shape(x), ws = shape(weights), gs = shape(gate_up), ds = shape(down);  // copies: push() may reallocate
@@ -684,6 +690,8 @@ std::vector<ValueId> Builder::moe_experts_backward(ValueId x, ValueId experts, V
   const DType dt = node(dy).dtype;
   Node n = make_node(Op::MoeExpertsBackward, {x, experts, weights, gate_up, down, dy}, {nx + nw + ng + nd}, dt, name);
   n.attrs.dh_only = !with_dw;
+  n.attrs.offset = first_expert;
+  n.attrs.rows = num_experts;
   const ValueId packed = push(std::move(n));
   return {view(packed, 0, xs, dt, name + ".dx"), view(packed, nx, ws, dt, name + ".dweights"),
           with_dw ? view(packed, nx + nw, gs, dt, name + ".dgate_up") : kNone, with_dw ? view(packed, nx + nw + ng, ds, dt, name + ".ddown") : kNone};

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1013,6 +1014,16 @@ void moe_cases(std::vector<OpCase>& t) {
         c.out(c.b.moe_experts(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {s.E, 2 * s.F, s.C}, dt, 0.3),
                               c.rand("down", {s.E, s.C, s.F}, dt, 0.3)));
       });
+    // Expert parallel: this rank's experts [first, first + local) of s.E; the other choices add nothing.
+    for (const auto& [s, first, local] : std::vector<std::tuple<MoeShape, int64_t, int64_t>>{{MoeShape{129, 16, 12, 16, 8}, 8, 4},
+                                                                                            {MoeShape{1, 48, 40, 16, 8}, 12, 4},
+                                                                                            {MoeShape{300, 16, 8, 4, 2}, 0, 2}})
+      add_case(t, Op::MoeExperts, fmt::format("{} {}, experts [{}, {}) here", dn(dt), moe_dims(s), first, first + local), tol_of(dt), [=](Ctx& c) {
+        const auto [logits, experts] = moe_router(c, s, dt);
+        const ValueId w = c.b.cast(c.b.moe_route_weights(logits, experts, true), dt);
+        c.out(c.b.moe_experts(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {local, 2 * s.F, s.C}, dt, 0.3),
+                              c.rand("down", {local, s.C, s.F}, dt, 0.3), "", first, s.E));
+      });
     add_case(t, Op::MoeExperts, fmt::format("{} N40 C24 F20 E8 K2, 4 experts without a token, repeated choices", dn(dt)), tol_of(dt), [=](Ctx& c) {
       c.out(c.b.moe_experts(c.rand("x", {40, 24}, dt), c.ids("experts", {40, 2}, 4), c.rand("w", {40, 2}, F32), c.rand("gate_up", {8, 40, 24}, dt, 0.3),
                             c.rand("down", {8, 24, 20}, dt, 0.3)));
@@ -1050,6 +1061,17 @@ void moe_cases(std::vector<OpCase>& t) {
                                                     c.rand("down", {s.E, s.C, s.F}, dt, 0.3), c.rand("dy", {s.N, s.C}, F32), "d", !frozen))
             if (v != kNone) c.out(v);
         });
+  for (DType dt : {F32, BF16})
+    for (bool frozen : {false, true})
+      add_case(t, Op::MoeExpertsBackward, fmt::format("{} N129 C16 F12 E16 K8, experts [4, 8) here, dy f32{}", dn(dt), frozen ? ", frozen experts" : ""),
+               tol_of(dt), [=](Ctx& c) {
+                 const MoeShape s{129, 16, 12, 16, 8};
+                 const auto [logits, experts] = moe_router(c, s, dt);
+                 const ValueId w = c.b.cast(c.b.moe_route_weights(logits, experts, true), dt);
+                 for (ValueId v : c.b.moe_experts_backward(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {4, 2 * s.F, s.C}, dt, 0.3),
+                                                           c.rand("down", {4, s.C, s.F}, dt, 0.3), c.rand("dy", {s.N, s.C}, F32), "d", !frozen, 4, s.E))
+                   if (v != kNone) c.out(v);
+               });
   for (DType dt : {F32, BF16})
     add_case(t, Op::MoeRouterStatsBackward, fmt::format("logits {} 65x8 masked", dn(dt)), kF32, [=](Ctx& c) {
       c.out(c.b.moe_router_stats_backward(c.rand("logits", {65, 8}, dt), c.ids("mask", {65}, 2), c.rand("ds", {17}, F32)));
@@ -1326,6 +1348,11 @@ const std::vector<VjpCase>& vjp_table() {
        [](Ctx& c, DType dt) {
          return c.b.moe_experts(c.rand("x", {6, 5}, dt), c.i32("experts", {6, 2}, {0, 2, 2, 3, 1, 0, 3, 2, 0, 1, 2, 0}), c.rand("w", {6, 2}, dt),
                                 c.rand("gate_up", {4, 6, 5}, dt), c.rand("down", {4, 5, 3}, dt));
+       }},
+      {Op::MoeExperts, "expert parallel: x 6x5 experts [2, 4) of 4 K2 F3", {"x", "w", "gate_up", "down"}, {Op::MoeExpertsBackward, Op::View},
+       [](Ctx& c, DType dt) {
+         return c.b.moe_experts(c.rand("x", {6, 5}, dt), c.i32("experts", {6, 2}, {0, 2, 2, 3, 1, 0, 3, 2, 0, 1, 2, 0}), c.rand("w", {6, 2}, dt),
+                                c.rand("gate_up", {2, 6, 5}, dt), c.rand("down", {2, 5, 3}, dt), "", 2, 4);
        }},
       {Op::MoeExperts, "frozen experts: x 6x5 E4 K2 F3, x and w only", {"x", "w"}, {Op::MoeExpertsBackward, Op::View},
        [](Ctx& c, DType dt) {

@@ -93,7 +93,10 @@ enum class Op : uint8_t {
                           //   by their sum with attrs.normalize (norm_topk_prob)
   MoeExperts,             // x:[N,C], experts:[N,K] i32, weights:[N,K], gate_up:[E,2F,C], down:[E,C,F] -> [N,C] in x's dtype:
                           //   Σ_k weights[n,k]·down_e(silu(gate_e·x_n)·up_e·x_n), e = experts[n,k]. Tokens are grouped by
-                          //   expert, one GEMM per expert over its tokens; an expert no token chose costs nothing
+                          //   expert, one GEMM per expert over its tokens; an expert no token chose costs nothing.
+                          //   Expert parallel: gate_up and down hold experts [attrs.offset, attrs.offset + E) of
+                          //   attrs.rows (0: E) numbered globally in `experts`; a choice of another expert adds nothing
+                          //   (and gets a zero dweight): each rank's partial sum, which an all_reduce completes
   MoeRouterStats,         // logits:[N,E], experts:[N,K] i32, mask:[N] i32|none -> [2E+1] f32, over the tokens whose mask is
                           //   not 0: per expert the number of times it was chosen, per expert the sum of its softmax
                           //   probabilities, then the number of tokens (the load-balancing loss's sums for one layer)
@@ -238,7 +241,10 @@ class Builder {
   // Mixture of experts (see Op::MoeTopK ... Op::MoeAuxLoss). moe_router_stats' mask may be kNone (every token counts).
   ValueId moe_topk(ValueId logits, int64_t k, const std::string& name = "");
   ValueId moe_route_weights(ValueId logits, ValueId experts, bool normalize, const std::string& name = "");
-  ValueId moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name = "");
+  // With first_expert / num_experts (expert parallel): gate_up and down are experts [first_expert, first_expert + E)
+  // of num_experts; 0, 0: all of them.
+  ValueId moe_experts(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, const std::string& name = "",
+                      int64_t first_expert = 0, int64_t num_experts = 0);
   ValueId moe_router_stats(ValueId logits, ValueId experts, ValueId mask, const std::string& name = "");
   ValueId moe_aux_loss(ValueId stats, const std::string& name = "");
   // op(a_e)·op(b_e) for every e (see Op::BatchedMatMul), in dtype `out`.
@@ -275,7 +281,8 @@ class Builder {
   ValueId moe_route_weights_backward(ValueId logits, ValueId experts, ValueId dweights, bool normalize, const std::string& name = "");
   // [dx, dweights, dgate_up, ddown] (the last two kNone without with_dw).
   std::vector<ValueId> moe_experts_backward(ValueId x, ValueId experts, ValueId weights, ValueId gate_up, ValueId down, ValueId dy,
-                                            const std::string& name = "", bool with_dw = true);
+                                            const std::string& name = "", bool with_dw = true, int64_t first_expert = 0,
+                                            int64_t num_experts = 0);
   ValueId moe_router_stats_backward(ValueId logits, ValueId mask, ValueId dstats, const std::string& name = "");
   ValueId moe_aux_loss_backward(ValueId stats, ValueId dloss, const std::string& name = "");
   // The fused vocabulary pass (see Op::VocabStats); `targets` may be kNone. vocab_stat() is the View of one row.

@@ -346,15 +346,22 @@ struct Routing {
   std::vector<int64_t> start;  // [E + 1]: expert e's rows are [start[e], start[e + 1]) of the sorted order
   std::vector<int64_t> count;  // [E]: its (token, choice) slots; the rows past them up to start[e + 1] are padding
   std::vector<int32_t> token;  // [rows]: the token of each sorted row (-1: padding)
-  std::vector<int32_t> pos;    // [N·K]: the row slot (n, k) went to
+  std::vector<int32_t> pos;    // [N·K]: the row slot (n, k) went to (-1: another rank's expert, expert parallel)
   std::vector<int32_t> busy;   // the experts with at least one slot, most slots first
+  std::vector<int32_t> local;  // [N·K]: the local expert of each slot (-1: another rank's)
 
   // `pad`: an expert of more than 8 slots (or any, with pad_all) gets its rows padded to a multiple of 16, so
   // that its GEMMs are whole 16-row chunks (zero rows add nothing to a weight gradient); at most 8 take the dot
   // products exactly (decoding).
-  void build(const int32_t* experts, int64_t N, int64_t K, int64_t E, bool pad_all) {
+  // Expert parallel: the E experts here are [first, first + E) of `total` (0: E) numbered globally in `experts`.
+  void build(const int32_t* experts, int64_t N, int64_t K, int64_t E, bool pad_all, int64_t first = 0, int64_t total = 0) {
     count.assign(static_cast<size_t>(E), 0);
-    for (int64_t i = 0; i < N * K; ++i) ++count[static_cast<size_t>(checked_expert(experts, i, E))];
+    local.resize(static_cast<size_t>(N * K));
+    for (int64_t i = 0; i < N * K; ++i) {
+      const int64_t e = checked_expert(experts, i, total > 0 ? total : E) - first;
+      local[static_cast<size_t>(i)] = e >= 0 && e < E ? static_cast<int32_t>(e) : -1;
+      if (e >= 0 && e < E) ++count[static_cast<size_t>(e)];
+    }
     start.assign(static_cast<size_t>(E + 1), 0);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t c = count[static_cast<size_t>(e)];
@@ -364,7 +371,12 @@ struct Routing {
     pos.resize(static_cast<size_t>(N * K));
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < N * K; ++i) {
-      const int64_t at = next[static_cast<size_t>(experts[i])]++;
+      const int32_t e = local[static_cast<size_t>(i)];
+      if (e < 0) {
+        pos[static_cast<size_t>(i)] = -1;
+        continue;
+      }
+      const int64_t at = next[static_cast<size_t>(e)]++;
       token[static_cast<size_t>(at)] = static_cast<int32_t>(i / K);
       pos[static_cast<size_t>(i)] = static_cast<int32_t>(at);
     }
@@ -493,9 +505,10 @@ Kernel lower_moe_experts(ProgramContext* cx, graph::ValueId id) {
   const Layout lay(fw->s, false);
   cx->reserve_transient(lay.end);
   auto rt = std::make_shared<Routing>();
-  return [cx, id, in, fw, lay, rt] {
+  const int64_t first = n.attrs.offset, total = n.attrs.rows;
+  return [cx, id, in, fw, lay, rt, first, total] {
     const ExpertsShape& s = fw->s;
-    rt->build(static_cast<const int32_t*>(cx->p(in[1])), s.N, s.K, s.E, /*pad_all=*/false);
+    rt->build(static_cast<const int32_t*>(cx->p(in[1])), s.N, s.K, s.E, /*pad_all=*/false, first, total);
     char* t = cx->transient();
     const auto* gu = static_cast<const char*>(cx->p(in[3]));
     const auto* dn = static_cast<const char*>(cx->p(in[4]));
@@ -514,6 +527,7 @@ Kernel lower_moe_experts(ProgramContext* cx, graph::ValueId id) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t k = 0; k < s.K; ++k) {
           const int64_t row = rt->pos[static_cast<size_t>(tok * s.K + k)];
+          if (row < 0) continue;  // another rank's expert
           const float wk = rnd(s.dt, ld(w, s.wt, tok * s.K + k));
           add_weighted_row(O, s.dt, row * s.C, s.C, wk, acc.data());
         }
@@ -542,10 +556,11 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
   const size_t grads_at = lay.end;
   cx->reserve_transient(lay.end + (dh_only || direct ? 0 : (ngu + ndn) * sizeof(float)));
   auto rt = std::make_shared<Routing>();
-  return [cx, id, in, dh_only, od, gd, fw, back_a, back_x, grad_gu, grad_dn, lay, ngu, ndn, direct, grads_at, rt] {
+  const int64_t first = n.attrs.offset, total = n.attrs.rows;
+  return [cx, id, in, dh_only, od, gd, fw, back_a, back_x, grad_gu, grad_dn, lay, ngu, ndn, direct, grads_at, rt, first, total] {
     const ExpertsShape& sh = fw->s;
     const int64_t C = sh.C, F = sh.F, NK = sh.slots();
-    rt->build(static_cast<const int32_t*>(cx->p(in[1])), sh.N, sh.K, sh.E, /*pad_all=*/true);
+    rt->build(static_cast<const int32_t*>(cx->p(in[1])), sh.N, sh.K, sh.E, /*pad_all=*/true, first, total);
     char* t = cx->transient();
     char *X = t + lay.X, *H = t + lay.H, *A = t + lay.A, *O = t + lay.O, *dO = t + lay.dO, *dH = t + lay.dH;
     auto* dA = reinterpret_cast<float*>(t + lay.dA);
@@ -558,6 +573,8 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
     const int64_t nx = sh.N * C, nw = NK;
     float* dgu = dh_only ? nullptr : direct ? static_cast<float*>(out) + nx + nw : reinterpret_cast<float*>(t + grads_at);
     float* ddn = dh_only ? nullptr : dgu + ngu;
+    for (int64_t slot = 0; slot < NK; ++slot)  // a choice of another rank's expert: a zero dweight here
+      if (rt->pos[static_cast<size_t>(slot)] < 0) st(out, od, nx + slot, 0.0f);
     if (!dh_only)  // an expert no token chose: a zero gradient (the others' are written whole by their GEMMs)
       for (int64_t e = 0; e < sh.E; ++e)
         if (rt->count[static_cast<size_t>(e)] == 0) {
@@ -634,7 +651,9 @@ Kernel lower_moe_experts_backward(ProgramContext* cx, graph::ValueId id) {
       for (int64_t tok = 0; tok < sh.N; ++tok) {
         std::fill(v.begin(), v.end(), 0.0f);
         for (int64_t k = 0; k < sh.K; ++k) {
-          const float* row = dX + rt->pos[static_cast<size_t>(tok * sh.K + k)] * C;
+          const int64_t at = rt->pos[static_cast<size_t>(tok * sh.K + k)];
+          if (at < 0) continue;  // another rank's expert
+          const float* row = dX + at * C;
           for (int64_t c = 0; c < C; ++c) v[static_cast<size_t>(c)] += row[c];
         }
         store_row(v.data(), C, out, od, tok * C);

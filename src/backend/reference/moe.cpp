@@ -36,6 +36,13 @@ int32_t expert_at(const Tensor& experts, int64_t i, int64_t E, const char* op) {
   return e;
 }
 
+// The local index of choice i under expert parallel (experts [first, first + E) of `total`, 0: E), or -1 for
+// another rank's expert.
+int64_t local_expert(const Tensor& experts, int64_t i, int64_t E, int64_t first, int64_t total, const char* op) {
+  const int64_t e = expert_at(experts, i, total > 0 ? total : E, op) - first;
+  return e >= 0 && e < E ? e : -1;
+}
+
 bool counted(const Tensor* mask, int64_t n) { return mask == nullptr || mask->data_as<int32_t>()[n] != 0; }
 
 // One expert's forward on one token, with its intermediate values (the backward reuses them).
@@ -98,13 +105,16 @@ void moe_route_weights(const Tensor& logits, const Tensor& experts, bool normali
 
 // out[n] = Σ_k weights[n,k]·expert(x_n), each term rounded to x's dtype as Transformers' eager model rounds it, the
 // sum once.
-void moe_experts(const Tensor& x, const Tensor& experts, const Tensor& weights, const Tensor& gate_up, const Tensor& down, Tensor& out) {
+void moe_experts(const Tensor& x, const Tensor& experts, const Tensor& weights, const Tensor& gate_up, const Tensor& down, int64_t first,
+                 int64_t total, Tensor& out) {
   const int64_t N = x.size(0), C = x.size(1), K = experts.size(1), E = gate_up.size(0);
   const DType dt = x.dtype();
   for (int64_t n = 0; n < N; ++n) {
     std::vector<double> y(static_cast<size_t>(C), 0.0);
     for (int64_t k = 0; k < K; ++k) {
-      const ExpertPass p = expert_forward(x, n, expert_at(experts, n * K + k, E, "moe_experts"), gate_up, down);
+      const int64_t e = local_expert(experts, n * K + k, E, first, total, "moe_experts");
+      if (e < 0) continue;  // another rank's expert
+      const ExpertPass p = expert_forward(x, n, static_cast<int32_t>(e), gate_up, down);
       const double w = rnd(dt, at(weights, n * K + k));
       for (int64_t c = 0; c < C; ++c) y[static_cast<size_t>(c)] += rnd(dt, p.o[static_cast<size_t>(c)] * w);
     }
@@ -157,14 +167,16 @@ void moe_route_weights_backward(const Tensor& logits, const Tensor& experts, con
 
 // Packed [dx | dweights | dgate_up | ddown] (the last two absent with dh_only).
 void moe_experts_backward(const Tensor& x, const Tensor& experts, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
-                          const Tensor& dy, bool dh_only, Tensor& out) {
+                          const Tensor& dy, bool dh_only, int64_t first, int64_t total, Tensor& out) {
   const int64_t N = x.size(0), C = x.size(1), K = experts.size(1), E = gate_up.size(0), F = gate_up.size(1) / 2;
   const int64_t nx = N * C, nw = N * K, ng = E * 2 * F * C;
   std::vector<double> dx(static_cast<size_t>(nx), 0.0), dw(static_cast<size_t>(nw), 0.0);
   std::vector<double> dgu(dh_only ? 0 : static_cast<size_t>(ng), 0.0), ddn(dh_only ? 0 : static_cast<size_t>(E * C * F), 0.0);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = expert_at(experts, n * K + k, E, "moe_experts_backward");
+      const int64_t local = local_expert(experts, n * K + k, E, first, total, "moe_experts_backward");
+      if (local < 0) continue;  // another rank's expert: nothing here, a zero dweight
+      const int32_t e = static_cast<int32_t>(local);
       const ExpertPass p = expert_forward(x, n, e, gate_up, down);
       const double w = at(weights, n * K + k);
       const int64_t gu = static_cast<int64_t>(e) * 2 * F * C, dn = static_cast<int64_t>(e) * C * F;

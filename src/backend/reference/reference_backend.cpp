@@ -743,12 +743,13 @@ class ReferenceProgram final : public Program {
           case Op::AllReduceGrad: out.copy_from(in(n, 0)); break;
           case Op::MoeTopK: reference::moe_topk(in(n, 0), out); break;
           case Op::MoeRouteWeights: reference::moe_route_weights(in(n, 0), in(n, 1), n.attrs.normalize, out); break;
-          case Op::MoeExperts: reference::moe_experts(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), out); break;
+          case Op::MoeExperts: reference::moe_experts(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), n.attrs.offset, n.attrs.rows, out); break;
           case Op::MoeRouterStats: reference::moe_router_stats(in(n, 0), in(n, 1), opt(n, 2), out); break;
           case Op::MoeAuxLoss: reference::moe_aux_loss(in(n, 0), out); break;
           case Op::MoeRouteWeightsBackward: reference::moe_route_weights_backward(in(n, 0), in(n, 1), in(n, 2), n.attrs.normalize, out); break;
           case Op::MoeExpertsBackward:
-            reference::moe_experts_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), in(n, 5), n.attrs.dh_only, out);
+            reference::moe_experts_backward(in(n, 0), in(n, 1), in(n, 2), in(n, 3), in(n, 4), in(n, 5), n.attrs.dh_only, n.attrs.offset, n.attrs.rows,
+                                            out);
             break;
           case Op::MoeRouterStatsBackward: reference::moe_router_stats_backward(in(n, 0), opt(n, 1), in(n, 2), out); break;
           case Op::MoeAuxLossBackward: reference::moe_aux_loss_backward(in(n, 0), in(n, 1), out); break;
