@@ -171,6 +171,10 @@ void add_training_options(Options& o, TrainingArguments& c, TrainCommandArgs& a)
   o.add("report_to", c.report_to, "tensorboard (or all): TensorBoard event files in logging_dir; none. Metrics always go to log.jsonl");
   o.add("logging_dir", c.logging_dir, "TensorBoard's folder").default_text("output_dir/runs/<date>_<host>");
   o.add("tp_size", c.distributed.tp_size, "Tensor-parallel ranks per model replica (docs/DISTRIBUTED.md)").min(1);
+  o.add("ep_size", c.distributed.ep_size, "Expert-parallel ranks per model replica: a mixture of experts' experts split between them (the tensor-parallel group)")
+      .min(1);
+  o.add("enable_expert_parallel", c.distributed.enable_expert_parallel,
+        "Transformers' older switch: expert parallel over the tp_size ranks (what tp_size does on a mixture of experts)");
   o.add("fsdp_size", c.distributed.fsdp_size, "Ranks that shard the f32 masters, gradient sums and AdamW moments between them (docs/DISTRIBUTED.md)").min(1);
   add_compat_options(o, a.compat);
   add_peft_options(o, a.peft);

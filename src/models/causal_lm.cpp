@@ -142,6 +142,8 @@ int tensor_parallel_axis(const std::string& name) {
     if (ends_with(rows)) return 0;
   for (const char* cols : {".o_proj.weight", ".down_proj.weight"})
     if (ends_with(cols)) return 1;
+  // A mixture of experts' stacked experts: whole experts per rank (expert parallel); the router stays whole.
+  if (ends_with(".mlp.experts.gate_up_proj") || ends_with(".mlp.experts.down_proj")) return 0;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0;  // vocabulary parallel
   return -1;
 }
@@ -174,12 +176,17 @@ CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   if (lora_) fail("tp_size {}: LoRA adapters are not supported under tensor parallel; train the adapter with data parallel or FSDP", tp.size);
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) fail("tensor_parallel_shard: rank {} of {} does not exist", tp.rank, tp.size);
   const ModelConfig& c = config_;
-  for (const auto& [what, n] : std::vector<std::pair<const char*, int64_t>>{
-           {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}, {"intermediate_size", c.intermediate_size},
-           {"vocab_size", c.vocab_size}})
+  bool dense = false, sparse = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.sparse_layer(i) ? sparse : dense) = true;
+  std::vector<std::pair<const char*, int64_t>> parts = {
+      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}, {"vocab_size", c.vocab_size}};
+  if (dense) parts.push_back({"intermediate_size", c.intermediate_size});
+  if (sparse) parts.push_back({"num_experts", c.moe.num_experts});
+  for (const auto& [what, n] : parts)
     if (n % tp.size != 0)
-      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads and equal parts of the MLP and the vocabulary); "
-           "choose a tp_size that divides num_attention_heads, num_key_value_heads, intermediate_size and vocab_size", tp.size, what, n);
+      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads, whole experts and equal parts of the MLP and "
+           "the vocabulary); choose a size that divides num_attention_heads, num_key_value_heads, vocab_size{}",
+           tp.size, what, n, sparse ? ", num_experts" : ", intermediate_size");
   CausalLM m = *this;
   for (auto& [name, w] : m.weights_) w = tensor_parallel_slice(name, w, tp);
   m.tp_ = tp;
@@ -471,15 +478,21 @@ class DecoderBuilder {
   // load-balancing sums (over the tokens the attention mask keeps) are appended for the aux loss.
   ValueId moe(ValueId x, int64_t i, const Inputs& in, std::vector<ValueId>* stats) {
     const std::string l = "model.layers." + std::to_string(i) + ".mlp.", tag = "blk." + std::to_string(i) + ".";
-    if (tp_.size > 1) fail("tensor parallel of a mixture-of-experts model ({}) is not supported", c_.model_type);
     const Shape s = b_.shape(x);
     const int64_t N = s[0] * s[1];
     const ValueId rows = b_.reshape(x, {N, s[2]}, tag + "ffn_moe_in");
     const ValueId logits = linear(rows, l + "gate", tag + "ffn_gate_inp");
     const ValueId experts = b_.moe_topk(logits, c_.moe.num_experts_per_tok, tag + "ffn_moe_topk");
     const ValueId weights = b_.cast(b_.moe_route_weights(logits, experts, c_.moe.norm_topk_prob, tag + "ffn_moe_probs"), dt_, tag + "ffn_moe_weights");
-    const ValueId y = b_.moe_experts(rows, experts, weights, expert_weight(l + "experts.gate_up_proj", tag + "ffn_moe_gate_up"),
-                                     expert_weight(l + "experts.down_proj", tag + "ffn_moe_down"), tag + "ffn_moe");
+    // Expert parallel (the tensor-parallel group): every rank routes every token (the router is whole), runs its own
+    // experts [first, first + E / size) on the tokens that chose them, and an all_reduce sums the ranks' parts. The
+    // experts' input and routing weights pass through all_reduce_grad: their gradients are the sums of every rank's.
+    const int64_t E = c_.moe.num_experts, first = tp_.size > 1 ? tp_.rank * (E / tp_.size) : 0;
+    const ValueId y = tp_out(b_.moe_experts(tp_in(rows, tag + "ffn_moe"), experts, tp_in(weights, tag + "ffn_moe_weights"),
+                                            expert_weight(l + "experts.gate_up_proj", tag + "ffn_moe_gate_up"),
+                                            expert_weight(l + "experts.down_proj", tag + "ffn_moe_down"), tag + "ffn_moe", first,
+                                            tp_.size > 1 ? E : 0),
+                             tag + "ffn_moe");
     if (stats != nullptr) {
       const ValueId mask = in.mask != kNone ? b_.reshape(in.mask, {N}, tag + "ffn_moe_mask") : kNone;
       stats->push_back(b_.moe_router_stats(logits, experts, mask, tag + "ffn_moe_stats"));

@@ -236,10 +236,18 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
                             c.seed >> 63 ? fmt::format(" (= {} as a signed number)", static_cast<int64_t>(c.seed)) : ""));
   count_at_least("tp_size", c.distributed.tp_size, 1);
   count_at_least("fsdp_size", c.distributed.fsdp_size, 1);
-  if (const int64_t W = dist::world().size(), model = c.distributed.tp_size * c.distributed.fsdp_size; W % model != 0)
-    bad("tp_size", fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
-                               "tp_size): start a multiple of {} processes, or change tp_size / fsdp_size",
-                               c.distributed.tp_size, c.distributed.fsdp_size, model, W, model));
+  count_at_least("ep_size", c.distributed.ep_size, 1);
+  if (c.distributed.enable_expert_parallel && c.distributed.model_parallel_size() == 1)
+    bad("enable_expert_parallel", "splits the experts between the tensor-parallel ranks, but tp_size is 1: give ep_size (or tp_size) > 1");
+  if (c.distributed.ep_size > 1 && c.distributed.tp_size > 1 && c.distributed.tp_size != c.distributed.ep_size)
+    bad("ep_size", fmt::format("{} with tp_size {}: the expert-parallel ranks are the tensor-parallel group (as in Transformers), so the two "
+                               "must be equal; give one of them",
+                               c.distributed.ep_size, c.distributed.tp_size));
+  if (const int64_t W = dist::world().size(), mp = c.distributed.model_parallel_size(), model = mp * c.distributed.fsdp_size; W % model != 0)
+    bad(c.distributed.ep_size > 1 ? "ep_size" : "tp_size",
+        fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
+                    "tp_size): start a multiple of {} processes, or change {} / fsdp_size",
+                    mp, c.distributed.fsdp_size, model, W, model, c.distributed.ep_size > 1 ? "ep_size" : "tp_size"));
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "cosine_with_min_lr" &&
       c.lr_scheduler_type != "constant" && c.lr_scheduler_type != "constant_with_warmup")
     bad("lr_scheduler_type", fmt::format("'{}' is not linear, cosine, cosine_with_min_lr, constant or constant_with_warmup", c.lr_scheduler_type));

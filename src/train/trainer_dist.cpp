@@ -21,6 +21,14 @@ Trainer::State::State(const CausalLM& m, const TrainingArguments& c, const char*
     : cfg(c), config_name(name), model(m), save_dtype(m.dtype()), source_dir(m.path()),
       opt(AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon, cfg.weight_decay}),
       model_name(cfg.model_name_or_path.empty() ? m.path() : cfg.model_name_or_path), comm(dist::world()), dp(&comm) {
+  if (cfg.distributed.ep_size > 1 || cfg.distributed.enable_expert_parallel) {
+    bool sparse = false;
+    for (int64_t i = 0; i < m.config().num_hidden_layers; ++i) sparse = sparse || m.config().sparse_layer(i);
+    if (!sparse)
+      fail("{}: {} splits a mixture of experts' experts, but the model ({}) has none; use tp_size for tensor parallel", config_name,
+           cfg.distributed.ep_size > 1 ? fmt::format("ep_size {}", cfg.distributed.ep_size) : std::string("enable_expert_parallel"),
+           m.config().model_type);
+  }
   if (tp() == 1) return;
   const int r = comm.rank(), T = static_cast<int>(tp());
   tp_group = comm.split(r / T, r);  // consecutive ranks: on one machine where they can be

@@ -98,7 +98,7 @@ struct Trainer::State {
   }
   bool is_main() const { return comm.rank() == 0; }
   bool fsdp() const { return shards != nullptr; }
-  int64_t tp() const { return cfg.distributed.tp_size; }
+  int64_t tp() const { return cfg.distributed.model_parallel_size(); }
   // The whole shape of trained parameter `name` (`trained` holds this rank's: a slice under tensor parallel).
   Shape whole_shape(const std::string& name) const {
     Shape s = trained.at(name);

@@ -39,6 +39,8 @@ nlohmann::ordered_json training_arguments_json(const TrainingArguments& a) {
       {"model_name_or_path", a.model_name_or_path},
       {"dataset_name", a.dataset_name},
       {"tp_size", a.distributed.tp_size},
+      {"ep_size", a.distributed.ep_size},
+      {"enable_expert_parallel", a.distributed.enable_expert_parallel},
       {"fsdp_size", a.distributed.fsdp_size},
   };
   j["peft_config"] = a.peft_config ? a.peft_config->to_json() : nlohmann::ordered_json();

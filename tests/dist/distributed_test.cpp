@@ -391,6 +391,43 @@ TEST_F(Distributed, TensorParallelTwoRanksEqualOneProcess) {
   }
 }
 
+// Expert parallel over 2 ranks on a mixture of experts (tiny-moe: 8 experts, 2 per token): each rank holds 4 of
+// every sparse layer's experts (and half the heads: the ranks are the tensor-parallel group), runs them on the tokens
+// that chose them, and the all-reduced sum is one process's layer. SFT and DPO (with the load-balancing loss) are
+// one process's runs; the checkpoint holds whole expert tensors and resumes in one process; --enable_expert_parallel
+// with --tp_size 2 is the same run; ep_size on a dense model is an error.
+TEST_F(Distributed, ExpertParallelTwoRanksEqualOneProcess) {
+  ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny-moe --seed 4 --vocab_size {} --out {} > /dev/null 2>&1", kTrl, test::kCutVocab,
+                                          dir_.file("moe"))),
+            0);
+  for (const auto& [name, trainer, data] : std::vector<std::tuple<std::string, std::string, std::string>>{{"sft", "sft", "sft.jsonl"}, {"dpo", "dpo", "dpo.jsonl"}}) {
+    SCOPED_TRACE(name);
+    const std::string args = common(data) + " --model_name_or_path " + dir_.file("moe") + " --per_device_train_batch_size 2";
+    run(fmt::format("{} {} {} --output_dir {}", kTrl, trainer, args, dir_.file(name + "-one")));
+    run(fmt::format("{} {} {} {} --ep_size 2 --output_dir {}", kMpirun, kTrl, trainer, args, dir_.file(name + "-ep")));
+    expect_same_run(name + "-one", name + "-ep");
+    const std::vector<json> a = log(name + "-one"), b = log(name + "-ep");
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(a[i].contains("aux_loss")) << a[i].dump();
+      const double x = a[i]["aux_loss"], y = b[i].value("aux_loss", NAN), gx = a[i]["grad_norm"], gy = b[i]["grad_norm"];
+      EXPECT_TRUE(std::fabs(x - y) <= 1e-5 * x) << "aux_loss at step " << i + 1 << ": " << x << " vs " << y;
+      EXPECT_TRUE(std::fabs(gx - gy) <= 1e-6 * gx) << "grad_norm at step " << i + 1 << ": " << gx << " vs " << gy;
+    }
+  }
+  const std::string sft = common("sft.jsonl") + " --model_name_or_path " + dir_.file("moe") + " --per_device_train_batch_size 2";
+  run(fmt::format("cp -r {} {}", dir_.file("sft-ep"), dir_.file("ep-one")));
+  run(fmt::format("{} sft {} --output_dir {} --resume_from_checkpoint {}/checkpoint-2", kTrl, sft, dir_.file("ep-one"), dir_.file("ep-one")));
+  expect_same_run("sft-ep", "ep-one");
+  run(fmt::format("{} {} sft {} --tp_size 2 --enable_expert_parallel true --output_dir {}", kMpirun, kTrl, sft, dir_.file("sft-tp")));
+  expect_same_run("sft-one", "sft-tp");
+  std::string out;
+  EXPECT_NE(test::run_command(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --ep_size 2 --output_dir {} 2>&1", kMpirun, kTrl,
+                                          common("sft.jsonl"), dir_.file("dense")),
+                              &out),
+            0);
+  EXPECT_NE(out.find("has none; use tp_size for tensor parallel"), std::string::npos) << out;
+}
+
 // 4 ranks: tensor parallel 2 × data parallel 2, and tensor parallel 2 × FSDP 2 (the seed's DistributedConfig(tp_size=2,
 // fsdp_size=2)), are one process with the batch of the 2 data-parallel ranks. The TP × FSDP checkpoint is whole and
 // resumes in one process.

@@ -4,6 +4,7 @@
 // each config sets its own learning rate.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +23,17 @@ namespace trl {
 struct DistributedConfig {
   int64_t tp_size = 1;
   int64_t fsdp_size = 1;
+  // Expert parallel (a mixture of experts): the ep_size ranks of a model replica each hold 1/ep_size of every sparse
+  // layer's experts (weights, masters, moments) and run their experts on the tokens routed to them; an all-reduce
+  // sums the ranks' parts. They are the tensor-parallel group, as Transformers runs expert parallel on its tensor-
+  // parallel mesh: ep_size > 1 is tp_size = ep_size (a tp_size given too must equal it), and tp_size > 1 on a
+  // mixture of experts splits its experts the same way. docs/DISTRIBUTED.md.
+  int64_t ep_size = 1;
+  // Transformers' older switch (DistributedConfig(enable_expert_parallel=True)): expert parallel over the tp_size
+  // ranks, which trl.cpp does on a mixture of experts anyway; accepted, and it needs tp_size > 1 and experts.
+  bool enable_expert_parallel = false;
+  // The ranks of one model replica's tensor- (and expert-) parallel group.
+  int64_t model_parallel_size() const { return std::max(tp_size, ep_size); }
 };
 
 struct TrainingArguments {

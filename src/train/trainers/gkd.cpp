@@ -441,7 +441,9 @@ void check_gkd_config(const GKDConfig& c) {
   if (!(c.temperature > 0) || !std::isfinite(c.temperature)) fail("GKDConfig: temperature must be a finite number > 0, got {}", c.temperature);
   if (c.max_new_tokens < 1) fail("GKDConfig: max_new_tokens must be >= 1, got {}", c.max_new_tokens);
   if (c.packing || c.padding_free) fail("GKDConfig: packing and padding_free are not supported by GKD (each row is a prompt and its completion)");
-  if (c.distributed.tp_size > 1) fail("GKDConfig: tensor parallel (tp_size {}) is not supported; use data parallel or FSDP", c.distributed.tp_size);
+  if (c.distributed.model_parallel_size() > 1)
+    fail("GKDConfig: tensor or expert parallel (tp_size {}, ep_size {}) is not supported; use data parallel or FSDP", c.distributed.tp_size,
+         c.distributed.ep_size);
 }
 
 void check_distillation_config(const DistillationConfig& c) {
@@ -464,7 +466,9 @@ void check_distillation_config(const DistillationConfig& c) {
          "got {} * {} != {} * {}",
          gbs, c.num_generations, c.per_device_train_batch_size, c.gradient_accumulation_steps);
   if (c.eval_strategy != "no") fail("DistillationConfig: eval_strategy must be no: evaluation with generation is not implemented");
-  if (c.distributed.tp_size > 1) fail("DistillationConfig: tensor parallel (tp_size {}) is not supported; use data parallel or FSDP", c.distributed.tp_size);
+  if (c.distributed.model_parallel_size() > 1)
+    fail("DistillationConfig: tensor or expert parallel (tp_size {}, ep_size {}) is not supported; use data parallel or FSDP",
+         c.distributed.tp_size, c.distributed.ep_size);
 }
 
 GKDTrainer::GKDTrainer(const CausalLM& model, const CausalLM& teacher, const Tokenizer& tok, Dataset train, GKDConfig c, std::optional<Dataset> eval) {

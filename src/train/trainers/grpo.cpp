@@ -137,7 +137,7 @@ void check_online_config(const OnlineRLConfig& c, const char* name, int64_t rewa
   } catch (const Error& e) {
     bad("pad_to_multiple_of", e.what());
   }
-  resolve_layout(c, name, dist::world().size() / std::max<int64_t>(1, c.distributed.tp_size));  // the data-parallel ranks
+  resolve_layout(c, name, dist::world().size() / std::max<int64_t>(1, c.distributed.model_parallel_size()));  // the data-parallel ranks
 }
 
 class OnlineMethod final : public TrainingMethod {
