@@ -393,14 +393,16 @@ TEST_F(Distributed, TensorParallelTwoRanksEqualOneProcess) {
 
 // Expert parallel over 2 ranks on a mixture of experts (tiny-moe: 8 experts, 2 per token): each rank holds 4 of
 // every sparse layer's experts (and half the heads: the ranks are the tensor-parallel group), runs them on the tokens
-// that chose them, and the all-reduced sum is one process's layer. SFT and DPO (with the load-balancing loss) are
-// one process's runs; the checkpoint holds whole expert tensors and resumes in one process; --enable_expert_parallel
-// with --tp_size 2 is the same run; ep_size on a dense model is an error.
+// that chose them, and the all-reduced sum is one process's layer. SFT (also with gradient checkpointing) and DPO
+// (with the load-balancing loss) are one process's runs; expert parallel 2 × data parallel 2 on 4 ranks is one
+// process with their batch; the checkpoint holds whole expert tensors and resumes in one process;
+// --enable_expert_parallel with --tp_size 2 is the same run; ep_size on a dense model is an error.
 TEST_F(Distributed, ExpertParallelTwoRanksEqualOneProcess) {
   ASSERT_EQ(test::run_command(fmt::format("{} init-model --preset tiny-moe --seed 4 --vocab_size {} --out {} > /dev/null 2>&1", kTrl, test::kCutVocab,
                                           dir_.file("moe"))),
             0);
-  for (const auto& [name, trainer, data] : std::vector<std::tuple<std::string, std::string, std::string>>{{"sft", "sft", "sft.jsonl"}, {"dpo", "dpo", "dpo.jsonl"}}) {
+  for (const auto& [name, trainer, data] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"sft", "sft", "sft.jsonl"}, {"sft-gc", "sft --gradient_checkpointing true", "sft.jsonl"}, {"dpo", "dpo", "dpo.jsonl"}}) {
     SCOPED_TRACE(name);
     const std::string args = common(data) + " --model_name_or_path " + dir_.file("moe") + " --per_device_train_batch_size 2";
     run(fmt::format("{} {} {} --output_dir {}", kTrl, trainer, args, dir_.file(name + "-one")));
@@ -420,6 +422,13 @@ TEST_F(Distributed, ExpertParallelTwoRanksEqualOneProcess) {
   expect_same_run("sft-ep", "ep-one");
   run(fmt::format("{} {} sft {} --tp_size 2 --enable_expert_parallel true --output_dir {}", kMpirun, kTrl, sft, dir_.file("sft-tp")));
   expect_same_run("sft-one", "sft-tp");
+  const std::string four = kEnv + "timeout 600 mpirun -np 4 --bind-to none --oversubscribe ";
+  // Without the load-balancing loss: under data parallel each replica's aux loss is of its own rows (a product of
+  // means over them, as each rank's under TRL's DDP), not of the whole batch's, so only the rest is one process's.
+  const std::string sft4 = common("sft.jsonl") + " --model_name_or_path " + dir_.file("moe") + " --router_aux_loss_coef 0";
+  run(fmt::format("{} sft {} --per_device_train_batch_size 4 --output_dir {}", kTrl, sft4, dir_.file("one4")));
+  run(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --ep_size 2 --output_dir {}", four, kTrl, sft4, dir_.file("ep-dp")));
+  expect_same_run("one4", "ep-dp");
   std::string out;
   EXPECT_NE(test::run_command(fmt::format("{} {} sft {} --per_device_train_batch_size 2 --ep_size 2 --output_dir {} 2>&1", kMpirun, kTrl,
                                           common("sft.jsonl"), dir_.file("dense")),
