@@ -17,10 +17,10 @@
 namespace trl {
 namespace {
 
-CausalLM tiny_model(DType dtype, test::TempDir& dir) {
+CausalLM tiny_model(DType dtype, test::TempDir& dir, const std::string& preset = "tiny") {
   InitOptions o;
   o.vocab_size = test::kCutVocab;
-  o.preset = "tiny";
+  o.preset = preset;
   o.dtype = dtype;
   o.seed = 1234;
   o.initializer_range = 0.1;
@@ -100,11 +100,13 @@ std::vector<int32_t> prompt_of(int64_t length, int32_t start) {
 }
 
 // Nine sequences of mixed lengths through 3 rows: they queue, join as rows free up, prefill in chunks of 8 (prompts
-// of 1 to 30 tokens: one to four chunks), and each one's greedy tokens equal generate()'s for its prompt alone.
+// of 1 to 30 tokens: one to four chunks), and each one's greedy tokens equal generate()'s for its prompt alone; also
+// for a mixture of experts (tiny-moe, f32), whose experts see other rows' tokens beside each row's.
 TEST(ContinuousBatching, EverySequenceGetsItsTokensAloneWhateverRunsBesideIt) {
-  for (DType dt : {DType::F32, DType::BF16}) {
+  for (const auto& [dt, preset] : std::vector<std::pair<DType, std::string>>{{DType::F32, "tiny"}, {DType::BF16, "tiny"}, {DType::F32, "tiny-moe"}}) {
+    SCOPED_TRACE(preset);
     test::TempDir dir;
-    const CausalLM model = tiny_model(dt, dir);
+    const CausalLM model = tiny_model(dt, dir, preset);
     Generator gen(model);
     ContinuousBatcher::Options o = options(3, 64, 8);
     o.prefill_rows = 2;
