@@ -280,6 +280,9 @@ def test_config_defaults_are_trls():
     assert (s.learning_rate, s.logging_steps, s.max_length, s.packing, s.bf16) == (2e-5, 10, 1024, False, True)
     d = DPOConfig()
     assert (d.beta, d.loss_type, d.learning_rate) == (0.1, ["sigmoid"], 1e-6) or (d.beta, d.loss_type, d.learning_rate) == (0.1, "sigmoid", 1e-6)
+    # TRL's router_aux_loss_coef (SFT, DPO, GRPO; KTO and RLOO too), and Transformers' expert-parallel size.
+    assert s.router_aux_loss_coef == d.router_aux_loss_coef == g.router_aux_loss_coef == 0.001
+    assert s.ep_size == 1
     with pytest.raises(TypeError, match="pass the split itself"):
         SFTConfig(dataset_train_split="nope")
 
