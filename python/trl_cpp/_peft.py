@@ -32,7 +32,7 @@ class LoraConfig:
 
     def to_args(self) -> list[str]:
         args = ["--use_peft", "--lora_r", str(self.r), "--lora_alpha", repr(float(self.lora_alpha)), "--lora_dropout", repr(float(self.lora_dropout))]
-        if self.target_modules is not None:
+        if self.target_modules:  # None or []: the default (with target_parameters: none, as PEFT)
             modules = [self.target_modules] if isinstance(self.target_modules, str) else list(self.target_modules)
             args += ["--lora_target_modules"] + modules
         if self.target_parameters:
@@ -48,4 +48,4 @@ class LoraConfig:
 
     def __repr__(self) -> str:
         return (f"LoraConfig(r={self.r}, lora_alpha={self.lora_alpha}, lora_dropout={self.lora_dropout}, target_modules={self.target_modules!r}, "
-                f"task_type={self.task_type!r})")
+                f"target_parameters={self.target_parameters!r}, task_type={self.task_type!r})")

@@ -173,7 +173,9 @@ Tensor tensor_parallel_slice(const std::string& name, const Tensor& whole, const
 
 CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   if (tp_.size != 1) fail("tensor_parallel_shard: this model is already rank {} of {}", tp_.rank, tp_.size);
-  if (lora_) fail("tp_size {}: LoRA adapters are not supported under tensor parallel; train the adapter with data parallel or FSDP", tp.size);
+  if (lora_)
+    fail("tp_size (or ep_size) {}: LoRA adapters are not supported under tensor or expert parallel; train the adapter with data parallel or FSDP",
+         tp.size);
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) fail("tensor_parallel_shard: rank {} of {} does not exist", tp.rank, tp.size);
   const ModelConfig& c = config_;
   bool dense = false, sparse = false;
@@ -184,7 +186,7 @@ CausalLM CausalLM::tensor_parallel_shard(const TensorParallel& tp) const {
   if (sparse) parts.push_back({"num_experts", c.moe.num_experts});
   for (const auto& [what, n] : parts)
     if (n % tp.size != 0)
-      fail("tp_size {}: the model's {} ({}) does not divide by it (each rank takes whole heads, whole experts and equal parts of the MLP and "
+      fail("tp_size (or ep_size) {}: the model's {} ({}) does not divide by it (each rank takes whole heads, whole experts and equal parts of the MLP and "
            "the vocabulary); choose a size that divides num_attention_heads, num_key_value_heads, vocab_size{}",
            tp.size, what, n, sparse ? ", num_experts" : ", intermediate_size");
   CausalLM m = *this;
@@ -212,7 +214,8 @@ CausalLM CausalLM::with_weights(TensorMap weights, const std::string& source) co
 
 CausalLM CausalLM::with_adapter(const LoraAdapter& adapter) const {
   if (lora_) fail("with_adapter: the model already has a LoRA adapter (one adapter at a time)");
-  if (tp_.size > 1) fail("LoRA adapters are not supported under tensor parallel (tp_size {}); use data parallel or FSDP", tp_.size);
+  if (tp_.size > 1)
+    fail("LoRA adapters are not supported under tensor or expert parallel (tp_size or ep_size {}); use data parallel or FSDP", tp_.size);
   CausalLM m = *this;
   auto spec = std::make_shared<LoraAdapter>();
   spec->config = adapter.config;

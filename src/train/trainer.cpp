@@ -246,7 +246,7 @@ void check_training_arguments(const TrainingArguments& c, const char* config_nam
   if (const int64_t W = dist::world().size(), mp = c.distributed.model_parallel_size(), model = mp * c.distributed.fsdp_size; W % model != 0)
     bad(c.distributed.ep_size > 1 ? "ep_size" : "tp_size",
         fmt::format("× fsdp_size = {} × {} = {} does not divide the {} processes of this run (world size = data parallel × fsdp_size × "
-                    "tp_size): start a multiple of {} processes, or change {} / fsdp_size",
+                    "tp_size, or ep_size): start a multiple of {} processes, or change {} / fsdp_size",
                     mp, c.distributed.fsdp_size, model, W, model, c.distributed.ep_size > 1 ? "ep_size" : "tp_size"));
   if (c.lr_scheduler_type != "linear" && c.lr_scheduler_type != "cosine" && c.lr_scheduler_type != "cosine_with_min_lr" &&
       c.lr_scheduler_type != "constant" && c.lr_scheduler_type != "constant_with_warmup")
@@ -408,8 +408,10 @@ void Trainer::State::write_model_files(const std::string& dir, const TensorMap& 
     LoraConfig c = *lora;
     c.base_model_name_or_path = cfg.model_name_or_path.empty() ? source_dir : cfg.model_name_or_path;
     if (c.target_modules.size() == 1 && c.target_modules[0] == "all-linear") {  // PEFT saves the names all-linear chose
+      LoraConfig modules_only = c;  // the linear modules alone: what target_parameters adapts stays in target_parameters
+      modules_only.target_parameters.clear();
       c.target_modules.clear();
-      for (const std::string& m : model.lora_modules())
+      for (const std::string& m : lora_target_modules(model.config(), modules_only))
         if (const std::string short_name = m.substr(m.rfind('.') + 1);
             std::find(c.target_modules.begin(), c.target_modules.end(), short_name) == c.target_modules.end())
           c.target_modules.push_back(short_name);

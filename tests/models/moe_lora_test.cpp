@@ -208,8 +208,9 @@ TEST(MoeLora, TargetParameterErrorsNameTheProblem) {
   EXPECT_EQ(lora_target_modules(config, c), (std::vector<std::string>{"model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}));  // no q/v default
 }
 
-// SFT with --use_peft on the experts and the router: the adapters train (every lora_B leaves zero), the base stays
-// frozen, and the saved adapter has PEFT's names.
+// SFT with --use_peft on every linear module (all-linear), the experts and the router: the adapters train (every
+// lora_B leaves zero), and the saved adapter has PEFT's names and loads back (all-linear is written as the linear
+// modules' names, the parameters stay in target_parameters).
 TEST(MoeLora, SftTrainsTheExpertsAdapters) {
   const Tokenizer& tok = test::cut_tokenizer();
   test::TempDir dir;
@@ -228,6 +229,7 @@ TEST(MoeLora, SftTrainsTheExpertsAdapters) {
   c.progress = false;
   LoraConfig lora;
   lora.r = 4;
+  lora.target_modules = {"all-linear"};
   lora.target_parameters = {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
   c.peft_config = lora;
   Dataset d;
@@ -260,6 +262,10 @@ TEST(MoeLora, SftTrainsTheExpertsAdapters) {
   EXPECT_TRUE(f.names().size() > 0);
   const std::vector<std::string> names = f.names();
   EXPECT_TRUE(std::set<std::string>(names.begin(), names.end()).count("base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight"));
+  const json saved = json::parse(read_text_file(c.output_dir + "/adapter_config.json"));
+  EXPECT_EQ(saved["target_modules"], json({"q_proj", "k_proj", "v_proj", "o_proj"})) << saved.dump();
+  const LoraAdapter back = load_adapter(c.output_dir, model.config());
+  EXPECT_EQ(back.modules.size(), static_cast<size_t>(4 * model.config().num_hidden_layers + 3 * sparse));
 }
 
 }  // namespace

@@ -318,3 +318,15 @@ def test_a_callback_cannot_reenter_the_trainer():
                          train_dataset=load_dataset("trl-lib/Capybara", split="train"), callbacks=[Reenter])
     with pytest.raises(ValueError, match=r"save_model\(\) was called while this object is still working"):
         trainer.train()
+
+
+def test_lora_config_target_parameters_reach_the_engine():
+    from trl_cpp import LoraConfig
+
+    # PEFT's way to adapt parameters only (a mixture of experts' experts): target_modules empty or None.
+    for modules in (None, []):
+        args = LoraConfig(r=4, target_modules=modules, target_parameters=["mlp.experts.gate_up_proj", "mlp.gate.weight"]).to_args()
+        assert "--lora_target_modules" not in args
+        at = args.index("--lora_target_parameters")
+        assert args[at + 1:at + 3] == ["mlp.experts.gate_up_proj", "mlp.gate.weight"]
+    assert "target_parameters=['mlp.gate.weight']" in repr(LoraConfig(target_parameters=["mlp.gate.weight"]))
