@@ -610,6 +610,16 @@ graph::Graph CausalLM::logprobs_graph(int64_t B, int64_t T, double temperature, 
   return b.finish();
 }
 
+graph::Graph CausalLM::logprobs_aux_graph(int64_t B, int64_t T) const {
+  Builder b;
+  ValueId head = kNone, aux = kNone;
+  const ValueId h = build_training_hidden(b, B, T, &head, /*dropout=*/false, &aux);
+  const VocabHead v = vocab_head(b, h, head);
+  b.output(b.token_logprobs(v.h, v.w, b.input("labels", {B, T}, DType::I32), "token_logprobs", v.split), "token_logprobs");
+  if (aux != kNone) b.output(aux, "aux_loss");
+  return b.finish();
+}
+
 graph::Graph CausalLM::reward_graph(int64_t B, int64_t T) const {
   Builder b;
   ValueId head = kNone;

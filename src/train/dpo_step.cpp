@@ -33,8 +33,8 @@ std::vector<RefLogps> dpo_reference_logps(const CausalLM& reference, ProgramCach
 }
 
 std::vector<RefLogps> dpo_sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs,
-                                         const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& o) {
-  const std::vector<double> sums = sequence_logps(model, weights, programs, dpo_batch(pairs, o));
+                                         const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& o, double* aux) {
+  const std::vector<double> sums = sequence_logps(model, weights, programs, dpo_batch(pairs, o), aux);
   const size_t N = pairs.size();
   std::vector<RefLogps> out(N);
   for (size_t i = 0; i < N; ++i) out[i] = {sums[i], sums[N + i]};

@@ -60,8 +60,10 @@ struct DpoStepResult {
 SequenceBatch dpo_batch(const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
 
 // The summed completion log-probs of each pair under `model` with `weights` bound, forward only.
+// With `aux`: also the 2N rows' load-balancing loss (sequence_logps).
 std::vector<RefLogps> dpo_sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs,
-                                         const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options);
+                                         const std::vector<const PreferenceExample*>& pairs, const DpoStepOptions& options,
+                                         double* aux = nullptr);
 // The reference model's log-probs of each pair, on its own programs (a frozen model: forward only).
 std::vector<RefLogps> dpo_reference_logps(const CausalLM& reference, ProgramCache& programs, const std::vector<const PreferenceExample*>& pairs,
                                           const DpoStepOptions& options);

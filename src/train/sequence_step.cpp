@@ -86,10 +86,13 @@ std::vector<double> SequenceSums::operator()(const Tensor& per_token, bool weigh
   return backend_.span_sums(per_token, &weights_, factors ? &logp_weights_ : nullptr, b_.spans);
 }
 
-std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b) {
-  const graph::Graph g = model.logprobs_graph(b.batch.input_ids.size(0), b.batch.input_ids.size(1));
+std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
+                                   double* aux) {
+  const int64_t B = b.batch.input_ids.size(0), T = b.batch.input_ids.size(1);
+  const graph::Graph g = aux ? model.logprobs_aux_graph(B, T) : model.logprobs_graph(B, T);
   Backend& backend = programs.backend();
   const std::vector<Tensor> out = programs.get(g).run(batch_inputs(backend, weights, b.batch));
+  if (aux) *aux = g.output_indices().count("aux_loss") ? scalar_output(backend, out.at(g.output_index("aux_loss"))) : 0.0;
   return SequenceSums(backend, b)(out.at(g.output_index("token_logprobs")));
 }
 

@@ -57,8 +57,10 @@ class SequenceSums {
   Tensor weights_, logp_weights_;
 };
 
-// The summed completion log-probs of every sequence under `model` with `weights` bound; forward only.
-std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b);
+// The summed completion log-probs of every sequence under `model` with `weights` bound; forward only. With `aux`
+// (an evaluation of a mixture of experts): also the batch's load-balancing loss, into *aux (0 for a dense model).
+std::vector<double> sequence_logps(const CausalLM& model, const TensorMap& weights, ProgramCache& programs, const SequenceBatch& b,
+                                   double* aux = nullptr);
 
 // The loss of the sequences' log-probs: returns the loss and sets d_logps[q] = dL/dlogp_q.
 using SequenceLoss = std::function<double(const std::vector<double>& logps, std::vector<double>& d_logps)>;

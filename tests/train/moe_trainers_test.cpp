@@ -166,6 +166,36 @@ TEST_P(MoeTrainers, AddTheLoadBalancingLossWithRouterAuxLossCoef) {
   EXPECT_TRUE(std::isfinite(number(d.first, "loss")));
 }
 
+// Evaluation: DPO's and KTO's eval_loss includes the weighted aux loss and eval_aux_loss is logged, as TRL's.
+TEST(MoeTrainers, DpoAndKtoEvaluationAddTheAuxLoss) {
+  test::TempDir dir;
+  InitOptions io;
+  io.preset = "tiny-moe";
+  io.vocab_size = test::kCutVocab;
+  io.seed = 7;
+  init_model(io, dir.file("moe"));
+  const CausalLM model = CausalLM::from_pretrained(dir.file("moe"));
+  auto dpo_eval = [&](double coef) {
+    DPOConfig c = common<DPOConfig>(dir.file("dpo"));
+    c.router_aux_loss_coef = coef;
+    return DPOTrainer(model, test::cut_tokenizer(), pairs(4), c, pairs(3)).evaluate_metrics();
+  };
+  auto kto_eval = [&](double coef) {
+    KTOConfig c = common<KTOConfig>(dir.file("kto"));
+    c.router_aux_loss_coef = coef;
+    return KTOTrainer(model, test::cut_tokenizer(), unpaired(8), c, unpaired(4)).evaluate_metrics();
+  };
+  for (const auto& [name, eval] : std::vector<std::pair<std::string, std::function<ojson(double)>>>{{"DPO", dpo_eval}, {"KTO", kto_eval}}) {
+    const ojson off = eval(0.0), on = eval(1.0);
+    EXPECT_FALSE(off.contains("eval_aux_loss")) << name << off.dump();
+    ASSERT_TRUE(on.contains("eval_aux_loss")) << name << on.dump();
+    const double aux = number(on, "eval_aux_loss");
+    EXPECT_GT(aux, 1.0) << name;
+    EXPECT_LT(aux, 8.0) << name;
+    EXPECT_NEAR(number(on, "eval_loss") - number(off, "eval_loss"), aux, 1e-4 * aux) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Trainers, MoeTrainers,
                          ::testing::Values(TrainerCase{"DPO", dpo}, TrainerCase{"KTO", kto}, TrainerCase{"GRPO", online<GRPOConfig, GRPOTrainer>},
                                            TrainerCase{"RLOO", online<RLOOConfig, RLOOTrainer>}),

@@ -116,6 +116,9 @@ class CausalLM {
   // frozen reference model of DPO and KTO run it. With a temperature T ≠ 1: the log-probs of logits / T (GRPO's).
   // logits_to_keep K > 0: only the K positions predicting each row's last K tokens (vocab_positions).
   graph::Graph logprobs_graph(int64_t batch, int64_t tokens, double temperature = 1.0, int64_t logits_to_keep = 0) const;
+  // The same with a mixture of experts' load-balancing loss as a second output, aux_loss [] f32 (an evaluation's
+  // aux loss; a dense model's graph has no such output).
+  graph::Graph logprobs_aux_graph(int64_t batch, int64_t tokens) const;
   // Forward only: a reward model's score head (score.weight [1, C], no bias, in the model dtype) at every
   // position, output "rewards" [B,T] f32 (trl/models/reward_model.h; its training program is the reward trainer's,
   // trl/train/objectives.h).

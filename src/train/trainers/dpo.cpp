@@ -152,19 +152,22 @@ class DpoMethod final : public TrainingMethod {
     if (eval_.empty()) fail("evaluate: no eval dataset");
     MetricWindow m;
     const size_t bsz = static_cast<size_t>(cfg_.per_device_eval_batch_size);
+    const double aux_coef = aux_loss_coef(ctx.model, cfg_.router_aux_loss_coef);
     for (size_t i = 0; i < eval_.size(); i += bsz) {
       std::vector<const PreferenceExample*> pairs;
       std::vector<size_t> items;
       for (size_t k = i; k < std::min(eval_.size(), i + bsz); ++k) pairs.push_back(&eval_[k]), items.push_back(k);
       const std::vector<RefLogps> ref = reference_for(pairs, items, eval_ref_);
-      const std::vector<RefLogps> pol = dpo_sequence_logps(ctx.model, ctx.weights, ctx.programs, pairs, opt_);
+      double aux = 0;
+      const std::vector<RefLogps> pol = dpo_sequence_logps(ctx.model, ctx.weights, ctx.programs, pairs, opt_, aux_coef != 0 ? &aux : nullptr);
       const SequenceBatch b = dpo_batch(pairs, opt_);
       const size_t N = pairs.size();
       std::vector<DpoPair> dp;
       for (size_t q = 0; q < N; ++q)
         dp.push_back({pol[q].chosen, pol[q].rejected, ref[q].chosen, ref[q].rejected, b.completion_tokens[q], b.completion_tokens[N + q]});
       const DpoLoss l = dpo_loss(opt_.loss, dp);
-      m.add("eval_loss", l.loss);
+      m.add("eval_loss", l.loss + aux_coef * aux);  // TRL's eval loss includes the weighted aux loss
+      if (aux_coef != 0) m.add("eval_aux_loss", aux);
       add_loss_metrics(m, l, "eval_");
     }
     return m.means();

@@ -145,14 +145,18 @@ class KtoMethod final : public TrainingMethod {
     if (eval_.empty()) fail("evaluate: no eval dataset");
     MetricWindow m;
     const size_t bsz = static_cast<size_t>(cfg_.per_device_eval_batch_size);
+    const double aux_coef = aux_loss_coef(ctx.model, cfg_.router_aux_loss_coef);
     for (size_t i = 0; i < eval_.size(); i += bsz) {
       std::vector<size_t> items;
       for (size_t k = i; k < std::min(eval_.size(), i + bsz); ++k) items.push_back(k);
       const std::vector<KtoRef> ref = reference_for(eval_, eval_kl_, items, eval_ref_);
       const double z = kl_estimate(ctx, eval_, eval_kl_, items, ref);
-      const std::vector<double> logps = sequence_logps(ctx.model, ctx.weights, ctx.programs, batch(eval_, items, nullptr));
+      double aux = 0;
+      const std::vector<double> logps =
+          sequence_logps(ctx.model, ctx.weights, ctx.programs, batch(eval_, items, nullptr), aux_coef != 0 ? &aux : nullptr);
       const KtoLoss l = kto_loss(loss_, kto_rows(eval_, items, logps, ref), z);
-      m.add("eval_loss", l.loss);
+      m.add("eval_loss", l.loss + aux_coef * aux);  // TRL's eval loss includes the weighted aux loss
+      if (aux_coef != 0) m.add("eval_aux_loss", aux);
       add_metrics(m, l, -1, "eval_");
     }
     return m.means();
