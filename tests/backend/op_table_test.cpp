@@ -1018,7 +1018,8 @@ void moe_cases(std::vector<OpCase>& t) {
     for (const auto& [s, first, local] : std::vector<std::tuple<MoeShape, int64_t, int64_t>>{{MoeShape{129, 16, 12, 16, 8}, 8, 4},
                                                                                             {MoeShape{1, 48, 40, 16, 8}, 12, 4},
                                                                                             {MoeShape{300, 16, 8, 4, 2}, 0, 2}})
-      add_case(t, Op::MoeExperts, fmt::format("{} {}, experts [{}, {}) here", dn(dt), moe_dims(s), first, first + local), tol_of(dt), [=](Ctx& c) {
+      add_case(t, Op::MoeExperts, fmt::format("{} {}, experts [{}, {}) here", dn(dt), moe_dims(s), first, first + local), tol_of(dt),
+               [=, s = s, first = first, local = local](Ctx& c) {
         const auto [logits, experts] = moe_router(c, s, dt);
         const ValueId w = c.b.cast(c.b.moe_route_weights(logits, experts, true), dt);
         c.out(c.b.moe_experts(c.rand("x", {s.N, s.C}, dt), experts, w, c.rand("gate_up", {local, 2 * s.F, s.C}, dt, 0.3),
