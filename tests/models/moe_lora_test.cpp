@@ -14,6 +14,7 @@
 
 #include "core/fs.h"
 #include "graph/autodiff.h"
+#include "models/moe_golden.h"
 #include "test_util.h"
 #include "trl/backend/registry.h"
 #include "trl/core/error.h"
@@ -36,35 +37,8 @@ const json& golden() {
 }
 std::string moe_dir(const std::string& name) { return fmt::format("{}/moe/{}", TRL_TEST_DATA_DIR, name); }
 
-struct Rows {
-  int64_t B = 0, T = 0;
-  Tensor ids, mask, positions, labels, weights;
-};
-// The golden batch, right-padded; weights -1 / predicted tokens (Transformers' mean cross-entropy).
-Rows golden_rows() {
-  Rows p;
-  const json& rows = golden()["rows"];
-  p.B = static_cast<int64_t>(rows.size());
-  for (const auto& r : rows) p.T = std::max<int64_t>(p.T, static_cast<int64_t>(r.size()));
-  std::vector<int32_t> ids(static_cast<size_t>(p.B * p.T), 0), mask(ids.size(), 0), labels(ids.size(), 0);
-  std::vector<float> w(ids.size(), 0.0f);
-  int64_t n = 0;
-  for (const auto& r : rows) n += static_cast<int64_t>(r.size()) - 1;
-  for (int64_t b = 0; b < p.B; ++b) {
-    const auto r = rows[static_cast<size_t>(b)].get<std::vector<int32_t>>();
-    for (size_t t = 0; t < r.size(); ++t) {
-      const size_t i = static_cast<size_t>(b * p.T) + t;
-      ids[i] = r[t], mask[i] = 1;
-      if (t + 1 < r.size()) labels[i] = r[t + 1], w[i] = -1.0f / static_cast<float>(n);
-    }
-  }
-  p.ids = Tensor::from_i32(ids, {p.B, p.T});
-  p.mask = Tensor::from_i32(mask, {p.B, p.T});
-  p.positions = default_position_ids(p.mask);
-  p.labels = Tensor::from_i32(labels, {p.B, p.T});
-  p.weights = Tensor::from_f32(w, {p.B, p.T});
-  return p;
-}
+using Rows = PaddedBatch;
+Rows golden_rows() { return golden_batch(golden()["rows"]); }
 
 // The largest |got − want| / max(1, |want|) over every real position's logits; NaN gives NaN.
 double logits_gap(const Tensor& logits, const json& want, const Rows& p) {

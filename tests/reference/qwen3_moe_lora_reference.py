@@ -19,20 +19,10 @@ import transformers
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3MoeForCausalLM
 
-ROWS = [[5, 17, 200, 33, 9, 41], [250, 3, 77, 12], [8, 8, 100, 64, 2, 19, 140]]  # qwen3_moe_reference.py's
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen3_moe_reference import ROWS, batch  # noqa: E402  the same golden batch
+
 TARGET_PARAMETERS = ["mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-
-
-def batch():
-    B, T = len(ROWS), max(len(r) for r in ROWS)
-    ids = torch.zeros(B, T, dtype=torch.long)
-    mask = torch.zeros(B, T, dtype=torch.long)
-    labels = torch.full((B, T), -100, dtype=torch.long)
-    for b, r in enumerate(ROWS):
-        ids[b, :len(r)] = torch.tensor(r)
-        mask[b, :len(r)] = 1
-        labels[b, :len(r)] = torch.tensor(r)
-    return ids, mask, labels
 
 
 def logits_of(out):

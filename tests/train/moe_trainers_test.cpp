@@ -130,6 +130,16 @@ double router_gap(const TensorMap& a, const TensorMap& b) {
   return worst;
 }
 
+// tiny-moe (8 experts, 2 per token) with the cut vocabulary, written into `dir` and loaded.
+CausalLM tiny_moe(const test::TempDir& dir) {
+  InitOptions io;
+  io.preset = "tiny-moe";
+  io.vocab_size = test::kCutVocab;
+  io.seed = 7;
+  init_model(io, dir.file("moe"));
+  return CausalLM::from_pretrained(dir.file("moe"));
+}
+
 struct TrainerCase {
   const char* name;
   Trainer1 train;
@@ -141,12 +151,7 @@ class MoeTrainers : public ::testing::TestWithParam<TrainerCase> {};
 TEST_P(MoeTrainers, AddTheLoadBalancingLossWithRouterAuxLossCoef) {
   const auto& [name, train] = GetParam();
   test::TempDir dir;
-  InitOptions io;
-  io.preset = "tiny-moe";
-  io.vocab_size = test::kCutVocab;
-  io.seed = 7;
-  init_model(io, dir.file("moe"));
-  const CausalLM model = CausalLM::from_pretrained(dir.file("moe"));
+  const CausalLM model = tiny_moe(dir);
   const OneStep off = train(model, 0.0, dir.file("off")), on = train(model, 1.0, dir.file("on"));
   EXPECT_FALSE(off.first.contains("aux_loss")) << off.first.dump();
   ASSERT_TRUE(on.first.contains("aux_loss")) << on.first.dump();
@@ -169,12 +174,7 @@ TEST_P(MoeTrainers, AddTheLoadBalancingLossWithRouterAuxLossCoef) {
 // Evaluation: DPO's and KTO's eval_loss includes the weighted aux loss and eval_aux_loss is logged, as TRL's.
 TEST(MoeTrainers, DpoAndKtoEvaluationAddTheAuxLoss) {
   test::TempDir dir;
-  InitOptions io;
-  io.preset = "tiny-moe";
-  io.vocab_size = test::kCutVocab;
-  io.seed = 7;
-  init_model(io, dir.file("moe"));
-  const CausalLM model = CausalLM::from_pretrained(dir.file("moe"));
+  const CausalLM model = tiny_moe(dir);
   auto dpo_eval = [&](double coef) {
     DPOConfig c = common<DPOConfig>(dir.file("dpo"));
     c.router_aux_loss_coef = coef;
