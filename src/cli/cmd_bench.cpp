@@ -117,13 +117,16 @@ void register_bench_generate(CLI::App* bench) {
       return static_cast<double>(B * (a->new_tokens - 1)) / (many - one);
     };
     const double decode1 = decode_rate(1), decodeB = decode_rate(a->batch);
-    // Bytes a batch-1 decode step must read: every weight once (a tied embedding is one tensor, read whole as the
-    // lm_head; the embedding lookup reads one row of it); of a mixture of experts only the token's K of E experts.
+    // Bytes a batch-1 decode step must read: every weight once, except that the embedding lookup reads one row (a
+    // tied embedding is read whole as the lm_head) and of a mixture of experts only the token's K of E experts.
     double weight_bytes = 0;
     for (const auto& [name, t] : model.weights()) {
       const bool expert = name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
-      weight_bytes += static_cast<double>(t.nbytes()) *
-                      (expert ? static_cast<double>(cfg.moe.num_experts_per_tok) / static_cast<double>(cfg.moe.num_experts) : 1.0);
+      const bool lookup_only = name == "model.embed_tokens.weight" && model.weights().count("lm_head.weight") > 0;
+      double share = 1.0;
+      if (expert) share = static_cast<double>(cfg.moe.num_experts_per_tok) / static_cast<double>(cfg.moe.num_experts);
+      if (lookup_only) share = 1.0 / static_cast<double>(t.shape()[0]);
+      weight_bytes += static_cast<double>(t.nbytes()) * share;
     }
     const double bw = read_bandwidth();
     const double bound = bw / weight_bytes;

@@ -1519,6 +1519,9 @@ std::vector<PerfCase> perf_table() {
       {Op::MatMul, "bf16 x 512x1024 w 1024x1024", [](Ctx& c) { c.out(c.b.matmul(c.rand("x", {R, C}, BF16), c.rand("w", {C, C}, BF16), kNone, BF16)); }, 2 * n * C},
       {Op::MatMul, "bf16 GEMV x 1x1024 w 4096x1024", [](Ctx& c) { c.out(c.b.matmul(c.rand("x", {1, C}, BF16), c.rand("w", {4 * C, C}, BF16), kNone, BF16)); }, 0,
        2.0 * 4 * C * C},
+      // Batch-1 decode's lm_head (Qwen3's vocabulary at hidden 2048: 622 MB, far past any cache): memory-bound.
+      {Op::MatMul, "bf16 GEMV x 1x2048 w 151936x2048 -> f32",
+       [](Ctx& c) { c.out(c.b.matmul(c.rand("x", {1, 2048}, BF16), c.rand("w", {151936, 2048}, BF16), kNone, F32)); }, 0, 2.0 * 151936 * 2048},
       {Op::MatMul, "f32 GEMV x 8x1024 w 4096x1024", [](Ctx& c) { c.out(c.b.matmul(c.rand("x", {8, C}, F32), c.rand("w", {4 * C, C}, F32), kNone, F32)); }, 0,
        4.0 * 4 * C * C},
       {Op::RmsNorm, "bf16 512x1024", [](Ctx& c) { c.out(c.b.rms_norm(c.rand("x", {R, C}, BF16), c.rand("w", {C}, BF16), 1e-6)); }, 0, 4 * n},

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -264,8 +265,23 @@ struct RowsGemm {
   }
 
  private:
-  // At most 8 rows (decoding): the rows widened to f32 once, then each column n of B read once for all of them.
+  // At most 8 rows (decoding): each column n of B read once for all of them. bf16 rows against bf16 nn.Linear rows
+  // take the decoding GEMV's AVX512-BF16 kernel where the CPU has it (as the dense layers' GEMVs do); otherwise the
+  // rows are widened to f32 once.
   void small(const void* a, int64_t m, const void* b, void* c, bool parallel, std::vector<float>& xf) const {
+#if defined(__x86_64__)
+    static const bool bf16_dots = cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
+    if (bf16_dots && ta == DType::BF16 && tb == DType::BF16 && sb_k == 1) {
+      const auto* x16 = static_cast<const uint16_t*>(a);
+#pragma omp parallel for schedule(static) if (parallel)
+      for (int64_t n = 0; n < N; ++n) {
+        float dots[8];
+        vec::dots_bf16bf16(x16, m, K, static_cast<const uint16_t*>(b) + n * sb_n, dots);
+        for (int64_t j = 0; j < m; ++j) st(c, tc, j * N + n, dots[j]);
+      }
+      return;
+    }
+#endif
     xf.resize(static_cast<size_t>(m * K));
     for (int64_t i = 0; i < m * K; ++i) xf[static_cast<size_t>(i)] = ld(a, ta, i);
     const float* x = xf.data();
