@@ -64,14 +64,16 @@ Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
       for (int64_t m = 0; m < M; ++m) st(y, tc, m * N + n, dots[m * dots_stride] + bv + (y_in ? ld(y_in, tc, m * N + n) : 0.0f));
     };
     // Weight row n on the vector kernels, into dots[0..M).
+    const void* x_in = cx->p(a);
+    const void* w_all = cx->p(b);
     auto vector_dots = [&](int64_t n, float* dots) {
-      const auto* w = static_cast<const uint16_t*>(cx->p(b)) + n * K;
+      const auto* w = static_cast<const uint16_t*>(w_all) + n * K;
 #if defined(__x86_64__)
-      if (path != GemvPath::kWidenX) return vec::dots_bf16bf16(static_cast<const uint16_t*>(cx->p(a)), M, K, w, dots);
+      if (path != GemvPath::kWidenX) return vec::dots_bf16bf16(static_cast<const uint16_t*>(x_in), M, K, w, dots);
 #endif
       const float* x = xf->data();
       if (tb == DType::BF16) return vec::dots_bf16(x, M, K, w, dots);
-      for (int64_t m = 0; m < M; ++m) dots[m] = vec::dot(x + m * K, static_cast<const float*>(cx->p(b)) + n * K, K);
+      for (int64_t m = 0; m < M; ++m) dots[m] = vec::dot(x + m * K, static_cast<const float*>(w_all) + n * K, K);
     };
 
     if (path == GemvPath::kAmx) {
@@ -109,11 +111,29 @@ Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
 
     if (path == GemvPath::kWidenX)
       for (int64_t i = 0; i < M * K; ++i) (*xf)[static_cast<size_t>(i)] = ld(cx->p(a), ta, i);
+    // Blocks of weight rows: the dot products of a block first, then its results stored together, so that the
+    // per-row work between two streamed rows is the dot product's alone (with a store per row it was ~8% of a
+    // batch-1 decode step on the AMD EPYC).
+    constexpr int64_t kBlock = 64;
+    const bool plain = bias == kNone && y_in == nullptr && (tc == DType::F32 || tc == DType::BF16);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      float dots[kGemvRowsVec];
-      vector_dots(n, dots);
-      store_column(n, dots, 1);
+    for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+      const int64_t nn = std::min(kBlock, N - n0);
+      float dots[kBlock * kGemvRowsVec];  // [row of w][row of x]
+      for (int64_t r = 0; r < nn; ++r) vector_dots(n0 + r, dots + r * M);
+      if (!plain) {
+        for (int64_t r = 0; r < nn; ++r) store_column(n0 + r, dots + r * M, 1);
+        continue;
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        if (tc == DType::F32) {
+          float* out = static_cast<float*>(y) + m * N + n0;
+          for (int64_t r = 0; r < nn; ++r) out[r] = dots[r * M + m];
+        } else {
+          uint16_t* out = static_cast<uint16_t*>(y) + m * N + n0;
+          for (int64_t r = 0; r < nn; ++r) out[r] = f32_to_bf16(dots[r * M + m]);
+        }
+      }
     }
   };
 }
