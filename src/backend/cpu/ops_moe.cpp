@@ -273,11 +273,14 @@ struct RowsGemm {
     static const bool bf16_dots = cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
     if (bf16_dots && ta == DType::BF16 && tb == DType::BF16 && sb_k == 1) {
       const auto* x16 = static_cast<const uint16_t*>(a);
+      constexpr int64_t kBlock = 64;  // weight rows whose results are stored together (as the dense GEMV does)
 #pragma omp parallel for schedule(static) if (parallel)
-      for (int64_t n = 0; n < N; ++n) {
-        float dots[8];
-        vec::dots_bf16bf16(x16, m, K, static_cast<const uint16_t*>(b) + n * sb_n, dots);
-        for (int64_t j = 0; j < m; ++j) st(c, tc, j * N + n, dots[j]);
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        const int64_t nn = std::min(kBlock, N - n0);
+        float dots[kBlock * kSmallRows];  // [row of w][row of x]
+        for (int64_t r = 0; r < nn; ++r) vec::dots_bf16bf16(x16, m, K, static_cast<const uint16_t*>(b) + (n0 + r) * sb_n, dots + r * m);
+        for (int64_t j = 0; j < m; ++j)
+          for (int64_t r = 0; r < nn; ++r) st(c, tc, j * N + n0 + r, dots[r * m + j]);
       }
       return;
     }
