@@ -41,6 +41,16 @@ std::string kind_of(const ojson& row, const char* field, const std::string& wher
   fail("{}: \"{}\" must be a string or a list of messages, not {}", where, field, v.type_name());
 }
 
+// The kind ("text" or "messages") a preference row's "chosen" and "rejected" (and its "prompt", when given) share;
+// an error that names the row and the three kinds when they differ.
+std::string preference_kind(const ojson& row, const std::string& where) {
+  const std::string kc = kind_of(row, "chosen", where), kr = kind_of(row, "rejected", where);
+  const std::string kp = row.contains("prompt") ? kind_of(row, "prompt", where) : kc;
+  if (kc != kr || kp != kc)
+    fail("{}: \"prompt\", \"chosen\" and \"rejected\" must all be strings or all be lists of messages (got {} / {} / {})", where, kp, kc, kr);
+  return kc;
+}
+
 // TRL's extract_prompt: the longest common prefix of chosen and rejected (turns for messages, characters for
 // text, giving back a space that ends the prompt to the completions). When one is a prefix of the other, the
 // prompt stops one turn (character) short of the shorter, as TRL's loop leaves it, so both keep a completion.
@@ -150,12 +160,8 @@ std::vector<PreferenceExample> prepare_preference_dataset(const Dataset& data, c
       out.push_back(std::move(ex));
       continue;
     }
-    const std::string kc = kind_of(row, "chosen", where), kr = kind_of(row, "rejected", where);
     const bool explicit_prompt = row.contains("prompt");
-    const std::string kp = explicit_prompt ? kind_of(row, "prompt", where) : kc;
-    if (kc != kr || kp != kc)
-      fail("{}: \"prompt\", \"chosen\" and \"rejected\" must all be strings or all be lists of messages (got {} / {} / {})", where, kp, kc, kr);
-    const bool messages = kc == "messages";
+    const bool messages = preference_kind(row, where) == "messages";
     ojson prompt = explicit_prompt ? row["prompt"] : ojson(), chosen = row["chosen"], rejected = row["rejected"];
     if (!explicit_prompt) split_implicit_prompt(prompt, chosen, rejected, messages);
     if ((messages && (chosen.empty() || rejected.empty())) || (!messages && (chosen.get<std::string>().empty() || rejected.get<std::string>().empty())))
@@ -229,11 +235,11 @@ Dataset unpair_preference_rows(const Dataset& data) {
         const std::string where = data.location(r);
         if (!row.is_object()) fail("{}: a preference row must be a JSON object", where);
         const char* field = side == 0 ? "chosen" : "rejected";
-        kind_of(row, "chosen", where), kind_of(row, "rejected", where);
+        const bool messages = preference_kind(row, where) == "messages";
         ojson u = row;
         u.erase("chosen"), u.erase("rejected");
         ojson prompt = row.contains("prompt") ? row["prompt"] : ojson(), chosen = row["chosen"], rejected = row["rejected"];
-        if (!row.contains("prompt")) split_implicit_prompt(prompt, chosen, rejected, chosen.is_array());
+        if (!row.contains("prompt")) split_implicit_prompt(prompt, chosen, rejected, messages);
         u["prompt"] = prompt;
         u["completion"] = side == 0 ? chosen : rejected;
         u["label"] = side == 0;

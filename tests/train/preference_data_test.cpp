@@ -123,6 +123,22 @@ TEST(PreferenceData, BadRowsNameTheRowAndTheField) {
             std::string::npos);
 }
 
+// Paired rows given to an unpaired trainer (KTO unpairs them as TRL does) are checked the same way: a text
+// "chosen" beside a "rejected" list of messages, with the prompt left implicit, is an error naming the row, not a
+// raw JSON type error (a fuzz finding, fuzz/corpus/dataset).
+TEST(PreferenceData, MixedKindsInRowsToUnpairAreAnErrorNamingTheRow) {
+  const Tokenizer& tok = test::qwen3_tokenizer();
+  const ojson turns = ojson::array({{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "c"}}});
+  const std::string e = test::error_of([&] { prepare_unpaired_dataset(rows({ojson{{"chosen", " blue"}, {"rejected", turns}}}), tok, {}); });
+  EXPECT_NE(e.find("prefs.jsonl:1: \"prompt\", \"chosen\" and \"rejected\" must all be strings or all be lists of messages (got text / text / messages)"),
+            std::string::npos)
+      << e;
+  const std::string p = test::error_of([&] { prepare_unpaired_dataset(rows({ojson{{"prompt", turns}, {"chosen", " b"}, {"rejected", " c"}}}), tok, {}); });
+  EXPECT_NE(p.find("prefs.jsonl:1: \"prompt\", \"chosen\" and \"rejected\" must all be"), std::string::npos) << p;
+  // Rows of one kind still unpair: two rows per pair, the implicit prompt split off.
+  EXPECT_EQ(prepare_unpaired_dataset(rows({ojson{{"chosen", "The sky is blue"}, {"rejected", "The sky is green"}}}), tok, {}).size(), 2u);
+}
+
 // A token id outside the model's vocabulary is named with its row, field and position when the data is read, for
 // pre-tokenized rows and tokenized text alike (issue 37, defect 8), in paired and unpaired data.
 TEST(PreferenceData, TokenIdsOutsideTheVocabularyAreNamedWhenRead) {
