@@ -403,14 +403,25 @@ float exp_shift_sum_ey(float* x, int64_t n, float shift, float* ey) { return exp
 // is the next the caller takes; prefetches never fault.
 constexpr int64_t kPrefetchAhead = 512;
 __attribute__((always_inline)) inline void prefetch_ahead(const uint16_t* w) { __builtin_prefetch(w + kPrefetchAhead, 0, 3); }
+// Whether the row kernels prefetch, by vendor: on Intel (Sapphire Rapids) it raised batch-1 decode from 19.6 to 23.4
+// tok/s; on AMD (Zen 4) the hardware prefetchers keep the stream going alone, and the prefetches cost 2-10% of the
+// row kernels' bandwidth (bench/row_stream.cpp: in-process alternating passes over a 311-622 MB weight, 1 and 2
+// threads, the AVX512-BF16 kernel and the AVX2 build of the widening one; docs/PERFORMANCE.md, "Batch-1 decode and
+// the read bound").
+static bool prefetch_rows() {
+  static const bool on = cpu_features().vendor != "AuthenticAMD";
+  return on;
+}
 
-TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
+template <bool kPrefetch>
+__attribute__((always_inline)) inline float dot_bf16_impl(const float* a, const uint16_t* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n;) {
     // chunks of 256 elements (8 cache lines of b) with their prefetches first: a branch in the 16-lane loop
     // would stop GCC vectorising it
-    for (int64_t l = 0; l < 256; l += 32) prefetch_ahead(b + i + l);
+    if (kPrefetch)
+      for (int64_t l = 0; l < 256; l += 32) prefetch_ahead(b + i + l);
     const int64_t end = i + 256 <= n ? i + 256 : n;
     for (; i + 16 <= end; i += 16)
       for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * bf16_to_f32(b[i + k]);
@@ -420,14 +431,18 @@ TRL_MULTIVERSION float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
   for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
   return s;
 }
+TRL_MULTIVERSION float dot_bf16_prefetching(const float* a, const uint16_t* b, int64_t n) { return dot_bf16_impl<true>(a, b, n); }
+TRL_MULTIVERSION float dot_bf16_streaming(const float* a, const uint16_t* b, int64_t n) { return dot_bf16_impl<false>(a, b, n); }
+float dot_bf16(const float* a, const uint16_t* b, int64_t n) { return prefetch_rows() ? dot_bf16_prefetching(a, b, n) : dot_bf16_streaming(a, b, n); }
 // out[m] = x[m, :]·w for M <= 8 rows of x and one bf16 row w, reading w once. One instantiation per M, so the
 // M x 16 accumulators stay in registers.
-template <int M>
+template <int M, bool kPrefetch>
 __attribute__((always_inline)) inline void dots_bf16_impl(const float* x, int64_t K, const uint16_t* w, float* out) {
   float acc[M][16] = {};
   int64_t i = 0;
   for (; i + 16 <= K;) {
-    for (int64_t l = 0; l < 256; l += 32) prefetch_ahead(w + i + l);  // as in dot_bf16
+    if (kPrefetch)
+      for (int64_t l = 0; l < 256; l += 32) prefetch_ahead(w + i + l);  // as in dot_bf16
     const int64_t end = i + 256 <= K ? i + 256 : K;
     for (; i + 16 <= end; i += 16) {
       float wf[16];
@@ -443,8 +458,9 @@ __attribute__((always_inline)) inline void dots_bf16_impl(const float* x, int64_
     out[m] = s;
   }
 }
-#define TRL_DOTS(M) \
-  TRL_MULTIVERSION void dots_bf16_##M(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M>(x, K, w, out); }
+#define TRL_DOTS(M)                                                                                                           \
+  TRL_MULTIVERSION void dots_bf16_##M(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M, true>(x, K, w, out); } \
+  TRL_MULTIVERSION void dots_bf16_##M##_streaming(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M, false>(x, K, w, out); }
 TRL_DOTS(2)
 TRL_DOTS(3)
 TRL_DOTS(4)
@@ -454,8 +470,20 @@ TRL_DOTS(7)
 TRL_DOTS(8)
 #undef TRL_DOTS
 void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
+  if (!prefetch_rows()) {
+    switch (M) {
+      case 1: out[0] = dot_bf16_streaming(x, w, K); return;
+      case 2: return dots_bf16_2_streaming(x, K, w, out);
+      case 3: return dots_bf16_3_streaming(x, K, w, out);
+      case 4: return dots_bf16_4_streaming(x, K, w, out);
+      case 5: return dots_bf16_5_streaming(x, K, w, out);
+      case 6: return dots_bf16_6_streaming(x, K, w, out);
+      case 7: return dots_bf16_7_streaming(x, K, w, out);
+      default: return dots_bf16_8_streaming(x, K, w, out);
+    }
+  }
   switch (M) {
-    case 1: out[0] = dot_bf16(x, w, K); return;
+    case 1: out[0] = dot_bf16_prefetching(x, w, K); return;
     case 2: return dots_bf16_2(x, K, w, out);
     case 3: return dots_bf16_3(x, K, w, out);
     case 4: return dots_bf16_4(x, K, w, out);
@@ -522,14 +550,6 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16bf16_impl(const uint
   return s;
 }
 #undef ld16
-// Software prefetch in the AVX512-BF16 row kernels, by vendor: on Intel (Sapphire Rapids) it raised batch-1 decode
-// from 19.6 to 23.4 tok/s; on AMD Zen 4 the hardware prefetchers keep the stream going alone and the prefetches cost
-// about 9% of the row kernel's bandwidth (in-process alternating passes over a 622 MB weight, 2 threads:
-// docs/PERFORMANCE.md, "Batch-1 decode and the read bound").
-static bool prefetch_rows() {
-  static const bool on = cpu_features().vendor != "AuthenticAMD";
-  return on;
-}
 template <bool kPrefetch>
 static void dots_bf16bf16_rows(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
   switch (M) {
