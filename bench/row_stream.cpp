@@ -92,24 +92,19 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < N * K; ++i) w[i] = static_cast<uint16_t>(0x3f80 ^ (i & 0x7f));
   std::vector<float> xf(static_cast<size_t>(K), 1.0f), y(static_cast<size_t>(N));
   std::vector<uint16_t> x16(static_cast<size_t>(K), 0x3f80);
+  // One pass: every weight row's dot product, the rows split between the threads as the engine's GEMV splits them.
+  auto pass = [&](auto dot_row) {
+    return [&, dot_row] {
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < N; ++n) y[n] = dot_row(w + n * K);
+    };
+  };
   std::vector<std::pair<std::string, std::function<void()>>> variants = {
-      {"widen, prefetch", [&] {
-#pragma omp parallel for schedule(static)
-         for (int64_t n = 0; n < N; ++n) y[n] = dot_widen<true>(xf.data(), w + n * K, K);
-       }},
-      {"widen, no prefetch", [&] {
-#pragma omp parallel for schedule(static)
-         for (int64_t n = 0; n < N; ++n) y[n] = dot_widen<false>(xf.data(), w + n * K, K);
-       }},
+      {"widen, prefetch", pass([&](const uint16_t* row) { return dot_widen<true>(xf.data(), row, K); })},
+      {"widen, no prefetch", pass([&](const uint16_t* row) { return dot_widen<false>(xf.data(), row, K); })},
 #if defined(__AVX512BF16__)
-      {"bf16 dot, prefetch", [&] {
-#pragma omp parallel for schedule(static)
-         for (int64_t n = 0; n < N; ++n) y[n] = dot_bf16bf16<true>(x16.data(), w + n * K, K);
-       }},
-      {"bf16 dot, no prefetch", [&] {
-#pragma omp parallel for schedule(static)
-         for (int64_t n = 0; n < N; ++n) y[n] = dot_bf16bf16<false>(x16.data(), w + n * K, K);
-       }},
+      {"bf16 dot, prefetch", pass([&](const uint16_t* row) { return dot_bf16bf16<true>(x16.data(), row, K); })},
+      {"bf16 dot, no prefetch", pass([&](const uint16_t* row) { return dot_bf16bf16<false>(x16.data(), row, K); })},
 #endif
   };
   std::vector<std::vector<double>> rates(variants.size());

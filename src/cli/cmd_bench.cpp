@@ -120,9 +120,10 @@ void register_bench_generate(CLI::App* bench) {
     // Bytes a batch-1 decode step must read: every weight once, except that the embedding lookup reads one row (a
     // tied embedding is read whole as the lm_head) and of a mixture of experts only the token's K of E experts.
     double weight_bytes = 0;
+    const bool untied = model.weights().count("lm_head.weight") > 0;
     for (const auto& [name, t] : model.weights()) {
       const bool expert = name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj");
-      const bool lookup_only = name == "model.embed_tokens.weight" && model.weights().count("lm_head.weight") > 0;
+      const bool lookup_only = untied && name == "model.embed_tokens.weight";
       double share = 1.0;
       if (expert) share = static_cast<double>(cfg.moe.num_experts_per_tok) / static_cast<double>(cfg.moe.num_experts);
       if (lookup_only) share = 1.0 / static_cast<double>(t.shape()[0]);

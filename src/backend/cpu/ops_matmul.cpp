@@ -29,7 +29,7 @@ constexpr int64_t kGemvRowsVec = 8;
 // The tiles' tails (N % 16 rows) run on vdpbf16ps: the AMX path also needs AVX512-BF16 (every AMX CPU has it, a VM
 // may hide it), and TRL_NO_AVX512BF16=1 turns both off.
 bool amx_gemv(DType ta, DType tb, int64_t M, int64_t N, int64_t K) {
-  static const bool usable = cpu_features().amx_bf16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
+  static const bool usable = cpu_features().amx_bf16 && vec::dots_bf16bf16_available();
   return ta == DType::BF16 && tb == DType::BF16 && usable && M >= 2 && M <= amx::kMaxRows && K >= 32 && N >= amx::kBlockRows;
 }
 
@@ -49,7 +49,7 @@ Kernel gemv_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
 #if defined(__x86_64__)
   if (amx_gemv(ta, tb, M, N, K))
     path = GemvPath::kAmx;
-  else if (ta == DType::BF16 && tb == DType::BF16 && cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16"))
+  else if (ta == DType::BF16 && tb == DType::BF16 && vec::dots_bf16bf16_available())
     path = GemvPath::kBf16Dot;
 #endif
   if (path != GemvPath::kAmx && M > kGemvRowsVec) fail("internal: a GEMV of {} rows without AMX tiles (at most {})", M, kGemvRowsVec);
@@ -188,7 +188,7 @@ Kernel gemm_node(ProgramContext* cx, graph::ValueId id, graph::ValueId a, graph:
 std::string gemv_kernel() {
 #if defined(__x86_64__)
   if (amx_gemv(DType::BF16, DType::BF16, 2, 64, 64)) return "amx (2-16 rows) + avx512bf16";
-  if (cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16")) return "avx512bf16";
+  if (vec::dots_bf16bf16_available()) return "avx512bf16";
 #endif
   return "dot products (" + clone_family() + ")";
 }

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -270,8 +269,7 @@ struct RowsGemm {
   // rows are widened to f32 once.
   void small(const void* a, int64_t m, const void* b, void* c, bool parallel, std::vector<float>& xf) const {
 #if defined(__x86_64__)
-    static const bool bf16_dots = cpu_features().avx512bf16 && !std::getenv("TRL_NO_AVX512BF16");
-    if (bf16_dots && ta == DType::BF16 && tb == DType::BF16 && sb_k == 1) {
+    if (vec::dots_bf16bf16_available() && ta == DType::BF16 && tb == DType::BF16 && sb_k == 1) {
       const auto* x16 = static_cast<const uint16_t*>(a);
       constexpr int64_t kBlock = 64;  // weight rows whose results are stored together (as the dense GEMV does)
 #pragma omp parallel for schedule(static) if (parallel)

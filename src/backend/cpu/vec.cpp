@@ -9,7 +9,9 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/vec_math.h"
@@ -458,9 +460,13 @@ __attribute__((always_inline)) inline void dots_bf16_impl(const float* x, int64_
     out[m] = s;
   }
 }
-#define TRL_DOTS(M)                                                                                                           \
-  TRL_MULTIVERSION void dots_bf16_##M(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M, true>(x, K, w, out); } \
-  TRL_MULTIVERSION void dots_bf16_##M##_streaming(const float* x, int64_t K, const uint16_t* w, float* out) { dots_bf16_impl<M, false>(x, K, w, out); }
+#define TRL_DOTS(M)                                                                                                     \
+  TRL_MULTIVERSION void dots_bf16_##M##_prefetching(const float* x, int64_t K, const uint16_t* w, float* out) {       \
+    dots_bf16_impl<M, true>(x, K, w, out);                                                                            \
+  }                                                                                                                   \
+  TRL_MULTIVERSION void dots_bf16_##M##_streaming(const float* x, int64_t K, const uint16_t* w, float* out) {         \
+    dots_bf16_impl<M, false>(x, K, w, out);                                                                           \
+  }
 TRL_DOTS(2)
 TRL_DOTS(3)
 TRL_DOTS(4)
@@ -470,28 +476,18 @@ TRL_DOTS(7)
 TRL_DOTS(8)
 #undef TRL_DOTS
 void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out) {
-  if (!prefetch_rows()) {
-    switch (M) {
-      case 1: out[0] = dot_bf16_streaming(x, w, K); return;
-      case 2: return dots_bf16_2_streaming(x, K, w, out);
-      case 3: return dots_bf16_3_streaming(x, K, w, out);
-      case 4: return dots_bf16_4_streaming(x, K, w, out);
-      case 5: return dots_bf16_5_streaming(x, K, w, out);
-      case 6: return dots_bf16_6_streaming(x, K, w, out);
-      case 7: return dots_bf16_7_streaming(x, K, w, out);
-      default: return dots_bf16_8_streaming(x, K, w, out);
-    }
+  using Rows = void (*)(const float*, int64_t, const uint16_t*, float*);
+  static const Rows prefetching[] = {dots_bf16_2_prefetching, dots_bf16_3_prefetching, dots_bf16_4_prefetching, dots_bf16_5_prefetching,
+                                     dots_bf16_6_prefetching, dots_bf16_7_prefetching, dots_bf16_8_prefetching};
+  static const Rows streaming[] = {dots_bf16_2_streaming, dots_bf16_3_streaming, dots_bf16_4_streaming, dots_bf16_5_streaming,
+                                   dots_bf16_6_streaming, dots_bf16_7_streaming, dots_bf16_8_streaming};
+  const bool prefetch = prefetch_rows();
+  if (M == 1) {
+    out[0] = prefetch ? dot_bf16_prefetching(x, w, K) : dot_bf16_streaming(x, w, K);
+    return;
   }
-  switch (M) {
-    case 1: out[0] = dot_bf16_prefetching(x, w, K); return;
-    case 2: return dots_bf16_2(x, K, w, out);
-    case 3: return dots_bf16_3(x, K, w, out);
-    case 4: return dots_bf16_4(x, K, w, out);
-    case 5: return dots_bf16_5(x, K, w, out);
-    case 6: return dots_bf16_6(x, K, w, out);
-    case 7: return dots_bf16_7(x, K, w, out);
-    default: return dots_bf16_8(x, K, w, out);
-  }
+  const int64_t rows = M > 8 ? 8 : M < 2 ? 2 : M;  // M > 8 is taken as 8, as documented
+  (prefetch ? prefetching : streaming)[rows - 2](x, K, w, out);
 }
 #if defined(__x86_64__)
 // The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in f32). Selected at run
@@ -567,6 +563,10 @@ void dots_bf16bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, f
   return prefetch_rows() ? dots_bf16bf16_rows<true>(x, M, K, w, out) : dots_bf16bf16_rows<false>(x, M, K, w, out);
 }
 #endif
+bool dots_bf16bf16_available() {
+  static const bool on = cpu_features().avx512bf16 && std::getenv("TRL_NO_AVX512BF16") == nullptr;
+  return on;
+}
 // x[i] = round_bf16(x[i]) (round to nearest even; NaN stays NaN), vectorised.
 TRL_MULTIVERSION void round_to_bf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {

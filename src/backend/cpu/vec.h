@@ -13,9 +13,11 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n);
 // out[m] = x[m, :]·w for m < M <= 8 (M > 8 is treated as 8), reading the bf16 row w once.
 void dots_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, float* out);
 #if defined(__x86_64__)
-// The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps). Only on a CPU with avx512bf16 (cpu_features()).
+// The same with bf16 rows of x, on AVX512-BF16 (vdpbf16ps). Only where dots_bf16bf16_available().
 void dots_bf16bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* out);
 #endif
+// Whether dots_bf16bf16 may run: the CPU has AVX512-BF16 and TRL_NO_AVX512BF16=1 does not turn it off (checked once).
+bool dots_bf16bf16_available();
 // Σ x[i] over n.
 float sum(const float* x, int64_t n);
 // y[i] += a·x[i] over n with a bf16 x.
